@@ -1,0 +1,55 @@
+// The GEMM problem handed from the FFI handler to a kernel family (sm90 or sm100).
+//
+//   out[m, n] = alpha * sum_k a(m, k) * b(n, k) (+ bias[n]),   alpha = s_dec_a * s_dec_b
+//
+// All pointers are device pointers. Matrices are row-major with K contiguous ("TN"), the
+// NVFP4 codes packed two per byte (element 2i in the low nibble), scales in the tiled layout
+// of common/scale_layout.h. alpha is never read on the host (no sync): kernels load the
+// s_dec scalars in their epilogue.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/ffi_utils.h"
+
+namespace jax_nvfp4 {
+
+struct Nvfp4Operand {
+  const uint8_t* codes = nullptr;   // [rows, k/2] bytes
+  const uint8_t* scales = nullptr;  // scale_matrix_bytes(rows, k/16) bytes, tiled
+  const float* s_dec = nullptr;     // one float32 tensor decode scale
+};
+
+struct GemmProblem {
+  int64_t m = 0, n = 0, k = 0;  // k is a multiple of 16
+
+  // A operand: float activations [m, k] (W4A16) or NVFP4 (W4A4).
+  bool a_is_nvfp4 = false;
+  const void* a = nullptr;
+  DType a_dtype = DType::kBF16;
+  Nvfp4Operand a_q;
+
+  Nvfp4Operand b;  // weights [n, k]
+
+  const void* bias = nullptr;  // optional [n]
+  DType bias_dtype = DType::kF32;
+
+  // Float output [m, n]; null when the output is NVFP4.
+  void* out = nullptr;
+  DType out_dtype = DType::kBF16;
+
+  // NVFP4 output (optional): codes [m, n/2], tiled scales over (m rows, n/16 blocks), quantized
+  // with the caller's encode scale; out_s_dec receives 1/out_s_enc.
+  uint8_t* out_codes = nullptr;
+  uint8_t* out_scales = nullptr;
+  const float* out_s_enc = nullptr;
+  float* out_s_dec = nullptr;
+
+  void* workspace = nullptr;  // scratch from XLA (split-K partials etc.)
+  size_t workspace_bytes = 0;
+};
+
+}  // namespace jax_nvfp4

@@ -5,14 +5,12 @@
 
 #include <string>
 
+#include "common/dtype.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_nvfp4 {
 
 namespace ffi = xla::ffi;
-
-// Element types the kernels take for float operands and outputs.
-enum class DType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
 inline bool to_dtype(ffi::DataType t, DType* out) {
   switch (t) {

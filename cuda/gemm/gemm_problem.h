@@ -13,7 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/ffi_utils.h"
+#include "common/dtype.h"
 
 namespace jax_nvfp4 {
 

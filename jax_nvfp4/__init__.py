@@ -1,0 +1,15 @@
+"""jax_nvfp4: NVFP4 (4-bit E2M1 + E4M3 block scales) quantization, GEMM and convolution for JAX.
+
+CUDA kernels (Hopper sm_90a, Blackwell sm_100a) behind XLA FFI custom calls, with a pure-JAX
+reference path on every other platform."""
+
+from jax_nvfp4 import _extension
+from jax_nvfp4.format import NVFP4Array
+from jax_nvfp4.gemm import matmul
+from jax_nvfp4.quantization import dequantize, quantize
+
+__version__ = "0.1.0"
+
+__all__ = ["NVFP4Array", "quantize", "dequantize", "matmul", "cuda_archs", "__version__"]
+
+cuda_archs = _extension.cuda_archs

@@ -1,0 +1,181 @@
+"""The NVFP4 storage format: `NVFP4Array` and its scale layouts (DESIGN.md §3).
+
+An NVFP4 tensor of logical shape [..., R, K] (contracting axis last, K a multiple of 16) is
+  codes   float4_e2m1fn [..., R, K]      (XLA packs two per byte, element 2i in the low nibble)
+  scales  float8_e4m3fn [..., ceil(R/128), ceil(K/64), 32, 4, 4]   the tiled layout
+  s_dec   float32, shape = a prefix of the leading dims (usually a scalar)
+and its value is e2m1(code) * e4m3(scale of the code's 16-block) * s_dec.
+
+The tiled layout: element [rt, kt, i, j, l] is the scale of row rt*128 + j*32 + i and 16-block
+kt*4 + l; its row-major bytes are those CUTLASS's Sm1xxBlockScaledConfig<16> reads, padding is
+zero. A rank-1 tensor [K] has one row: its scales are [1, ceil(K/64), 32, 4, 4].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+BLOCK = 16
+TILE_ROWS = 128
+TILE_K_BLOCKS = 4
+
+CODE_DTYPE = jnp.float4_e2m1fn
+SCALE_DTYPE = jnp.float8_e4m3fn
+FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def rows_and_lead(shape) -> tuple[tuple[int, ...], int, int]:
+    """Splits a logical shape into (leading dims, rows R, contracting size K)."""
+    shape = tuple(shape)
+    if len(shape) == 1:
+        return (), 1, shape[0]
+    return shape[:-2], shape[-2], shape[-1]
+
+
+def tiled_scales_shape(shape) -> tuple[int, ...]:
+    """Shape of the tiled scales of a tensor of logical shape `shape`."""
+    lead, rows, k = rows_and_lead(shape)
+    return (*lead, _ceil_div(rows, TILE_ROWS), _ceil_div(k // BLOCK, TILE_K_BLOCKS), 32, 4, 4)
+
+
+def plain_to_tiled(plain):
+    """[..., R, K/16] scales -> tiled [..., ceil(R/128), ceil(K/64), 32, 4, 4] (zero padding).
+
+    Works on jax and NumPy arrays. `plain` must have rank >= 2 (use [1, K/16] for one row)."""
+    xp = np if isinstance(plain, np.ndarray) else jnp
+    *lead, rows, kb = plain.shape
+    rt, kt = _ceil_div(rows, TILE_ROWS), _ceil_div(kb, TILE_K_BLOCKS)
+    pad = [(0, 0)] * len(lead) + [(0, rt * TILE_ROWS - rows), (0, kt * TILE_K_BLOCKS - kb)]
+    padded = xp.pad(plain, pad)
+    t = padded.reshape(*lead, rt, 4, 32, kt, 4)  # row = rt*128 + j*32 + i ; block = kt*4 + l
+    n = len(lead)
+    return t.transpose(*range(n), n, n + 3, n + 2, n + 1, n + 4)  # -> [.., rt, kt, i, j, l]
+
+
+def tiled_to_plain(tiled, rows: int, k_blocks: int):
+    """Tiled scales -> [..., rows, k_blocks] (the padding dropped)."""
+    *lead, rt, kt, _, _, _ = tiled.shape
+    n = len(lead)
+    t = tiled.transpose(*range(n), n, n + 3, n + 2, n + 1, n + 4)  # [.., rt, j, i, kt, l]
+    t = t.reshape(*lead, rt * TILE_ROWS, kt * TILE_K_BLOCKS)
+    return t[..., :rows, :k_blocks]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class NVFP4Array:
+    """An NVFP4-quantized tensor (a pytree: jit, vmap, device_put and sharding see its fields).
+
+    Make one with `jax_nvfp4.quantize`, `NVFP4Array.from_plain_scales` or
+    `NVFP4Array.from_packed`; read it back with `dequantize`."""
+
+    codes: jax.Array
+    scales: jax.Array
+    s_dec: jax.Array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Logical shape [..., R, K]."""
+        return tuple(self.codes.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.codes.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Storage bytes: 4-bit codes + tiled scales (padding included) + s_dec."""
+        return self.size // 2 + math.prod(self.scales.shape) + 4 * math.prod(self.s_dec.shape)
+
+    def validate(self, name: str = "NVFP4Array") -> None:
+        """Raises ValueError/TypeError (naming `name`) unless the fields are consistent."""
+        if self.codes.dtype != CODE_DTYPE:
+            raise TypeError(f"{name}.codes must be float4_e2m1fn, got {self.codes.dtype}")
+        if self.scales.dtype != SCALE_DTYPE:
+            raise TypeError(f"{name}.scales must be float8_e4m3fn, got {self.scales.dtype}")
+        if self.s_dec.dtype != jnp.float32:
+            raise TypeError(f"{name}.s_dec must be float32, got {self.s_dec.dtype}")
+        check_logical_shape(self.shape, name)
+        if tuple(self.scales.shape) != tiled_scales_shape(self.shape):
+            raise ValueError(f"{name}.scales has shape {tuple(self.scales.shape)}; codes of shape "
+                             f"{self.shape} need tiled scales {tiled_scales_shape(self.shape)}")
+        lead, _, _ = rows_and_lead(self.shape)
+        g = len(self.s_dec.shape)
+        if tuple(self.s_dec.shape) != tuple(lead[:g]) or g > len(lead):
+            raise ValueError(f"{name}.s_dec has shape {tuple(self.s_dec.shape)}; it must be a "
+                             f"scalar or a prefix of the leading dims {lead}")
+
+    def dequantize(self, dtype=jnp.bfloat16) -> jax.Array:
+        """The tensor's values in `dtype` (see `jax_nvfp4.dequantize`)."""
+        from jax_nvfp4.quantization import dequantize
+
+        return dequantize(self, dtype)
+
+    def plain_scales(self):
+        """Scales in the plain [..., R, K/16] layout (that of jax.nn.scaled_matmul)."""
+        lead, rows, k = rows_and_lead(self.shape)
+        plain = tiled_to_plain(self.scales, rows, k // BLOCK)
+        return plain.reshape(self.shape[:-1] + (k // BLOCK,))
+
+    @classmethod
+    def from_plain_scales(cls, codes, scales, s_dec) -> "NVFP4Array":
+        """Builds an NVFP4Array from codes [..., K], plain scales [..., K/16] and s_dec."""
+        xp = np if isinstance(scales, np.ndarray) else jnp
+        plain = scales.reshape(1, -1) if scales.ndim == 1 else scales
+        q = cls(codes, plain_to_tiled(plain).astype(SCALE_DTYPE), xp.asarray(s_dec, xp.float32))
+        q.validate()
+        return q
+
+    def packed_codes(self):
+        """Codes as uint8 [..., K/2]: element 2i in the low nibble, 2i+1 in the high nibble."""
+        xp = np if isinstance(self.codes, np.ndarray) else jnp
+        if xp is np:
+            bits = self.codes.view(np.uint8) & 0xF
+        else:
+            bits = jax.lax.bitcast_convert_type(self.codes, jnp.uint4).astype(jnp.uint8)
+        pairs = bits.reshape(*bits.shape[:-1], bits.shape[-1] // 2, 2)
+        return pairs[..., 0] | (pairs[..., 1] << 4)
+
+    @classmethod
+    def from_packed(cls, packed, scales, s_dec) -> "NVFP4Array":
+        """Inverse of `packed_codes`: packed uint8 codes [..., K/2], plain scales [..., K/16]."""
+        xp = np if isinstance(packed, np.ndarray) else jnp
+        nibbles = xp.stack([packed & 0xF, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
+        if xp is np:
+            codes = nibbles.astype(np.uint8).view(ml_dtypes.float4_e2m1fn)
+        else:
+            codes = jax.lax.bitcast_convert_type(nibbles.astype(jnp.uint4), CODE_DTYPE)
+        return cls.from_plain_scales(codes, scales, s_dec)
+
+    def to_numpy(self) -> "NVFP4Array":
+        """The same array with NumPy (ml_dtypes) fields, on the host."""
+        return NVFP4Array(np.asarray(self.codes), np.asarray(self.scales), np.asarray(self.s_dec))
+
+
+def check_logical_shape(shape, name: str) -> None:
+    """Trace-time check that `shape` can be NVFP4: rank >= 1, K a positive multiple of 16."""
+    shape = tuple(shape)
+    if len(shape) < 1:
+        raise ValueError(f"{name} must have rank >= 1 (contracting axis last), got shape {shape}")
+    if shape[-1] <= 0 or shape[-1] % BLOCK:
+        raise ValueError(f"{name} has contracting (last) dimension {shape[-1]} in shape {shape}; "
+                         f"NVFP4 needs a positive multiple of {BLOCK}")
+
+
+def check_float_dtype(dtype, name: str) -> None:
+    if jnp.dtype(dtype) not in [jnp.dtype(d) for d in FLOAT_DTYPES]:
+        raise TypeError(f"{name} must be float32, bfloat16 or float16, got {jnp.dtype(dtype)}")

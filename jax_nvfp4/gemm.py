@@ -1,0 +1,99 @@
+"""Public NVFP4 matmul."""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+
+from jax_nvfp4.format import (BLOCK, TILE_ROWS, NVFP4Array, check_float_dtype, plain_to_tiled,
+                              tiled_to_plain)
+from jax_nvfp4.primitives.matmul import matmul_p
+
+
+def _scales_as_matrix(scales, lead, k):
+    """Tiled scales of a [*lead, K] tensor -> those of the same data seen as [prod(lead), K]."""
+    if len(lead) <= 1:
+        return scales  # [K] and [M, K] already have one matrix of scales
+    rows = lead[-1]
+    if rows % TILE_ROWS == 0:  # whole tiles: the leading dims just merge
+        return scales.reshape(-1, *scales.shape[len(lead) - 1:])
+    plain = tiled_to_plain(scales, rows, k // BLOCK)
+    return plain_to_tiled(plain.reshape(-1, k // BLOCK))
+
+
+def _scales_from_matrix(scales, lead, n):
+    """Inverse of _scales_as_matrix for an output [*lead, N]."""
+    if len(lead) <= 1:
+        return scales
+    rows = lead[-1]
+    if rows % TILE_ROWS == 0:
+        return scales.reshape(*lead[:-1], -1, *scales.shape[1:])
+    plain = tiled_to_plain(scales, math.prod(lead), n // BLOCK)
+    return plain_to_tiled(plain.reshape(*lead, n // BLOCK))
+
+
+def matmul(x, w: NVFP4Array, *, bias=None, out_dtype=None, out_s_enc=None):
+    """y = x @ w.T with NVFP4 weights: y[..., n] = sum_k x[..., k] * w[n, k] (+ bias[n]).
+
+    x: a float array [..., K] (float32/bfloat16/float16: "W4A16") or an NVFP4Array [..., K] with a
+       scalar s_dec ("W4A4").
+    w: NVFP4Array [N, K] (e.g. `quantize(weight)` for a weight stored [out, in]).
+    bias: optional [N] float array, added in float32.
+    out_dtype: float dtype of y (default bfloat16).
+    out_s_enc: if given (a float32 scalar), y is returned as an NVFP4Array quantized with this
+       encode scale straight from the float32 epilogue value (N must be a multiple of 16), so a
+       following W4A4 layer needs no float round trip.
+
+    Accumulation is float32; s_dec_x * s_dec_w is applied in the epilogue."""
+    if not isinstance(w, NVFP4Array):
+        raise TypeError(f"matmul: w must be an NVFP4Array (see jax_nvfp4.quantize), got "
+                        f"{type(w).__name__}")
+    w.validate("matmul: w")
+    if w.ndim != 2 or w.s_dec.ndim:
+        raise ValueError(f"matmul: w must be a 2-D [N, K] NVFP4Array with a scalar s_dec, got "
+                         f"shape {w.shape} with s_dec shape {tuple(w.s_dec.shape)}")
+    n, k = w.shape
+    a_nvfp4 = isinstance(x, NVFP4Array)
+    if a_nvfp4:
+        x.validate("matmul: x")
+        if x.s_dec.ndim:
+            raise ValueError(f"matmul: an NVFP4 x needs a scalar s_dec, got shape {x.s_dec.shape}")
+    else:
+        x = jnp.asarray(x)
+        check_float_dtype(x.dtype, "matmul: x")
+    if x.shape[-1] != k:
+        raise ValueError(f"matmul: contracting dims differ: x has shape {tuple(x.shape)} (K="
+                         f"{x.shape[-1]}), w has shape {w.shape} (K={k})")
+    out_dtype = jnp.dtype(jnp.bfloat16 if out_dtype is None else out_dtype)
+    check_float_dtype(out_dtype, "matmul: out_dtype")
+    if bias is not None:
+        bias = jnp.asarray(bias)
+        check_float_dtype(bias.dtype, "matmul: bias")
+        if bias.shape != (n,):
+            raise ValueError(f"matmul: bias must have shape ({n},), got {tuple(bias.shape)}")
+    out_nvfp4 = out_s_enc is not None
+    if out_nvfp4:
+        out_s_enc = jnp.asarray(out_s_enc, jnp.float32)
+        if out_s_enc.shape != ():
+            raise ValueError(f"matmul: out_s_enc must be a scalar, got shape {out_s_enc.shape}")
+        if n % BLOCK:
+            raise ValueError(f"matmul: NVFP4 output needs N a multiple of {BLOCK}, got N={n}")
+
+    lead = tuple(x.shape[:-1])
+    m = math.prod(lead)
+    if a_nvfp4:
+        a_ops = [x.codes.reshape(m, k), _scales_as_matrix(x.scales, lead, k), x.s_dec]
+    else:
+        a_ops = [x.reshape(m, k)]
+    operands = [*a_ops, w.codes, w.scales, w.s_dec]
+    if bias is not None:
+        operands.append(bias)
+    if out_nvfp4:
+        operands.append(out_s_enc)
+    outs = matmul_p.bind(*operands, a_nvfp4=a_nvfp4, has_bias=bias is not None,
+                         out_nvfp4=out_nvfp4, out_dtype=out_dtype)
+    if out_nvfp4:
+        codes, scales, s_dec = outs
+        return NVFP4Array(codes.reshape(*lead, n), _scales_from_matrix(scales, lead, n), s_dec)
+    return outs[0].reshape(*lead, n)

@@ -1,0 +1,78 @@
+"""Shared machinery for defining a primitive with a CUDA kernel path and a reference path."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+from jax import lax
+from jax._src import dispatch
+from jax.interpreters import mlir
+
+from jax_nvfp4 import _extension
+
+
+def define_primitive(name, *, abstract_eval, reference, kernel, ffi_target, multiple_results=True):
+    """Creates primitive `name`.
+
+    abstract_eval(*avals, **params) -> aval(s).
+    reference(*args, **params)      pure-JAX implementation (CPU and fallback lowering).
+    kernel(*args, **params)         implementation through jax.ffi.ffi_call (CUDA lowering).
+    ffi_target(**params) -> str     the FFI target the kernel path calls.
+    """
+    prim = jax.extend.core.Primitive(name)
+    prim.multiple_results = multiple_results
+    prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
+    prim.def_abstract_eval(abstract_eval)
+
+    reference_rule = mlir.lower_fun(reference, multiple_results=multiple_results)
+    kernel_rule = mlir.lower_fun(kernel, multiple_results=multiple_results)
+    mlir.register_lowering(prim, reference_rule)
+
+    def cuda_rule(ctx, *args, **params):
+        target = ffi_target(**params)
+        if _extension.kernel_available(target):
+            return kernel_rule(ctx, *args, **params)
+        _extension.warn_reference_fallback(target)
+        return reference_rule(ctx, *args, **params)
+
+    mlir.register_lowering(prim, cuda_rule, platform="cuda")
+    return prim
+
+
+def batch_size(args, dims) -> int:
+    return next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+
+
+def to_front(x, dim, size):
+    """Moves batch dim `dim` of x to axis 0, broadcasting when x is not batched."""
+    if dim is None:
+        return jnp.broadcast_to(x, (size,) + x.shape)
+    return jnp.moveaxis(x, dim, 0)
+
+
+def map_batcher(prim):
+    """A batching rule that runs the primitive once per batch element (lax.map): correct for
+    any combination of batched operands; primitives use it for the cases they cannot fold."""
+
+    def rule(args, dims, **params):
+        mapped = [d is not None for d in dims]
+        xs = [jnp.moveaxis(a, d, 0) for a, d, m in zip(args, dims, mapped) if m]
+
+        def one(slices):
+            it = iter(slices)
+            return prim.bind(*[next(it) if m else a for a, m in zip(args, mapped)], **params)
+
+        outs = lax.map(one, xs)
+        if prim.multiple_results:
+            return outs, [0] * len(outs)
+        return outs, 0
+
+    return rule
+
+
+def empty_f32():
+    """A zero-size float32 operand standing for an absent optional FFI argument."""
+    return jnp.zeros((0,), jnp.float32)

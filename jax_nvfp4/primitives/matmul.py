@@ -1,0 +1,106 @@
+"""The NVFP4 GEMM primitive (DESIGN.md §2, §4).
+
+matmul_p.bind(a, [a_scales, a_s_dec,] b_codes, b_scales, b_s_dec, [bias,] [out_s_enc,]
+              a_nvfp4=..., has_bias=..., out_nvfp4=..., out_dtype=...)
+    a        float [M, K] (W4A16) or float4 codes [M, K] (W4A4, then a_scales/a_s_dec follow)
+    b_*      the weight [N, K] as codes, tiled scales, scalar s_dec
+    bias     optional [N], any float dtype
+    out      float [M, N] of out_dtype; or, with out_nvfp4, the result quantized with the scalar
+             out_s_enc: (codes [M, N], tiled scales, s_dec)
+
+out = s_dec_a * s_dec_b * sum_k a(m, k) * b(n, k) + bias, in float32.
+
+FFI targets (cuda/gemm/): "jax_nvfp4_gemm" (float output) and "jax_nvfp4_gemm_nvfp4_out" (NVFP4
+output) both take 8 operands in this order, absent ones as placeholders:
+    a, a_scales (e4m3; f8[0] for W4A16), a_s_dec (f32 scalar; 1.0 for W4A16),
+    b_codes, b_scales, b_s_dec, bias (f32[0] if none), out_s_enc (f32[0] if float output)
+The kernel tells W4A16 from W4A4 by a's element type.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.core import ShapedArray
+from jax.interpreters import batching
+
+from jax_nvfp4 import reference
+from jax_nvfp4.format import CODE_DTYPE, SCALE_DTYPE, tiled_scales_shape
+from jax_nvfp4.primitives._base import define_primitive, empty_f32, map_batcher
+
+GEMM_TARGET = "jax_nvfp4_gemm"
+GEMM_NVFP4_OUT_TARGET = "jax_nvfp4_gemm_nvfp4_out"
+
+
+def _unpack(args, a_nvfp4, has_bias, out_nvfp4):
+    """Names the variadic operands: returns a dict with None for the absent ones."""
+    it = iter(args)
+    a = next(it)
+    a_scales, a_s_dec = (next(it), next(it)) if a_nvfp4 else (None, None)
+    b_codes, b_scales, b_s_dec = next(it), next(it), next(it)
+    bias = next(it) if has_bias else None
+    out_s_enc = next(it) if out_nvfp4 else None
+    return dict(a=a, a_scales=a_scales, a_s_dec=a_s_dec, b_codes=b_codes, b_scales=b_scales,
+                b_s_dec=b_s_dec, bias=bias, out_s_enc=out_s_enc)
+
+
+def _out_avals(m, n, out_nvfp4, out_dtype):
+    if out_nvfp4:
+        return (ShapedArray((m, n), CODE_DTYPE), ShapedArray(tiled_scales_shape((m, n)), SCALE_DTYPE),
+                ShapedArray((), jnp.float32))
+    return (ShapedArray((m, n), out_dtype),)
+
+
+def _abstract(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype):
+    ops = _unpack(args, a_nvfp4, has_bias, out_nvfp4)
+    return _out_avals(ops["a"].shape[0], ops["b_codes"].shape[0], out_nvfp4, out_dtype)
+
+
+def _reference(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype):
+    ops = _unpack(args, a_nvfp4, has_bias, out_nvfp4)
+    out = reference.matmul(ops["a"], ops["b_codes"], ops["b_scales"], ops["b_s_dec"],
+                           a_scales=ops["a_scales"], a_s_dec=ops["a_s_dec"], bias=ops["bias"],
+                           out_dtype=jnp.float32 if out_nvfp4 else out_dtype)
+    if out_nvfp4:  # quantize the float32 epilogue value, as the fused kernels do
+        return reference.quantize(out, ops["out_s_enc"])
+    return (out,)
+
+
+def _kernel(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype):
+    ops = _unpack(args, a_nvfp4, has_bias, out_nvfp4)
+    m, n = ops["a"].shape[0], ops["b_codes"].shape[0]
+    operands = (
+        ops["a"],
+        ops["a_scales"] if a_nvfp4 else jnp.zeros((0,), SCALE_DTYPE),
+        ops["a_s_dec"] if a_nvfp4 else jnp.ones((), jnp.float32),
+        ops["b_codes"], ops["b_scales"], ops["b_s_dec"],
+        ops["bias"] if has_bias else empty_f32(),
+        ops["out_s_enc"] if out_nvfp4 else empty_f32(),
+    )
+    outs = _out_avals(m, n, out_nvfp4, out_dtype)
+    target = GEMM_NVFP4_OUT_TARGET if out_nvfp4 else GEMM_TARGET
+    call = jax.ffi.ffi_call(target, [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs])
+    return call(*operands)
+
+
+matmul_p = define_primitive(
+    "nvfp4_matmul", abstract_eval=_abstract, reference=_reference, kernel=_kernel,
+    ffi_target=lambda out_nvfp4, **_: GEMM_NVFP4_OUT_TARGET if out_nvfp4 else GEMM_TARGET)
+
+_map_batch = map_batcher(matmul_p)
+
+
+def _batch(args, dims, *, a_nvfp4, has_bias, out_nvfp4, out_dtype):
+    # Common case: a float activation batched, weights shared -> fold the batch into M.
+    only_a = dims[0] is not None and all(d is None for d in dims[1:])
+    if only_a and not a_nvfp4 and not out_nvfp4:
+        a = jnp.moveaxis(args[0], dims[0], 0)
+        b, m, k = a.shape
+        (out,) = matmul_p.bind(a.reshape(b * m, k), *args[1:], a_nvfp4=a_nvfp4, has_bias=has_bias,
+                               out_nvfp4=out_nvfp4, out_dtype=out_dtype)
+        return (out.reshape(b, m, -1),), (0,)
+    return _map_batch(args, dims, a_nvfp4=a_nvfp4, has_bias=has_bias, out_nvfp4=out_nvfp4,
+                      out_dtype=out_dtype)
+
+
+batching.primitive_batchers[matmul_p] = _batch

@@ -1,0 +1,39 @@
+"""Public quantize / dequantize."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jax_nvfp4.format import NVFP4Array, check_float_dtype, check_logical_shape
+from jax_nvfp4.primitives.quantize import dequantize_p, quantize_p
+
+
+def quantize(x, *, s_enc=None) -> NVFP4Array:
+    """Quantizes `x` [..., R, K] (float32/bfloat16/float16, K a multiple of 16) to NVFP4 along
+    its last axis, with the TransformerEngine NVFP4 recipe (DESIGN.md §2).
+
+    s_enc: the float32 tensor encode scale (static calibration). None derives it from the amax
+    of the finite elements: S_enc = 6*448/amax. A float32 array whose shape is a prefix of x's
+    leading dims gives each group of rows its own scale.
+    Blocks holding NaN or +-Inf dequantize to NaN; other blocks are unaffected."""
+    check_float_dtype(x.dtype, "quantize: x")
+    check_logical_shape(x.shape, "quantize: x")
+    if s_enc is None:
+        codes, scales, s_dec = quantize_p.bind(x)
+    else:
+        s_enc = jnp.asarray(s_enc, jnp.float32)
+        if s_enc.shape != tuple(x.shape[: s_enc.ndim]) or s_enc.ndim >= x.ndim:
+            raise ValueError(f"quantize: s_enc of shape {s_enc.shape} must be a scalar or match a "
+                             f"prefix of x's leading dims {tuple(x.shape[:-1])}")
+        codes, scales, s_dec = quantize_p.bind(x, s_enc)
+    return NVFP4Array(codes, scales, s_dec)
+
+
+def dequantize(q: NVFP4Array, dtype=jnp.bfloat16):
+    """The values e2m1(code) * e4m3(block scale) * s_dec of `q`, computed in float32 and returned
+    as `dtype` (float32, bfloat16 or float16)."""
+    if not isinstance(q, NVFP4Array):
+        raise TypeError(f"dequantize expects an NVFP4Array, got {type(q).__name__}")
+    q.validate("dequantize: q")
+    check_float_dtype(dtype, "dequantize: dtype")
+    return dequantize_p.bind(q.codes, q.scales, q.s_dec, dtype=jnp.dtype(dtype))

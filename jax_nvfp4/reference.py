@@ -1,0 +1,117 @@
+"""Pure-JAX reference of every op: the CPU path and the oracle for every kernel.
+
+Quantization follows DESIGN.md §2 operation by operation in float32 (the CUDA kernels produce the
+same bytes). XLA may fold a float32 -> e4m3 -> float32 round trip away (TransformerEngine hit
+this), so the E4M3 scale passes through an optimization barrier before it is widened.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_nvfp4.format import (BLOCK, CODE_DTYPE, SCALE_DTYPE, plain_to_tiled, rows_and_lead,
+                              tiled_to_plain)
+
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+FLT_MAX = float(np.finfo(np.float32).max)
+E4M3_NAN_BITS = 0x7F
+
+
+def tensor_amax(x, group_ndim: int = 0):
+    """max |x| over the finite elements, per group of the first `group_ndim` dims."""
+    x = x.astype(jnp.float32)
+    mag = jnp.where(jnp.isfinite(x), jnp.abs(x), 0.0)
+    return jnp.max(mag, axis=tuple(range(group_ndim, x.ndim)))
+
+
+def encode_scale_from_amax(amax):
+    """S_enc = 6*448/amax, or 1 where that is not a finite positive number (amax == 0 too)."""
+    amax = jnp.asarray(amax, jnp.float32)
+    s_enc = jnp.float32(E2M1_MAX * E4M3_MAX) / amax
+    bad = (amax == 0) | ~jnp.isfinite(s_enc) | (s_enc == 0)
+    return jnp.where(bad, jnp.float32(1.0), s_enc)
+
+
+def _e4m3_nan():
+    return lax.bitcast_convert_type(jnp.uint8(E4M3_NAN_BITS), SCALE_DTYPE)
+
+
+def _blocks(x):
+    """[..., K] -> [..., K/16, 16] float32."""
+    return x.astype(jnp.float32).reshape(*x.shape[:-1], x.shape[-1] // BLOCK, BLOCK)
+
+
+def quantize(x, s_enc=None):
+    """Reference quantization of float `x` [..., R, K] -> (codes, tiled scales, s_dec).
+
+    `s_enc` (float32) is a scalar or has the shape of a prefix of x's leading dims (one encode
+    scale per group of rows); None computes it from the tensor's amax."""
+    if s_enc is None:
+        s_enc = encode_scale_from_amax(tensor_amax(x))
+    s_enc = jnp.asarray(s_enc, jnp.float32)
+    g = s_enc.ndim
+    s_dec = jnp.float32(1.0) / s_enc
+    # Broadcast the per-group scalars over [..., K/16] blocks.
+    expand = (Ellipsis,) + (None,) * (x.ndim - g)
+    s_enc_b, s_dec_b = s_enc[expand], s_dec[expand]
+
+    blocks = _blocks(x)                                             # [..., KB, 16]
+    finite = jnp.all(jnp.isfinite(blocks), axis=-1)                 # [..., KB]
+    block_amax = jnp.max(jnp.where(jnp.isfinite(blocks), jnp.abs(blocks), 0.0), axis=-1)
+    sb_f32 = block_amax * (s_enc_b * jnp.float32(1.0 / 6.0))
+    sb = jnp.minimum(sb_f32, jnp.float32(E4M3_MAX)).astype(SCALE_DTYPE)  # rn, satfinite
+    sb = jnp.where(finite, sb, _e4m3_nan())
+    sb = lax.optimization_barrier(sb)  # keep the E4M3 rounding (see module docstring)
+    sb_wide = sb.astype(jnp.float32)
+
+    mult = jnp.minimum(jnp.float32(1.0) / (sb_wide * s_dec_b), jnp.float32(FLT_MAX))
+    scaled = jnp.clip(blocks * mult[..., None], -E2M1_MAX, E2M1_MAX)
+    codes = jnp.where(finite[..., None], scaled, 0.0).astype(CODE_DTYPE)  # rn, ties to even
+    codes = codes.reshape(x.shape)
+
+    plain = sb if x.ndim >= 2 else sb.reshape(1, -1)
+    return codes, plain_to_tiled(plain), s_dec
+
+
+def block_scales_f32(scales, shape):
+    """Tiled scales of a tensor of logical `shape` -> float32 [..., K/16] (plain, widened)."""
+    lead, rows, k = rows_and_lead(shape)
+    plain = tiled_to_plain(scales, rows, k // BLOCK)
+    return plain.reshape(tuple(shape[:-1]) + (k // BLOCK,)).astype(jnp.float32)
+
+
+def scaled_codes(codes, scales):
+    """e2m1(code) * e4m3(scale) in float32 [..., K]: exact, and the operand the MMA sees."""
+    sb = block_scales_f32(scales, codes.shape)
+    vals = _blocks(codes) * sb[..., None]
+    return vals.reshape(codes.shape)
+
+
+def dequantize(codes, scales, s_dec, dtype=jnp.bfloat16):
+    """Reference dequantization: e2m1(code) * e4m3(scale) * s_dec, in float32, then `dtype`."""
+    s_dec = jnp.asarray(s_dec, jnp.float32)
+    expand = (Ellipsis,) + (None,) * (codes.ndim - s_dec.ndim)
+    return (scaled_codes(codes, scales) * s_dec[expand]).astype(dtype)
+
+
+def matmul(a, b_codes, b_scales, b_s_dec, *, a_scales=None, a_s_dec=None, bias=None,
+           out_dtype=jnp.bfloat16):
+    """out[m, n] = alpha * sum_k a[m, k] * b[n, k] (+ bias), in float32, then `out_dtype`.
+
+    `a` is float [M, K] (W4A16) or float4 codes with `a_scales`/`a_s_dec` (W4A4). The block-scaled
+    products are exact in float32; alpha = s_dec_a * s_dec_b is applied after the sum, as the
+    kernels' epilogue does."""
+    if a.dtype == CODE_DTYPE:
+        a_vals, alpha = scaled_codes(a, a_scales), a_s_dec * b_s_dec
+    else:
+        a_vals, alpha = a.astype(jnp.float32), b_s_dec
+    acc = jnp.dot(a_vals, scaled_codes(b_codes, b_scales).T,
+                  precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    out = acc * jnp.asarray(alpha, jnp.float32)
+    if bias is not None:
+        out = out + bias.astype(jnp.float32)
+    return out.astype(out_dtype)

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One GPU round on the device machine: build, GPU tests, benchmarks, in one call.
+#
+#   OPS="quantize;gemm" BENCH="quantize gemm" bash scripts/gpu_round.sh [pytest args]
+#
+# OPS     ops whose kernels are built (default: all); ARCHS (default 90a: Hopper only, fast)
+# BENCH   bench/bench_<name>.py scripts to run after the tests (default: none)
+# Logs and benchmark tables go to $OUT (the device tool's return folder) or ./gpu_out.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv \
+  | tee "$OUT/gpu.txt"
+"$PY" -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$OUT/gpu.txt"
+
+echo "== build (OPS=${OPS:-quantize;gemm;conv} ARCHS=${ARCHS:-90a})"
+if ! JAX_NVFP4_CUDA=ON JAX_NVFP4_CUDA_ARCHS="${ARCHS:-90a}" JAX_NVFP4_OPS="${OPS:-quantize;gemm;conv}" \
+    "$PY" -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1; then
+  grep -E "error|Error" "$OUT/build.log" | head -40
+  echo "BUILD FAILED (see build.log)"
+  exit 1
+fi
+grep -E "warning|spill" "$OUT/build.log" | grep -v "^ *$" | head -20
+
+echo "== tests"
+# importlib mode (pyproject) makes pytest import the installed package, with its extension.
+"$PY" -m pytest -q -rs -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest.log"
+status=${PIPESTATUS[0]}
+
+for b in ${BENCH:-}; do
+  echo "== bench $b"
+  "$PY" "bench/bench_$b.py" --out "$OUT" 2>&1 | tee "$OUT/bench_$b.log"
+done
+exit "$status"

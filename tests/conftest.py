@@ -1,0 +1,147 @@
+"""Shared fixtures: device selection, SASS of the built extension, host C++ programs."""
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CUDA_SRC = REPO / "cuda"
+
+# CI sets this: the CUDA extension must have been built, so tests that inspect it fail
+# instead of skipping when it is missing.
+REQUIRE_CUDA_BUILD = os.environ.get("JAX_NVFP4_REQUIRE_CUDA_BUILD") == "1"
+
+
+def _missing(what):
+    if REQUIRE_CUDA_BUILD:
+        pytest.fail(f"{what} (JAX_NVFP4_REQUIRE_CUDA_BUILD=1)")
+    pytest.skip(what)
+
+
+@pytest.fixture
+def gpu():
+    """Skips unless a CUDA GPU is visible to JAX; returns its jax.Device."""
+    import jax
+
+    try:
+        devices = jax.devices("cuda")
+    except RuntimeError:
+        devices = []
+    if not devices:
+        pytest.skip("no CUDA GPU")
+    return devices[0]
+
+
+def _nvidia_tool(name):
+    """cuobjdump/nvdisasm from the nvidia-cuda-* wheels, else from PATH."""
+    try:
+        import nvidia
+
+        for root in nvidia.__path__:
+            for sub in ("cu13", "cuda_cuobjdump", "cuda_nvdisasm"):
+                cand = Path(root) / sub / "bin" / name
+                if cand.exists():
+                    return str(cand)
+    except ImportError:
+        pass
+    return shutil.which(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _extension_sass(arch):
+    from jax_nvfp4 import _extension
+
+    path = _extension.extension_path()
+    if path is None:
+        return None
+    cuobjdump = _nvidia_tool("cuobjdump")
+    if cuobjdump is None:
+        pytest.fail("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+    env = dict(os.environ)
+    nvdisasm = _nvidia_tool("nvdisasm")
+    if nvdisasm:  # cuobjdump finds nvdisasm on PATH for newer archs
+        env["PATH"] = str(Path(nvdisasm).parent) + os.pathsep + env.get("PATH", "")
+    out = subprocess.run(
+        [cuobjdump, "--dump-sass", "--gpu-architecture", arch, path],
+        capture_output=True, text=True, env=env, check=True,
+    ).stdout
+    return out
+
+
+def _split_functions(sass):
+    funcs, name, lines = {}, None, []
+    for line in sass.splitlines():
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            if name:
+                funcs[name] = "\n".join(lines)
+            name, lines = m.group(1), []
+        elif name:
+            lines.append(line)
+    if name:
+        funcs[name] = "\n".join(lines)
+    return funcs
+
+
+@pytest.fixture
+def kernel_sass():
+    """kernel_sass(arch, pattern) -> {mangled name: SASS text} of the built extension's kernels
+    for arch ("sm_90a" or "sm_100a") whose mangled name matches the regex pattern."""
+
+    def get(arch, pattern):
+        sass = _extension_sass(arch)
+        if sass is None:
+            _missing("the CUDA extension is not built")
+        funcs = {n: s for n, s in _split_functions(sass).items() if re.search(pattern, n)}
+        if not funcs:
+            pytest.fail(f"no {arch} kernel matching {pattern!r} in the extension")
+        return funcs
+
+    return get
+
+
+def _cutlass_include():
+    try:
+        import cutlass_library
+    except ImportError:
+        return None
+    inc = Path(cutlass_library.__file__).parent / "source" / "include"
+    return inc if inc.exists() else None
+
+
+@pytest.fixture(scope="session")
+def host_program(tmp_path_factory):
+    """host_program(source, *, cutlass=False, args=()) compiles a host C++17 program with
+    cuda/ (and the CUTLASS headers) on the include path, runs it and returns its stdout."""
+    build = tmp_path_factory.mktemp("host_cxx")
+    cxx = shutil.which("g++") or shutil.which("c++")
+    cache = {}
+
+    def run(source, *, cutlass=False, args=()):
+        if cxx is None:
+            _missing("no host C++ compiler")
+        source = Path(source)
+        if source not in cache:
+            includes = ["-I", str(CUDA_SRC)]
+            if cutlass:
+                inc = _cutlass_include()
+                if inc is None:
+                    _missing("CUTLASS headers not installed (pip install nvidia-cutlass)")
+                includes += ["-isystem", str(inc)]
+                cuda_inc = Path(shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc").parents[1] / "include"
+                if cuda_inc.exists():
+                    includes += ["-isystem", str(cuda_inc)]
+            exe = build / source.stem
+            subprocess.run([cxx, "-std=c++17", "-O1", *includes, str(source), "-o", str(exe)],
+                           check=True, capture_output=True, text=True)
+            cache[source] = exe
+        return subprocess.run([str(cache[source]), *map(str, args)], check=True,
+                              capture_output=True, text=True).stdout
+
+    return run

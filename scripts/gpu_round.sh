@@ -26,8 +26,9 @@ fi
 grep -E "warning|spill" "$OUT/build.log" | grep -v "^ *$" | head -20
 
 echo "== tests"
-# importlib mode (pyproject) makes pytest import the installed package, with its extension.
-"$PY" -m pytest -q -rs -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest.log"
+# -P and importlib mode (pyproject) keep the source tree off sys.path: the tests import the
+# installed package, with its extension.
+"$PY" -P -m pytest -q -rs -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest.log"
 status=${PIPESTATUS[0]}
 
 for b in ${BENCH:-}; do

@@ -13,6 +13,13 @@ from jax.interpreters import mlir
 
 from jax_nvfp4 import _extension
 
+try:  # public home of ShapedArray differs across jax releases
+    from jax.core import ShapedArray
+except ImportError:  # pragma: no cover
+    from jax._src.core import ShapedArray
+
+__all__ = ["ShapedArray", "define_primitive", "batch_size", "to_front", "map_batcher", "empty_f32"]
+
 
 def define_primitive(name, *, abstract_eval, reference, kernel, ffi_target, multiple_results=True):
     """Creates primitive `name`.

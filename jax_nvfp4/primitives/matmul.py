@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.core import ShapedArray
 from jax.interpreters import batching
 
 from jax_nvfp4 import reference
 from jax_nvfp4.format import CODE_DTYPE, SCALE_DTYPE, tiled_scales_shape
-from jax_nvfp4.primitives._base import define_primitive, empty_f32, map_batcher
+from jax_nvfp4.primitives._base import ShapedArray, define_primitive, empty_f32, map_batcher
 
 GEMM_TARGET = "jax_nvfp4_gemm"
 GEMM_NVFP4_OUT_TARGET = "jax_nvfp4_gemm_nvfp4_out"

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.core import ShapedArray
 from jax.interpreters import batching
 
 from jax_nvfp4 import reference
 from jax_nvfp4.format import CODE_DTYPE, SCALE_DTYPE, tiled_scales_shape
-from jax_nvfp4.primitives._base import batch_size, define_primitive, empty_f32, to_front
+from jax_nvfp4.primitives._base import ShapedArray, batch_size, define_primitive, empty_f32, to_front
 
 QUANTIZE_TARGET = "jax_nvfp4_quantize"
 DEQUANTIZE_TARGET = "jax_nvfp4_dequantize"

@@ -1,0 +1,26 @@
+// Blackwell (sm_100a) NVFP4 GEMM: CUTLASS's block-scaled tcgen05 kernels behind a plain launcher.
+//
+// Host-only declarations (no CUTLASS here: the FFI handler including this is compiled with g++).
+// gemm_sm100 takes both W4A4 (A already NVFP4) and W4A16 (A float: quantized first, with its
+// dynamic amax, into the workspace), float output (f32/bf16/f16) or NVFP4 output when
+// p.out_codes != nullptr, and an optional bias. Nothing is read back on the host: alpha and
+// the output decode scale are formed on the device.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "gemm/gemm_problem.h"
+
+namespace jax_nvfp4 {
+
+// Device scratch gemm_sm100 needs for p (quantized A, K-padded codes, unpadded output staging,
+// alpha, CUTLASS's own workspace). p.workspace must point to at least this many bytes.
+size_t gemm_sm100_workspace_bytes(const GemmProblem& p);
+
+// Enqueues the GEMM on stream. Returns cudaErrorInvalidValue for a problem it cannot run
+// (k not a multiple of 16, too little workspace, unsupported dtype).
+cudaError_t gemm_sm100(const GemmProblem& p, cudaStream_t stream);
+
+}  // namespace jax_nvfp4

@@ -115,6 +115,20 @@ def _cutlass_include():
     return inc if inc.exists() else None
 
 
+def _cuda_includes():
+    """The CUDA toolkit's include dirs; CUDA 13 keeps CCCL (cuda/std, which CUTLASS needs) in
+    include/cccl. nvcc on PATH may be a wrapper script, so also try CUDA_HOME and /usr/local/cuda."""
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        roots.insert(0, str(Path(nvcc).resolve().parents[1]))
+    for root in filter(None, roots):
+        inc = Path(root) / "include"
+        if (inc / "cuda_runtime.h").exists():
+            return [str(inc)] + ([str(inc / "cccl")] if (inc / "cccl").exists() else [])
+    return []
+
+
 @pytest.fixture(scope="session")
 def host_program(tmp_path_factory):
     """host_program(source, *, cutlass=False, args=()) compiles a host C++17 program with
@@ -134,9 +148,7 @@ def host_program(tmp_path_factory):
                 if inc is None:
                     _missing("CUTLASS headers not installed (pip install nvidia-cutlass)")
                 includes += ["-isystem", str(inc)]
-                cuda_inc = Path(shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc").parents[1] / "include"
-                if cuda_inc.exists():
-                    includes += ["-isystem", str(cuda_inc)]
+                includes += [f"-isystem{d}" for d in _cuda_includes()]
             exe = build / source.stem
             subprocess.run([cxx, "-std=c++17", "-O1", *includes, str(source), "-o", str(exe)],
                            check=True, capture_output=True, text=True)

@@ -6,6 +6,7 @@ reference path on every other platform."""
 from jax_nvfp4 import _extension
 from jax_nvfp4.format import NVFP4Array
 from jax_nvfp4.gemm import matmul
+from jax_nvfp4.primitives import autodiff as _autodiff  # noqa: F401  (registers grad rules)
 from jax_nvfp4.quantization import dequantize, quantize
 
 __version__ = "0.1.0"

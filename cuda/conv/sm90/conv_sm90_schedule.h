@@ -1,0 +1,91 @@
+// The tile schedule of the sm_90a shifted-operand convolution, shared by the kernel and by the
+// host-side emulation in tests/conv_sm90_schedule_test.cc (so the index math is checked on a CPU).
+//
+// Output pixels are enumerated on a "virtual" grid: each output row (n, p) gets
+// Wv = Q + halo columns, halo = floor((S-1)*dil_w / stride_w). Columns vq >= Q are computed and
+// thrown away; they let one shared-memory row serve every filter tap s by a uniform shift.
+//
+// For a tile of BN consecutive virtual pixels [g0, g0 + BN) and filter row r, shared memory holds
+// `stride_w` phase arrays of `slots` >= BN + halo pixels each. Slot j of phase f holds input pixel
+//   (n, h, w) with (n, p, vq) = virtual(g0 + j), h = p*stride_h - pad_h + r*dil_h,
+//                 w = vq*stride_w - pad_w + f                 (zero when outside the image)
+// so output column i of tap s (t = s*dil_w) reads phase t % stride_w, slot i + t / stride_w:
+//   w = (vq + t/stride_w)*stride_w - pad_w + t%stride_w = q*stride_w - pad_w + s*dil_w.
+// Within a phase array consecutive slots are consecutive 16-byte rows of every 8-channel column,
+// which is the wgmma no-swizzle K-major core-matrix pitch: tap s is the same descriptor advanced by
+// 16 * (t / stride_w) bytes (and moved to phase t % stride_w).
+#pragma once
+
+#include <cstdint>
+
+#include "common/scale_layout.h"
+#include "conv/conv_problem.h"
+
+namespace jax_nvfp4 {
+namespace conv90 {
+
+constexpr int kChunkC = 64;  // input channels per pipeline stage (one scale tile along C)
+
+struct Geometry {
+  int64_t wv = 0;             // virtual output row width Q + halo
+  int halo = 0;               // extra slots a tap shift reaches past the tile
+  int phases = 1;             // stride_w phase arrays
+  int slots = 0;              // slots per phase array (>= BN + halo, odd: bank-conflict free)
+  int64_t virtual_pixels = 0; // n * p * wv
+  int64_t pixel_tiles = 0;    // ceil(virtual_pixels / BN)
+  int c_chunks = 0;           // ceil(C / kChunkC)
+};
+
+NVFP4_HD Geometry make_geometry(const ConvProblem& pb, int bn) {
+  Geometry g;
+  g.halo = static_cast<int>(((pb.s - 1) * pb.dil_w) / pb.stride_w);
+  g.wv = pb.q + g.halo;
+  g.phases = pb.stride_w;
+  g.slots = (bn + g.halo) | 1;
+  g.virtual_pixels = pb.n * pb.p * g.wv;
+  g.pixel_tiles = ceil_div(g.virtual_pixels, bn);
+  g.c_chunks = static_cast<int>(ceil_div(pb.c, kChunkC));
+  return g;
+}
+
+// Where tap s reads: phase array and slot shift.
+struct Tap {
+  int phase;
+  int shift;
+};
+
+NVFP4_HD Tap tap_of(const ConvProblem& pb, int s) {
+  const int t = s * pb.dil_w;
+  return Tap{t % pb.stride_w, t / pb.stride_w};
+}
+
+// The input pixel that slot `slot` of phase `phase` holds for filter row r in the tile starting
+// at virtual pixel g0; returns false (the slot is zero) when it lies outside the input.
+NVFP4_HD bool slot_source(const ConvProblem& pb, const Geometry& g, int64_t g0, int phase,
+                          int slot, int r, int64_t* n, int64_t* h, int64_t* w) {
+  const int64_t v = g0 + slot;
+  if (v >= g.virtual_pixels) return false;
+  const int64_t row = v / g.wv, vq = v - row * g.wv;
+  const int64_t img = row / pb.p, p = row - img * pb.p;
+  const int64_t hh = p * pb.stride_h - pb.pad_h + static_cast<int64_t>(r) * pb.dil_h;
+  const int64_t ww = vq * pb.stride_w - pb.pad_w + phase;
+  if (hh < 0 || hh >= pb.h || ww < 0 || ww >= pb.w) return false;
+  *n = img;
+  *h = hh;
+  *w = ww;
+  return true;
+}
+
+// The output pixel of virtual pixel v, or false for a discarded column (or past the end).
+NVFP4_HD bool output_pixel(const ConvProblem& pb, const Geometry& g, int64_t v, int64_t* out_row,
+                           int64_t* q) {
+  if (v >= g.virtual_pixels) return false;
+  const int64_t row = v / g.wv, vq = v - row * g.wv;
+  if (vq >= pb.q) return false;
+  *out_row = row;  // n * P + p
+  *q = vq;
+  return true;
+}
+
+}  // namespace conv90
+}  // namespace jax_nvfp4

@@ -31,7 +31,7 @@
 
 #include "conv/sm100/conv_sm100_schedule.h"
 
-namespace cs = jax_nvfp4::conv_sm100;
+namespace cs = jax_nvfp4::ashift_conv;
 
 namespace {
 

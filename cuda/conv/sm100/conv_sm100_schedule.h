@@ -33,7 +33,7 @@
 #endif
 
 namespace jax_nvfp4 {
-namespace conv_sm100 {
+namespace ashift_conv {
 
 constexpr int kLanes = 128;         // MMA M (cta_group::1): one output pixel per lane
 constexpr int kSubLanes = 32;       // lanes of one TMEM sub-partition; .ashift stays inside one
@@ -191,5 +191,5 @@ CONV_SM100_HD Geometry make_geometry(int64_t n, int64_t h, int64_t w, int64_t p,
   return g;
 }
 
-}  // namespace conv_sm100
+}  // namespace ashift_conv
 }  // namespace jax_nvfp4

@@ -1,0 +1,168 @@
+// XLA FFI handlers "jax_nvfp4_quantize" and "jax_nvfp4_dequantize" (contract in
+// jax_nvfp4/primitives/quantize.py): read shapes, pick the kernel family of the current GPU.
+#include <cstdint>
+#include <string>
+
+#include "common/ffi_registry.h"
+#include "common/ffi_utils.h"
+#include "quantize/quantize.h"
+
+namespace jax_nvfp4 {
+namespace {
+
+// A logical shape [..., R, K] seen as rows of K elements, R rows per matrix.
+struct RowView {
+  int64_t rows = 1, k = 0, rows_per_matrix = 1;
+};
+
+RowView row_view(ffi::AnyBuffer::Dimensions dims) {
+  RowView v;
+  if (dims.size() == 0) return v;
+  v.k = dims.back();
+  for (size_t d = 0; d + 1 < dims.size(); ++d) v.rows *= dims[d];
+  if (dims.size() >= 2) v.rows_per_matrix = dims[dims.size() - 2];
+  return v;
+}
+
+ffi::Error invalid(const std::string& what) {
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_nvfp4: " + what);
+}
+
+ffi::Error unsupported_device(int cc) {
+  return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                    "jax_nvfp4: no quantize kernel compiled for compute capability " +
+                        std::to_string(cc / 10) + "." + std::to_string(cc % 10) +
+                        " (kernels exist for 9.0 with sm_90a and 10.0 with sm_100a)");
+}
+
+cudaError_t run_quantize(int cc, const QuantizeProblem& p, cudaStream_t stream, bool* found) {
+  *found = true;
+#ifdef JAX_NVFP4_HAS_SM90
+  if (cc == 90) return quantize_sm90(p, stream);
+#endif
+#ifdef JAX_NVFP4_HAS_SM100
+  if (cc == 100) return quantize_sm100(p, stream);
+#endif
+  *found = false;
+  return cudaSuccess;
+}
+
+cudaError_t run_dequantize(int cc, const DequantizeProblem& p, cudaStream_t stream, bool* found) {
+  *found = true;
+#ifdef JAX_NVFP4_HAS_SM90
+  if (cc == 90) return dequantize_sm90(p, stream);
+#endif
+#ifdef JAX_NVFP4_HAS_SM100
+  if (cc == 100) return dequantize_sm100(p, stream);
+#endif
+  *found = false;
+  return cudaSuccess;
+}
+
+ffi::Error Quantize(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer x,
+                    ffi::Buffer<ffi::F32> s_enc, ffi::Result<ffi::AnyBuffer> codes,
+                    ffi::Result<ffi::AnyBuffer> scales, ffi::Result<ffi::Buffer<ffi::F32>> s_dec) {
+  QuantizeProblem p;
+  if (!to_dtype(x.element_type(), &p.x_dtype)) {
+    return invalid("quantize takes float32, bfloat16 or float16 input");
+  }
+  if (codes->element_type() != ffi::DataType::F4E2M1FN ||
+      scales->element_type() != ffi::DataType::F8E4M3FN) {
+    return invalid("quantize returns float4_e2m1fn codes and float8_e4m3fn scales");
+  }
+  const RowView v = row_view(x.dimensions());
+  if (v.k <= 0 || v.k % 16 != 0) {
+    return invalid("quantize needs a last dimension that is a positive multiple of 16, got " +
+                   std::to_string(v.k));
+  }
+  p.rows = v.rows;
+  p.k = v.k;
+  p.rows_per_matrix = v.rows_per_matrix;
+  p.x = x.untyped_data();
+  const int64_t given = static_cast<int64_t>(s_enc.element_count());
+  p.groups = given > 0 ? given : 1;
+  p.s_enc = given > 0 ? s_enc.typed_data() : nullptr;
+  if (static_cast<int64_t>(s_dec->element_count()) != p.groups ||
+      (p.rows > 0 && p.rows % p.groups != 0)) {
+    return invalid("quantize: s_enc/s_dec must hold one value per group of whole rows");
+  }
+  p.codes = static_cast<uint8_t*>(codes->untyped_data());
+  p.scales = static_cast<uint8_t*>(scales->untyped_data());
+  p.s_dec = s_dec->typed_data();
+  p.workspace_bytes = quantize_workspace_bytes(p);
+  if (p.workspace_bytes > 0) {
+    auto ws = scratch.Allocate(p.workspace_bytes);
+    if (!ws.has_value()) {
+      return ffi::Error(ffi::ErrorCode::kResourceExhausted, "jax_nvfp4: no quantize workspace");
+    }
+    p.workspace = *ws;
+  }
+  const int cc = current_compute_capability();
+  bool found = false;
+  const cudaError_t err = run_quantize(cc, p, stream, &found);
+  if (!found) return unsupported_device(cc);
+  return cuda_error(err, "jax_nvfp4 quantize kernel");
+}
+
+ffi::Error Dequantize(cudaStream_t stream, ffi::AnyBuffer codes, ffi::AnyBuffer scales,
+                      ffi::Buffer<ffi::F32> s_dec, ffi::Result<ffi::AnyBuffer> out) {
+  DequantizeProblem p;
+  if (!to_dtype(out->element_type(), &p.out_dtype)) {
+    return invalid("dequantize returns float32, bfloat16 or float16");
+  }
+  if (codes.element_type() != ffi::DataType::F4E2M1FN ||
+      scales.element_type() != ffi::DataType::F8E4M3FN) {
+    return invalid("dequantize takes float4_e2m1fn codes and float8_e4m3fn scales");
+  }
+  const RowView v = row_view(codes.dimensions());
+  if (v.k <= 0 || v.k % 16 != 0) {
+    return invalid("dequantize needs a last dimension that is a positive multiple of 16, got " +
+                   std::to_string(v.k));
+  }
+  p.rows = v.rows;
+  p.k = v.k;
+  p.rows_per_matrix = v.rows_per_matrix;
+  p.groups = static_cast<int64_t>(s_dec.element_count());
+  if (p.groups <= 0 || (p.rows > 0 && p.rows % p.groups != 0)) {
+    return invalid("dequantize: s_dec must hold one value per group of whole rows");
+  }
+  p.codes = static_cast<const uint8_t*>(codes.untyped_data());
+  p.scales = static_cast<const uint8_t*>(scales.untyped_data());
+  p.s_dec = s_dec.typed_data();
+  p.out = out->untyped_data();
+  const int cc = current_compute_capability();
+  bool found = false;
+  const cudaError_t err = run_dequantize(cc, p, stream, &found);
+  if (!found) return unsupported_device(cc);
+  return cuda_error(err, "jax_nvfp4 dequantize kernel");
+}
+
+}  // namespace
+
+// The amax pass accumulates into one 32-bit word (float bits) of the workspace.
+size_t quantize_workspace_bytes(const QuantizeProblem& p) {
+  return p.s_enc == nullptr ? 16 : 0;
+}
+
+}  // namespace jax_nvfp4
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_nvfp4_quantize_handler, jax_nvfp4::Quantize,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::ScratchAllocator>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_nvfp4_dequantize_handler, jax_nvfp4::Dequantize,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
+                                  .Ret<xla::ffi::AnyBuffer>());
+
+JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_quantize", jax_nvfp4_quantize_handler);
+JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_dequantize", jax_nvfp4_dequantize_handler);

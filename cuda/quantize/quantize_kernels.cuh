@@ -1,0 +1,386 @@
+// The NVFP4 quantize / dequantize kernels, templated on the E2M1 encoder so that the sm_90a
+// (software rounding) and sm_100a (cvt.rn.satfinite.e2m1x2.f32) builds share every other line.
+// Each arch's .cu file includes this header once and defines its launchers with
+// launch_quantize<Encoder> / launch_dequantize.
+//
+// Work decomposition: the unit is half of one 512-byte scale tile (128 rows x 4 blocks of 16),
+// taken by one 256-thread CTA. Thread t of the tile owns entry t of the tile's row-major bytes,
+// i.e. the block (row rt*128 + j*32 + i, k-block kt*4 + l) with t = i*16 + j*4 + l. So a warp
+// writes 32 consecutive scale bytes, reads 8 rows x 4 consecutive blocks (whole 128-byte lines
+// for bf16), and the tile's padding entries (rows past R, blocks past K/16) are written as zero
+// by the threads that own them. CTAs loop over half-tiles (persistent grid).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cstdint>
+
+#include "common/nvfp4_decode.cuh"
+#include "common/scale_layout.h"
+#include "quantize/nvfp4_encode.h"
+#include "quantize/quantize.h"
+
+namespace jax_nvfp4 {
+namespace quantize_detail {
+
+constexpr int kThreads = 256;            // one half-tile of scale entries per CTA step
+constexpr int kAmaxVectorsPerThread = 4;  // 16-byte loads in flight per thread in the amax pass
+
+// Where the scale tiles of a tensor lie: matrices x row tiles x k tiles, 512 entries each.
+// Tile indices are 32-bit (checked by the launchers): the index math runs once per block of 16
+// elements, and 64-bit division would cost as much as quantizing the block.
+struct TileGrid {
+  int64_t rows_per_matrix, k_blocks, half_tiles;
+  uint32_t row_tiles, k_tiles;
+
+  static TileGrid of(int64_t rows, int64_t k, int64_t rows_per_matrix) {
+    TileGrid g{rows_per_matrix, k / kBlockSize, 0, 0, 0};
+    if (rows > 0) {
+      g.row_tiles = static_cast<uint32_t>(ceil_div(rows_per_matrix, kTileRows));
+      g.k_tiles = static_cast<uint32_t>(scale_k_tiles(g.k_blocks));
+      g.half_tiles = (rows / rows_per_matrix) * g.row_tiles * g.k_tiles * (kTileBytes / kThreads);
+    }
+    return g;
+  }
+
+  bool fits_32bit() const { return half_tiles < (int64_t{1} << 31); }
+};
+
+// The block owned by this thread in half-tile `h`: its row (global), k-block, scale byte offset
+// and whether it lies inside the tensor (false for a padding entry).
+struct BlockRef {
+  int64_t row, k_block, scale_offset;
+  bool valid;
+};
+
+__device__ __forceinline__ BlockRef block_of(const TileGrid& g, uint32_t h) {
+  const uint32_t tile = h >> 1;
+  const uint32_t t = (h & 1u) * kThreads + threadIdx.x;
+  const uint32_t tiles_per_matrix = g.row_tiles * g.k_tiles;
+  const uint32_t matrix = tile / tiles_per_matrix;
+  const uint32_t in_matrix = tile - matrix * tiles_per_matrix;
+  const uint32_t rt = in_matrix / g.k_tiles, kt = in_matrix - rt * g.k_tiles;
+  const uint32_t i = t >> 4, j = (t >> 2) & 3u, l = t & 3u;
+  const int64_t r = static_cast<int64_t>(rt) * kTileRows + j * 32 + i;
+  BlockRef b;
+  b.row = static_cast<int64_t>(matrix) * g.rows_per_matrix + r;
+  b.k_block = static_cast<int64_t>(kt) * kTileKBlocks + l;
+  b.scale_offset = static_cast<int64_t>(tile) * kTileBytes + t;
+  b.valid = r < g.rows_per_matrix && b.k_block < g.k_blocks;
+  return b;
+}
+
+// ---- element types ------------------------------------------------------------------------
+
+template <typename T>
+struct Elem;
+
+template <>
+struct Elem<float> {
+  static constexpr int kPerVector = 4;
+  __device__ static void unpack4(const uint4& v, float* f) {
+    f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y);
+    f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
+  }
+  __device__ static uint4 pack4(const float* f) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]),
+                      __float_as_uint(f[3]));
+  }
+};
+
+template <>
+struct Elem<__nv_bfloat16> {
+  static constexpr int kPerVector = 8;
+  __device__ static void unpack_word(uint32_t w, float* f) {
+    f[0] = __uint_as_float(w << 16);
+    f[1] = __uint_as_float(w & 0xFFFF0000u);
+  }
+  __device__ static uint32_t pack_word(float a, float b) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);  // a -> low half
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+};
+
+template <>
+struct Elem<__half> {
+  static constexpr int kPerVector = 8;
+  __device__ static void unpack_word(uint32_t w, float* f) {
+    const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&w));
+    f[0] = v.x;
+    f[1] = v.y;
+  }
+  __device__ static uint32_t pack_word(float a, float b) {
+    const __half2 h = __floats2half2_rn(a, b);  // a -> low half
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+};
+
+// 16-byte vector <-> floats, for every element type.
+template <typename T>
+__device__ __forceinline__ void unpack_vector(const uint4& v, float* f) {
+  if constexpr (sizeof(T) == 4) {
+    Elem<float>::unpack4(v, f);
+  } else {
+    Elem<T>::unpack_word(v.x, f + 0);
+    Elem<T>::unpack_word(v.y, f + 2);
+    Elem<T>::unpack_word(v.z, f + 4);
+    Elem<T>::unpack_word(v.w, f + 6);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 pack_vector(const float* f) {
+  if constexpr (sizeof(T) == 4) {
+    return Elem<float>::pack4(f);
+  } else {
+    return make_uint4(Elem<T>::pack_word(f[0], f[1]), Elem<T>::pack_word(f[2], f[3]),
+                      Elem<T>::pack_word(f[4], f[5]), Elem<T>::pack_word(f[6], f[7]));
+  }
+}
+
+template <typename T>
+constexpr int kVectorsPerBlock = kBlockSize * static_cast<int>(sizeof(T)) / 16;
+
+// Loads the 16 elements of block (row, k_block) as float32. All loads are issued first.
+template <typename T>
+__device__ __forceinline__ void load_block(const T* __restrict__ x, int64_t k, int64_t row,
+                                           int64_t k_block, float* f) {
+  const uint4* src = reinterpret_cast<const uint4*>(x + row * k + k_block * kBlockSize);
+  uint4 v[kVectorsPerBlock<T>];
+#pragma unroll
+  for (int q = 0; q < kVectorsPerBlock<T>; ++q) v[q] = src[q];
+#pragma unroll
+  for (int q = 0; q < kVectorsPerBlock<T>; ++q) {
+    unpack_vector<T>(v[q], f + q * Elem<T>::kPerVector);
+  }
+}
+
+// ---- numerics -------------------------------------------------------------------------------
+
+// E4M3 code of a non-negative float, rn + satfinite (NaN stays NaN: 0x7F), in hardware.
+__device__ __forceinline__ uint32_t e4m3_encode(float s) {
+  uint16_t pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(s));
+  return pair & 0xFFu;
+}
+
+// S_enc from the tensor's amax: 6*448/amax, or 1 where that is not a finite positive number.
+__device__ __forceinline__ float encode_scale_from_amax(float amax) {
+  const float s = __fdiv_rn(kE2m1Max * kE4m3Max, amax);
+  const bool bad = amax == 0.0f || !(fabsf(s) <= FLT_MAX) || s == 0.0f;
+  return bad ? 1.0f : s;
+}
+
+// Where each row's encode scale comes from.
+struct EncodeScales {
+  const float* given;         // [groups], or null: from *amax_bits
+  const uint32_t* amax_bits;  // float bits of the tensor amax (amax pass output)
+  int64_t rows_per_group;
+};
+
+// Quantizes one block: returns its E4M3 scale bits; writes 8 bytes of packed codes.
+template <typename Encoder>
+__device__ __forceinline__ uint32_t quantize_block(const float* f, float s_enc, float s_dec,
+                                                   uint2* codes) {
+  // Finiteness of the whole block: v * 0 is NaN exactly when v is NaN or +-Inf.
+  float poison = 0.0f, block_amax = 0.0f;
+#pragma unroll
+  for (int e = 0; e < kBlockSize; ++e) {
+    poison = __fmaf_rn(f[e], 0.0f, poison);
+    block_amax = fmaxf(block_amax, fabsf(f[e]));
+  }
+  if (poison != 0.0f) {  // NaN: a non-finite block gets the NaN scale and zero codes
+    *codes = make_uint2(0u, 0u);
+    return kE4m3NanBits;
+  }
+  const float sb_f32 = __fmul_rn(block_amax, __fmul_rn(s_enc, 1.0f / 6.0f));
+  const uint32_t sb = e4m3_encode(sb_f32);
+  const float mult = fminf(__frcp_rn(__fmul_rn(e4m3_to_float(sb), s_dec)), FLT_MAX);
+  float y[kBlockSize];
+#pragma unroll
+  for (int e = 0; e < kBlockSize; ++e) y[e] = __fmul_rn(f[e], mult);
+  *codes = make_uint2(Encoder::pack8(y), Encoder::pack8(y + 8));
+  return sb;
+}
+
+// ---- kernels --------------------------------------------------------------------------------
+
+// Pass 1 (S_enc not given): max |x| over the finite elements, as float bits (non-negative
+// floats order like their bit patterns) into *amax_bits, which must start at zero.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) amax_kernel(const uint4* __restrict__ x,
+                                                        int64_t vectors, uint32_t* amax_bits) {
+  constexpr int kPer = Elem<T>::kPerVector;
+  float m = 0.0f;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  int64_t v = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  for (; v + (kAmaxVectorsPerThread - 1) * stride < vectors; v += kAmaxVectorsPerThread * stride) {
+    uint4 raw[kAmaxVectorsPerThread];
+#pragma unroll
+    for (int u = 0; u < kAmaxVectorsPerThread; ++u) raw[u] = x[v + u * stride];
+#pragma unroll
+    for (int u = 0; u < kAmaxVectorsPerThread; ++u) {
+      float f[kPer];
+      unpack_vector<T>(raw[u], f);
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) m = fabsf(f[e]) <= FLT_MAX ? fmaxf(m, fabsf(f[e])) : m;
+    }
+  }
+  for (; v < vectors; v += stride) {
+    float f[kPer];
+    unpack_vector<T>(x[v], f);
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) m = fabsf(f[e]) <= FLT_MAX ? fmaxf(m, fabsf(f[e])) : m;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+  __shared__ float warp_max[kThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+    if (m > 0.0f) atomicMax(amax_bits, __float_as_uint(m));
+  }
+}
+
+template <typename Encoder, typename T>
+__global__ void __launch_bounds__(kThreads) quantize_kernel(
+    const T* __restrict__ x, int64_t k, TileGrid grid, EncodeScales enc, int64_t groups,
+    uint2* __restrict__ codes, uint8_t* __restrict__ scales, float* __restrict__ s_dec) {
+  // Without given scales every row shares the tensor's S_enc, derived once per thread.
+  const bool per_group = enc.given != nullptr;
+  const float tensor_s_enc =
+      per_group ? 1.0f : encode_scale_from_amax(__uint_as_float(*enc.amax_bits));
+  const float tensor_s_dec = __frcp_rn(tensor_s_enc);
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  for (int64_t g = first; g < groups; g += static_cast<int64_t>(gridDim.x) * kThreads) {
+    s_dec[g] = per_group ? __frcp_rn(enc.given[g]) : tensor_s_dec;
+  }
+  for (uint32_t h = blockIdx.x; h < grid.half_tiles; h += gridDim.x) {
+    const BlockRef b = block_of(grid, h);
+    uint32_t sb = 0;  // padding entries of the tile are zero
+    if (b.valid) {
+      float f[kBlockSize];
+      load_block<T>(x, k, b.row, b.k_block, f);
+      float s_enc = tensor_s_enc, s_dec_row = tensor_s_dec;
+      if (per_group) {
+        s_enc = enc.given[b.row / enc.rows_per_group];
+        s_dec_row = __frcp_rn(s_enc);
+      }
+      sb = quantize_block<Encoder>(f, s_enc, s_dec_row,
+                                   codes + b.row * (k / kBlockSize) + b.k_block);
+    }
+    scales[b.scale_offset] = static_cast<uint8_t>(sb);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) dequantize_kernel(
+    const uint2* __restrict__ codes, const uint8_t* __restrict__ scales,
+    const float* __restrict__ s_dec, int64_t rows_per_group, int64_t k, TileGrid grid,
+    T* __restrict__ out) {
+  for (uint32_t h = blockIdx.x; h < grid.half_tiles; h += gridDim.x) {
+    const BlockRef b = block_of(grid, h);
+    if (!b.valid) continue;
+    const uint2 c = codes[b.row * (k / kBlockSize) + b.k_block];
+    const float sb = e4m3_to_float(scales[b.scale_offset]);
+    const float sd = s_dec[b.row / rows_per_group];
+    float f[kBlockSize];
+#pragma unroll
+    for (int e = 0; e < kBlockSize; ++e) {
+      const uint32_t word = e < 8 ? c.x : c.y;
+      f[e] = __fmul_rn(__fmul_rn(e2m1_to_float((word >> (4 * (e & 7))) & 0xFu), sb), sd);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(out + b.row * k + b.k_block * kBlockSize);
+#pragma unroll
+    for (int q = 0; q < kVectorsPerBlock<T>; ++q) {
+      dst[q] = pack_vector<T>(f + q * Elem<T>::kPerVector);
+    }
+  }
+}
+
+// ---- launchers ------------------------------------------------------------------------------
+
+template <typename Kernel>
+int persistent_grid(Kernel kernel, int64_t work_items) {
+  int device = 0, sms = 0, per_sm = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
+  const int64_t full = static_cast<int64_t>(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+  return static_cast<int>(work_items < full ? (work_items > 0 ? work_items : 1) : full);
+}
+
+inline bool valid_shape(int64_t rows, int64_t k, int64_t rows_per_matrix, int64_t groups) {
+  if (rows < 0 || k <= 0 || k % kBlockSize != 0 || groups <= 0) return false;
+  if (rows == 0) return true;
+  return rows_per_matrix > 0 && rows % rows_per_matrix == 0 && rows % groups == 0;
+}
+
+template <typename Encoder, typename T>
+cudaError_t launch_quantize_typed(const QuantizeProblem& p, cudaStream_t stream) {
+  const TileGrid grid = TileGrid::of(p.rows, p.k, p.rows_per_matrix);
+  if (!grid.fits_32bit()) return cudaErrorInvalidValue;
+  EncodeScales enc{p.s_enc, static_cast<const uint32_t*>(p.workspace),
+                   p.rows > 0 ? p.rows / p.groups : 1};
+  if (p.s_enc == nullptr) {
+    uint32_t* amax = static_cast<uint32_t*>(p.workspace);
+    cudaError_t err = cudaMemsetAsync(amax, 0, sizeof(uint32_t), stream);
+    if (err != cudaSuccess) return err;
+    const int64_t vectors = p.rows * p.k * static_cast<int64_t>(sizeof(T)) / 16;
+    if (vectors > 0) {
+      const int blocks = persistent_grid(amax_kernel<T>, ceil_div(vectors, kThreads));
+      amax_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<const uint4*>(p.x), vectors,
+                                                      amax);
+      if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    }
+  }
+  auto kernel = quantize_kernel<Encoder, T>;
+  const int blocks = persistent_grid(kernel, grid.half_tiles);
+  kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(p.x), p.k, grid, enc, p.groups,
+                                          reinterpret_cast<uint2*>(p.codes), p.scales, p.s_dec);
+  return cudaGetLastError();
+}
+
+template <typename Encoder>
+cudaError_t launch_quantize(const QuantizeProblem& p, cudaStream_t stream) {
+  if (!valid_shape(p.rows, p.k, p.rows_per_matrix, p.groups)) return cudaErrorInvalidValue;
+  if (p.s_enc == nullptr && (p.groups != 1 || p.workspace == nullptr ||
+                             p.workspace_bytes < quantize_workspace_bytes(p))) {
+    return cudaErrorInvalidValue;
+  }
+  switch (p.x_dtype) {
+    case DType::kF32: return launch_quantize_typed<Encoder, float>(p, stream);
+    case DType::kBF16: return launch_quantize_typed<Encoder, __nv_bfloat16>(p, stream);
+    case DType::kF16: return launch_quantize_typed<Encoder, __half>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <typename T>
+cudaError_t launch_dequantize_typed(const DequantizeProblem& p, cudaStream_t stream) {
+  const TileGrid grid = TileGrid::of(p.rows, p.k, p.rows_per_matrix);
+  if (!grid.fits_32bit()) return cudaErrorInvalidValue;
+  if (grid.half_tiles == 0) return cudaSuccess;
+  const int blocks = persistent_grid(dequantize_kernel<T>, grid.half_tiles);
+  dequantize_kernel<T><<<blocks, kThreads, 0, stream>>>(
+      reinterpret_cast<const uint2*>(p.codes), p.scales, p.s_dec, p.rows / p.groups, p.k, grid,
+      static_cast<T*>(p.out));
+  return cudaGetLastError();
+}
+
+inline cudaError_t launch_dequantize(const DequantizeProblem& p, cudaStream_t stream) {
+  if (!valid_shape(p.rows, p.k, p.rows_per_matrix, p.groups)) return cudaErrorInvalidValue;
+  switch (p.out_dtype) {
+    case DType::kF32: return launch_dequantize_typed<float>(p, stream);
+    case DType::kBF16: return launch_dequantize_typed<__nv_bfloat16>(p, stream);
+    case DType::kF16: return launch_dequantize_typed<__half>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace quantize_detail
+}  // namespace jax_nvfp4

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from jax_nvfp4.format import (BLOCK, TILE_ROWS, NVFP4Array, check_float_dtype, plain_to_tiled,
                               tiled_to_plain)
-from jax_nvfp4.primitives.matmul import matmul_p
+from jax_nvfp4.sharding.matmul import partitioned_matmul_p as matmul_p
 
 
 def _scales_as_matrix(scales, lead, k):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jax_nvfp4.format import NVFP4Array, check_float_dtype, check_logical_shape
-from jax_nvfp4.primitives.quantize import dequantize_p, quantize_p
+from jax_nvfp4.sharding.quantize import (partitioned_dequantize_p as dequantize_p,
+                                         partitioned_quantize_p as quantize_p)
 
 
 def quantize(x, *, s_enc=None) -> NVFP4Array:

@@ -1,0 +1,116 @@
+"""Outer primitives whose lowering is a `custom_partitioning` around an inner primitive.
+
+The inner primitives (jax_nvfp4.primitives) know nothing of meshes. Each op here supplies
+  rule(avals, params)                   its Shardy sharding rule,
+  plan(mesh, dims, avals, params)       from the operands' shardings (as per-dimension axis
+                                        tuples): the shardings it honours and the per-shard body,
+  operands_from_results(dims, avals, params)   operand shardings that give these results (for
+                                        GSPMD's propagation from users),
+and this module wires them into `custom_partitioning` (Shardy rule plus the GSPMD callbacks).
+The outer primitive is needed because `custom_partitioning` has no batching rule: vmap of the
+outer primitive is defined by each op and binds the outer primitive again, so batched code stays
+partitioned (as jax's own cudnn scaled_matmul does)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Sequence
+
+import jax
+import jax.extend
+from jax._src import dispatch
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.interpreters import ad, batching, mlir
+
+from jax_nvfp4.sharding._specs import named, spec_axes
+
+Dims = Sequence[tuple[str, ...]]  # the mesh axes sharding each dimension of one array
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How one op runs on a mesh: the shardings it takes and gives, and the per-shard body
+    (local operands -> tuple of local results, may use collectives over mesh axis names)."""
+
+    operands: list[Dims]
+    results: list[Dims]
+    body: Callable
+
+
+def _avals_key(avals):
+    return tuple((tuple(a.shape), a.dtype) for a in avals)
+
+
+def _partitioned(inner, op, avals_key, params_key):
+    """A custom_partitioning function running `inner` with the rules of `op` (cached per shape)."""
+    avals = [jax.ShapeDtypeStruct(s, d) for s, d in avals_key]
+    params = dict(params_key)
+
+    def whole(*operands):
+        out = inner.bind(*operands, **params)
+        return tuple(out) if inner.multiple_results else (out,)
+
+    def shardings(mesh, dims_list):
+        return tuple(named(mesh, d) for d in dims_list)
+
+    def plan_from(mesh, arg_shapes):
+        dims = [spec_axes(s.sharding, len(s.shape), mesh) for s in arg_shapes]
+        return op.plan(mesh, dims, avals, params)
+
+    def partition(mesh, arg_shapes, result_shape):
+        plan = plan_from(mesh, arg_shapes)
+        return (mesh, plan.body, shardings(mesh, plan.results), shardings(mesh, plan.operands))
+
+    def infer_sharding_from_operands(mesh, arg_shapes, result_shape):
+        return shardings(mesh, plan_from(mesh, arg_shapes).results)
+
+    def propagate_user_sharding(mesh, user_shape):
+        dims = [spec_axes(s.sharding, len(s.shape), mesh) for s in user_shape]
+        plan = op.plan(mesh, op.operands_from_results(dims, avals, params), avals, params)
+        return shardings(mesh, plan.results)
+
+    fn = custom_partitioning(whole)
+    fn.def_partition(partition=partition,
+                     infer_sharding_from_operands=infer_sharding_from_operands,
+                     propagate_user_sharding=propagate_user_sharding,
+                     decode_shardings=False,  # read by _specs.spec_axes
+                     sharding_rule=op.rule(avals, params))
+    return fn
+
+
+_partitioned_cached = functools.lru_cache(maxsize=256)(_partitioned)
+
+
+def define_partitioned_primitive(name, inner, op):
+    """The outer primitive `name`: abstract eval of `inner`, lowered through custom_partitioning
+    with `op`'s rules. Give it a batching rule with `batching.primitive_batchers`."""
+    prim = jax.extend.core.Primitive(name)
+    prim.multiple_results = inner.multiple_results
+    prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
+    prim.def_abstract_eval(lambda *avals, **params: inner.abstract_eval(*avals, **params)[0])
+
+    def lowering(ctx, *args, **params):
+        fn = _partitioned_cached(inner, op, _avals_key(ctx.avals_in),
+                                 tuple(sorted(params.items())))
+        return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
+
+    mlir.register_lowering(prim, lowering)
+    dispatch.prim_requires_devices_during_lowering.add(prim)
+    ad.primitive_jvps[prim] = functools.partial(_delegated_jvp, prim, inner)
+    return prim
+
+
+def _delegated_jvp(outer, inner, primals, tangents, **params):
+    """JVP of the outer primitive: the primal output partitioned, the tangent by `inner`'s own
+    JVP rule (looked up at call time: jax_nvfp4.primitives.autodiff registers it). The tangent
+    (and so the backward pass) runs on the inner primitives, outside these partitioning rules."""
+    rule = ad.primitive_jvps.get(inner)
+    if rule is None:
+        raise NotImplementedError(f"Differentiation rule for '{inner}' not implemented")
+    _, tangents_out = rule(primals, tangents, **params)
+    return outer.bind(*primals, **params), tangents_out
+
+
+def register_batcher(prim, rule):
+    batching.primitive_batchers[prim] = rule

@@ -1,0 +1,165 @@
+"""Partitioned NVFP4 matmul: y[m, n] = sum_k x[m, k] * w[n, k].
+
+Shardings honoured (and combined on meshes of several axes):
+  M (data-parallel)    x's rows; by whole 128-row tiles when x or y is NVFP4.
+  N (column-parallel)  w's rows by whole 128-row scale tiles; y's columns follow; no traffic.
+  K (row-parallel)     w's and x's K by whole 64-element scale tiles: each shard multiplies its
+                       K slice in float32 (alpha = s_dec_x * s_dec_w applies to every partial
+                       sum, which is linear), the partial sums are all-reduced (psum), and the
+                       bias and the cast (or the NVFP4 output quantization) follow, once.
+The weight's sharding wins: x is resharded to match w's K split, never the reverse, so no
+weight is gathered. A split that is not whole scale tiles, or that reuses a mesh axis already
+taken by another dimension, is dropped (that operand is resharded explicitly)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental.custom_partitioning import CompoundFactor
+
+from jax_nvfp4.format import TILE_ROWS
+from jax_nvfp4.primitives._base import map_batcher
+from jax_nvfp4.primitives.matmul import matmul_p
+from jax_nvfp4.primitives.quantize import quantize_p
+from jax_nvfp4.sharding._partitioned import Plan, define_partitioned_primitive, register_batcher
+from jax_nvfp4.sharding._rules import RuleBuilder
+from jax_nvfp4.sharding._specs import (REPLICATED, TILE_K, even_split, k_axes, row_axes,
+                                       scale_dims, without)
+
+_SCALARS = ()  # mapping of a scalar operand
+
+
+def _operand_names(a_nvfp4, has_bias, out_nvfp4):
+    names = ["a"] + (["a_scales", "a_s_dec"] if a_nvfp4 else [])
+    names += ["b_codes", "b_scales", "b_s_dec"]
+    names += ["bias"] if has_bias else []
+    names += ["out_s_enc"] if out_nvfp4 else []
+    return names
+
+
+class _MatmulOp:
+    """matmul_p(a, [a_scales, a_s_dec,] b_codes, b_scales, b_s_dec, [bias,] [out_s_enc])."""
+
+    @staticmethod
+    def rule(avals, params):
+        a_nvfp4, out_nvfp4 = params["a_nvfp4"], params["out_nvfp4"]
+        names = _operand_names(a_nvfp4, params["has_bias"], out_nvfp4)
+        m, k = avals[0].shape
+        n = avals[names.index("b_codes")].shape[0]
+        b = RuleBuilder()
+        k_dim, k_tiles = b.tiled("k", k, TILE_K, reduce=True)
+        if a_nvfp4 or out_nvfp4:  # M carries scale tiles
+            m_dim, m_tiles = b.tiled("m", m, TILE_ROWS)
+        else:
+            m_dim, m_tiles = "m", None
+        if out_nvfp4:
+            # N is both w's rows (128-row tiles) and y's K (64-element tiles): N = (nt, nh, nq)
+            # with nh = 2, nq = 64, so the y scales' tile dim is the compound (nt, nh).
+            if n % TILE_ROWS == 0 and n // TILE_ROWS > 1:
+                n_dim = b.compound("nt", ("nh", 2), ("nq", TILE_K))
+                n_tiles, y_n_tiles = "nt", CompoundFactor("nt", "nh")
+            else:
+                n_dim, n_tiles, y_n_tiles = (b.replicated(f) for f in ("n", "nt", "nk"))
+        else:
+            n_dim, n_tiles = b.tiled("n", n, TILE_ROWS)
+        mappings = {
+            "a": (m_dim, k_dim),
+            "a_scales": b.scales(m_tiles, k_tiles),
+            "a_s_dec": _SCALARS,
+            "b_codes": (n_dim, k_dim),
+            "b_scales": b.scales(n_tiles, k_tiles),
+            "b_s_dec": _SCALARS,
+            "bias": (n_dim,),
+            "out_s_enc": _SCALARS,
+        }
+        for name in names:
+            b.operand(*mappings[name])
+        b.result(m_dim, n_dim)
+        if out_nvfp4:
+            b.result(*b.scales(m_tiles, y_n_tiles))
+            b.result(*_SCALARS)
+        return b.build()
+
+    @staticmethod
+    def plan(mesh, dims, avals, params):
+        a_nvfp4, has_bias, out_nvfp4 = params["a_nvfp4"], params["has_bias"], params["out_nvfp4"]
+        names = _operand_names(a_nvfp4, has_bias, out_nvfp4)
+        a_dims, b_dims = dims[0], dims[names.index("b_codes")]
+        m, k = avals[0].shape
+        n = avals[names.index("b_codes")].shape[0]
+        # The weight decides N and K (x follows it); M takes the axes left.
+        n_ax = row_axes(mesh, b_dims[0], n)
+        k_ax = without(k_axes(mesh, b_dims[1] or a_dims[1], k), n_ax)
+        m_split = row_axes if (a_nvfp4 or out_nvfp4) else even_split
+        m_ax = without(m_split(mesh, a_dims[0], m), n_ax + k_ax)
+
+        operand_dims = {
+            "a": [m_ax, k_ax],
+            "a_scales": scale_dims([], m_ax, k_ax),
+            "a_s_dec": [],
+            "b_codes": [n_ax, k_ax],
+            "b_scales": scale_dims([], n_ax, k_ax),
+            "b_s_dec": [],
+            "bias": [n_ax],
+            "out_s_enc": [],
+        }
+        results = [[m_ax, n_ax]]
+        if out_nvfp4:
+            results += [scale_dims([], m_ax, n_ax), []]
+        body = _row_parallel_body(names, params, k_ax) if k_ax else _local_body(params)
+        return Plan([operand_dims[name] for name in names], results, body)
+
+    @staticmethod
+    def operands_from_results(dims, avals, params):
+        names = _operand_names(params["a_nvfp4"], params["has_bias"], params["out_nvfp4"])
+        m_ax, n_ax = dims[0]
+        given = {"a": [m_ax, REPLICATED], "b_codes": [n_ax, REPLICATED]}
+        return [given.get(name, []) for name in names]
+
+
+def _local_body(params):
+    """A shard that holds whole dot products: the op as is, no communication."""
+
+    def body(*operands):
+        return tuple(matmul_p.bind(*operands, **params))
+
+    return body
+
+
+def _row_parallel_body(names, params, k_ax):
+    """Row-parallel shard: float32 partial product of this K slice, psum over `k_ax`, then the
+    bias and the output conversion exactly once."""
+
+    def body(*operands):
+        ops = dict(zip(names, operands))
+        gemm_operands = [ops[n] for n in names if n not in ("bias", "out_s_enc")]
+        (partial,) = matmul_p.bind(*gemm_operands, a_nvfp4=params["a_nvfp4"], has_bias=False,
+                                   out_nvfp4=False, out_dtype=jnp.dtype(jnp.float32))
+        y = lax.psum(partial, k_ax)
+        if "bias" in ops:
+            y = y + ops["bias"].astype(jnp.float32)
+        if params["out_nvfp4"]:
+            return tuple(quantize_p.bind(y, ops["out_s_enc"]))
+        return (y.astype(params["out_dtype"]),)
+
+    return body
+
+
+partitioned_matmul_p = define_partitioned_primitive(
+    "nvfp4_matmul_partitioned", matmul_p, _MatmulOp)
+
+_map_batch = map_batcher(partitioned_matmul_p)
+
+
+def _batch(args, dims, **params):
+    # As matmul_p's rule: a float activation batched over shared weights folds into M.
+    only_a = dims[0] is not None and all(d is None for d in dims[1:])
+    if only_a and not params["a_nvfp4"] and not params["out_nvfp4"]:
+        a = jnp.moveaxis(args[0], dims[0], 0)
+        b, m, k = a.shape
+        (out,) = partitioned_matmul_p.bind(a.reshape(b * m, k), *args[1:], **params)
+        return (out.reshape(b, m, -1),), (0,)
+    return _map_batch(args, dims, **params)
+
+
+register_batcher(partitioned_matmul_p, _batch)

@@ -1,0 +1,143 @@
+"""Partitioned quantize / dequantize.
+
+Sharding honoured: any split of the leading dims (even), of the rows R by whole 128-row scale
+tiles, and of K by whole 64-element scale tiles; the scales shard with their codes. Any other
+split of R or K is resharded to replicated before the op (explicitly, by the partitioner).
+
+Dynamic quantization (no s_enc) gives the bytes of a one-device run: each shard takes the amax
+of its elements, the amax is all-reduced (max) over the mesh axes that split the tensor, and
+the shard is quantized with the S_enc of the global amax."""
+
+from __future__ import annotations
+
+from jax import lax
+
+from jax_nvfp4 import reference
+from jax_nvfp4.format import TILE_ROWS, rows_and_lead
+from jax_nvfp4.primitives._base import batch_size, to_front
+from jax_nvfp4.primitives.quantize import dequantize_p, quantize_p
+from jax_nvfp4.sharding._partitioned import Plan, define_partitioned_primitive, register_batcher
+from jax_nvfp4.sharding._rules import RuleBuilder
+from jax_nvfp4.sharding._specs import (REPLICATED, TILE_K, even_split, k_axes, row_axes,
+                                       scale_dims)
+
+
+def _tensor_rule(b: RuleBuilder, shape):
+    """Factors of an NVFP4 tensor of logical `shape`: (codes mapping, scales mapping, leads)."""
+    lead, rows, k = rows_and_lead(shape)
+    leads = [f"b{i}" for i in range(len(lead))]
+    k_dim, k_tiles = b.tiled("k", k, TILE_K)
+    if len(shape) == 1:  # one row: the scales' row-tile dim has no codes counterpart
+        return (k_dim,), b.scales(b.replicated("rt"), k_tiles), leads
+    r_dim, r_tiles = b.tiled("r", rows, TILE_ROWS)
+    return (*leads, r_dim, k_dim), b.scales(*leads, r_tiles, k_tiles), leads
+
+
+def _tensor_dims(mesh, dims, shape):
+    """Honoured sharding of an NVFP4 tensor from its codes' sharding `dims`:
+    (codes dims, scales dims)."""
+    lead, rows, k = rows_and_lead(shape)
+    n = len(lead)
+    if len(shape) == 1:
+        kd = k_axes(mesh, dims[0], k)
+        return [kd], scale_dims([], REPLICATED, kd)
+    lead_d = [even_split(mesh, a, s) for a, s in zip(dims[:n], lead)]
+    rd, kd = row_axes(mesh, dims[n], rows), k_axes(mesh, dims[n + 1], k)
+    return [*lead_d, rd, kd], scale_dims(lead_d, rd, kd)
+
+
+class _QuantizeOp:
+    """quantize_p(x[, s_enc]) -> (codes, scales, s_dec)."""
+
+    @staticmethod
+    def rule(avals, params):
+        b = RuleBuilder()
+        codes, scales, leads = _tensor_rule(b, avals[0].shape)
+        g = avals[1].ndim if len(avals) == 2 else 0
+        b.operand(*codes)
+        if len(avals) == 2:
+            b.operand(*leads[:g])
+        b.result(*codes)
+        b.result(*scales)
+        b.result(*leads[:g])
+        return b.build()
+
+    @staticmethod
+    def plan(mesh, dims, avals, params):
+        codes, scales = _tensor_dims(mesh, dims[0], avals[0].shape)
+        has_s_enc = len(avals) == 2
+        group = codes[: avals[1].ndim] if has_s_enc else []
+        split_axes = tuple(a for d in codes for a in d)
+        if has_s_enc or not split_axes:
+            def body(*operands):
+                return tuple(quantize_p.bind(*operands))
+        else:
+            def body(x):
+                amax = lax.pmax(reference.tensor_amax(x), split_axes)
+                return tuple(quantize_p.bind(x, reference.encode_scale_from_amax(amax)))
+        operands = [codes, group] if has_s_enc else [codes]
+        return Plan(operands, [codes, scales, group], body)
+
+    @staticmethod
+    def operands_from_results(dims, avals, params):
+        return [dims[0], dims[0][: avals[1].ndim]] if len(avals) == 2 else [dims[0]]
+
+
+class _DequantizeOp:
+    """dequantize_p(codes, scales, s_dec, dtype=...) -> values."""
+
+    @staticmethod
+    def rule(avals, params):
+        b = RuleBuilder()
+        codes, scales, leads = _tensor_rule(b, avals[0].shape)
+        b.operand(*codes)
+        b.operand(*scales)
+        b.operand(*leads[: avals[2].ndim])
+        b.result(*codes)
+        return b.build()
+
+    @staticmethod
+    def plan(mesh, dims, avals, params):
+        codes, scales = _tensor_dims(mesh, dims[0], avals[0].shape)
+        group = codes[: avals[2].ndim]
+
+        def body(c, s, d):
+            return (dequantize_p.bind(c, s, d, **params),)
+
+        return Plan([codes, scales, group], [codes], body)
+
+    @staticmethod
+    def operands_from_results(dims, avals, params):
+        return [dims[0], None, None]
+
+
+partitioned_quantize_p = define_partitioned_primitive(
+    "nvfp4_quantize_partitioned", quantize_p, _QuantizeOp)
+partitioned_dequantize_p = define_partitioned_primitive(
+    "nvfp4_dequantize_partitioned", dequantize_p, _DequantizeOp)
+
+
+def _quantize_batch(args, dims):
+    # As quantize_p's rule: each batch element is its own tensor with its own S_enc.
+    size = batch_size(args, dims)
+    x = to_front(args[0], dims[0], size)
+    if len(args) == 2:
+        s_enc = to_front(args[1], dims[1], size)
+    else:
+        s_enc = reference.encode_scale_from_amax(reference.tensor_amax(x, group_ndim=1))
+    rank1 = x.ndim == 2  # a batch of [K] vectors: give each its own row axis
+    codes, scales, s_dec = partitioned_quantize_p.bind(x[:, None, :] if rank1 else x, s_enc)
+    return (codes[:, 0, :] if rank1 else codes, scales, s_dec), (0, 0, 0)
+
+
+def _dequantize_batch(args, dims, *, dtype):
+    size = batch_size(args, dims)
+    codes, scales, s_dec = (to_front(a, d, size) for a, d in zip(args, dims))
+    rank1 = codes.ndim == 2
+    out = partitioned_dequantize_p.bind(codes[:, None, :] if rank1 else codes, scales, s_dec,
+                                        dtype=dtype)
+    return (out[:, 0, :] if rank1 else out), 0
+
+
+register_batcher(partitioned_quantize_p, _quantize_batch)
+register_batcher(partitioned_dequantize_p, _dequantize_batch)

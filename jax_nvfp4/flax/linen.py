@@ -1,0 +1,130 @@
+"""Flax linen layers with NVFP4 weights: `Dense` and `DenseGeneral`.
+
+The attributes follow flax.linen's (features, use_bias, dtype, param_dtype, kernel_init,
+bias_init; DenseGeneral's axis) plus:
+- `qat`: keep a float master 'kernel' param (Flax's layout, [*in, *out]) quantized in every
+  forward pass with straight-through gradients; otherwise (inference) the 'kernel' param is an
+  `NVFP4Array` [N = prod(out), K = prod(in)];
+- `act_quant` / `act_s_enc`: W4A4 (quantize activations per call, or with a calibrated static
+  encode scale) instead of the default W4A16.
+
+Sharding: wrap `kernel_init` with `nn.with_logical_partitioning(init, names)` (or
+`nn.with_partitioning`) in Flax's [*in, *out] order, as for nn.Dense. The NVFP4 fields are boxed
+with the names transposed to [out, in] (scales: [out tiles, in tiles, 32, 4, 4]); when several
+axes are flattened into N or K, the outermost one's name is kept.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax.numpy as jnp
+from flax.linen.linear import default_kernel_init
+
+from jax_nvfp4.flax import _core
+from jax_nvfp4.format import NVFP4Array
+
+
+def quantize_kernel(kernel, in_ndim: int, layer: str) -> NVFP4Array:
+    """A float kernel [*in, *out] (possibly boxed in nn.Partitioned / nn.LogicallyPartitioned)
+    -> the NVFP4Array [prod(out), prod(in)], its codes and scales boxed with the mapped names."""
+    box = kernel if isinstance(kernel, nn.Partitioned) else None
+    if box is None and isinstance(kernel, nn.meta.AxisMetadata):
+        raise TypeError(f"{layer}: kernel metadata {type(kernel).__name__} is not supported; "
+                        "use nn.with_partitioning or nn.with_logical_partitioning")
+    value = jnp.asarray(box.value if box is not None else kernel)
+    k = math.prod(value.shape[:in_ndim])
+    q = _core.quantize_kernel(value.reshape(k, -1))
+    if box is None:
+        return q
+    names = tuple(box.names)
+    in_name = _core.group_axis_name(names[:in_ndim], layer, "input")
+    out_name = _core.group_axis_name(names[in_ndim:], layer, "output")
+    fields = _core.nvfp4_field_names(in_name, out_name)
+    return NVFP4Array(box.replace(value=q.codes, names=fields["codes"]),
+                      box.replace(value=q.scales, names=fields["scales"]), q.s_dec)
+
+
+def _apply(module, x, in_shape: tuple[int, ...], out_shape: tuple[int, ...]):
+    """The parameters and forward pass of Dense/DenseGeneral: x [..., *in_shape] ->
+    [..., *out_shape]."""
+    layer = f"{type(module).__name__} {module.name!r}"
+    k, n = math.prod(in_shape), math.prod(out_shape)
+    _core.check_in_features(k, f"{layer} (input size {in_shape})")
+    _core.check_act_quant(module.act_quant, module.act_s_enc, layer)
+    kernel_shape = (*in_shape, *out_shape)
+    if module.qat:
+        kernel = module.param("kernel", module.kernel_init, kernel_shape, module.param_dtype)
+        kernel = kernel.reshape(k, n)
+    else:
+        kernel = module.param("kernel", lambda rng: quantize_kernel(
+            module.kernel_init(rng, kernel_shape, module.param_dtype), len(in_shape), layer))
+    bias = None
+    if module.use_bias:
+        bias = module.param("bias", module.bias_init, out_shape, module.param_dtype).reshape(n)
+    lead = x.shape[:x.ndim - len(in_shape)]
+    y = _core.dense(x.reshape(*lead, k), kernel, bias, in_features=k, dtype=module.dtype,
+                    param_dtype=module.param_dtype, act_quant=module.act_quant,
+                    act_s_enc=module.act_s_enc, layer=layer)
+    return y.reshape(*lead, *out_shape)
+
+
+class Dense(nn.Module):
+    """nn.Dense with an NVFP4 kernel: y = x @ kernel + bias over x's last axis, whose size
+    must be a multiple of 16."""
+
+    features: int
+    use_bias: bool = True
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    kernel_init: Callable = default_kernel_init
+    bias_init: Callable = nn.initializers.zeros_init()
+    qat: bool = False
+    act_quant: bool = False
+    act_s_enc: float | None = None
+
+    @nn.compact
+    def __call__(self, x):
+        _core.check_out_features(self.features, f"Dense {self.name!r}: features")
+        x = jnp.asarray(x)
+        if x.ndim < 1:
+            raise ValueError(f"Dense {self.name!r}: input must have rank >= 1, got a scalar")
+        return _apply(self, x, (x.shape[-1],), (self.features,))
+
+
+class DenseGeneral(nn.Module):
+    """nn.DenseGeneral with an NVFP4 kernel: contracts x's `axis` (their total size a multiple
+    of 16) and produces `features` (an int or a tuple) as the trailing output axes. The kernel
+    is Flax's [*in, *out] flattened to an NVFP4Array [prod(out), prod(in)]. (Flax's batch_dims
+    is not supported.)"""
+
+    features: int | Sequence[int]
+    axis: int | Sequence[int] = -1
+    use_bias: bool = True
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    kernel_init: Callable = default_kernel_init
+    bias_init: Callable = nn.initializers.zeros_init()
+    qat: bool = False
+    act_quant: bool = False
+    act_s_enc: float | None = None
+
+    @nn.compact
+    def __call__(self, x):
+        layer = f"DenseGeneral {self.name!r}"
+        x = jnp.asarray(x)
+        features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
+        if not features:
+            raise ValueError(f"{layer}: features must not be empty")
+        for f in features:
+            _core.check_out_features(f, f"{layer}: features {features}")
+        axes = (self.axis,) if isinstance(self.axis, int) else tuple(self.axis)
+        norm = tuple(sorted(a + x.ndim if a < 0 else a for a in axes))  # as Flax orders them
+        if not axes or any(not 0 <= a < x.ndim for a in norm) or len(set(norm)) != len(norm):
+            raise ValueError(f"{layer}: axis={self.axis} is not a set of distinct axes of an "
+                             f"input of shape {tuple(x.shape)}")
+        # Contracting axes last, in the kernel's input-axis order.
+        x = jnp.moveaxis(x, norm, tuple(range(x.ndim - len(norm), x.ndim)))
+        return _apply(self, x, tuple(x.shape[x.ndim - len(norm):]), features)

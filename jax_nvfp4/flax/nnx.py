@@ -1,0 +1,150 @@
+"""Flax nnx layers with NVFP4 weights.
+
+`Linear` follows `flax.nnx.Linear`'s constructor (in_features, out_features, use_bias, dtype,
+param_dtype, kernel_init, bias_init, rngs, kernel_metadata, bias_metadata). Two modes:
+
+- inference (default): the weight is stored as NVFP4 in an `NVFP4Kernel` (codes, tiled scales and
+  s_dec as `NVFP4Param` variables: saved and sharded with the model's state, never trained);
+- `qat=True`: a float master kernel `nnx.Param` [in, out] (the layout of nnx.Linear), quantized
+  in every forward pass with straight-through gradients (`qat_matmul`).
+
+Activations stay float (W4A16) unless `act_quant=True` (W4A4), which quantizes them on each call
+with their own amax or with a calibrated static encode scale `act_s_enc`.
+
+Sharding: annotate the kernel as for nnx.Linear, in Flax's [in, out] order
+(`kernel_init=nnx.with_partitioning(init, ("embed", "mlp"))` or `kernel_metadata=`); the NVFP4
+fields get the names transposed to their [out, in] layout (see `_core.nvfp4_field_names`).
+"""
+
+from __future__ import annotations
+
+import typing as tp
+from types import MappingProxyType
+
+import jax.numpy as jnp
+from flax import nnx
+from flax.nnx.nn.linear import default_bias_init, default_kernel_init
+
+from jax_nvfp4.flax import _core
+from jax_nvfp4.format import NVFP4Array
+
+# The metadata key nnx reads a variable's sharding from (it has changed across Flax releases).
+_SHARDING_KEYS = ("out_sharding", "sharding_names", "sharding")
+
+
+class NVFP4Param(nnx.Variable):
+    """A field (codes, scales or s_dec) of a stored NVFP4 weight. Not an `nnx.Param`, so
+    optimizers and `nnx.grad` leave it alone; `nnx.state(model)` saves it."""
+
+
+def _unwrap(value) -> tuple[tp.Any, dict]:
+    """An initializer's result -> (raw value, metadata such as nnx.with_partitioning's)."""
+    if isinstance(value, nnx.VariableMetadata):
+        return value.raw_value, dict(value.metadata)
+    return value, {}
+
+
+def _field_metadata(kernel_metadata: tp.Mapping, layer: str) -> dict[str, dict]:
+    """Metadata of a float [in, out] kernel -> that of each NVFP4 field."""
+    common = {k: v for k, v in kernel_metadata.items() if k not in _SHARDING_KEYS}
+    fields = {f: dict(common) for f in ("codes", "scales", "s_dec")}
+    for key in _SHARDING_KEYS:
+        names = kernel_metadata.get(key)
+        if not names:
+            continue
+        if len(names) != 2:
+            raise ValueError(f"{layer}: kernel {key}={tuple(names)} must name the 2 axes "
+                             "[in, out] of the kernel")
+        for field, field_names in _core.nvfp4_field_names(*names).items():
+            if field_names:  # s_dec is replicated: no sharding entry
+                fields[field][key] = field_names
+    return fields
+
+
+class NVFP4Kernel(nnx.Module):
+    """An NVFP4 weight [out, in] held as three `NVFP4Param` variables with their own sharding
+    metadata. `.value` is the `NVFP4Array`."""
+
+    def __init__(self, weight: NVFP4Array, metadata: tp.Mapping = MappingProxyType({}),
+                 *, layer: str = "NVFP4Kernel"):
+        weight.validate(f"{layer}: weight")
+        fields = _field_metadata(metadata, layer)
+        self.codes = NVFP4Param(weight.codes, **fields["codes"])
+        self.scales = NVFP4Param(weight.scales, **fields["scales"])
+        self.s_dec = NVFP4Param(weight.s_dec, **fields["s_dec"])
+
+    @property
+    def value(self) -> NVFP4Array:
+        return NVFP4Array(self.codes[...], self.scales[...], self.s_dec[...])
+
+
+class Linear(nnx.Module):
+    """y = x @ kernel + bias with an NVFP4 kernel (see the module docstring for the modes).
+
+    Args beyond nnx.Linear's: `qat` (float master weights, straight-through gradients),
+    `act_quant` (W4A4: quantize the activations too), `act_s_enc` (a calibrated static
+    activation encode scale, e.g. from `activation_s_enc`; None derives it per call).
+    `in_features` must be a multiple of 16 (NVFP4 blocks along the input axis)."""
+
+    def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
+                 dtype=None, param_dtype=jnp.float32, kernel_init=default_kernel_init,
+                 bias_init=default_bias_init, qat: bool = False, act_quant: bool = False,
+                 act_s_enc: float | None = None, rngs: nnx.Rngs,
+                 kernel_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({}),
+                 bias_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({})):
+        layer = type(self).__name__
+        _core.check_in_features(in_features, layer)
+        _core.check_out_features(out_features, layer)
+        _core.check_act_quant(act_quant, act_s_enc, layer)
+        kernel = kernel_init(rngs.params(), (in_features, out_features), param_dtype)
+        self.kernel: nnx.Param | NVFP4Kernel
+        if qat:
+            self.kernel = nnx.Param(kernel, **kernel_metadata)
+        else:
+            value, metadata = _unwrap(kernel)
+            self.kernel = NVFP4Kernel(_core.quantize_kernel(value),
+                                      {**metadata, **kernel_metadata}, layer=layer)
+        self.bias: nnx.Param | None
+        if use_bias:
+            self.bias = nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype),
+                                  **bias_metadata)
+        else:
+            self.bias = nnx.data(None)
+        self.in_features = in_features
+        self.out_features = out_features
+        self.use_bias = use_bias
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.qat = qat
+        self.act_quant = act_quant
+        self.act_s_enc = act_s_enc
+
+    @classmethod
+    def from_float(cls, kernel, bias=None, *, kernel_metadata: tp.Mapping = MappingProxyType({}),
+                   bias_metadata: tp.Mapping = MappingProxyType({}), **kwargs) -> "Linear":
+        """An inference-mode layer from trained float weights: kernel [in, out] (Flax layout),
+        bias [out] or None. Metadata (e.g. sharding) is that of the float variables; other
+        keyword arguments are the constructor's (dtype, act_quant, act_s_enc, ...)."""
+        kernel = jnp.asarray(kernel)
+        if kernel.ndim != 2:
+            raise ValueError(f"{cls.__name__}.from_float: kernel must be [in, out], got shape "
+                             f"{kernel.shape}")
+        return cls(*kernel.shape, use_bias=bias is not None, param_dtype=kernel.dtype,
+                   kernel_init=lambda *_: kernel,
+                   bias_init=lambda *_: jnp.asarray(bias, kernel.dtype),
+                   kernel_metadata=kernel_metadata, bias_metadata=bias_metadata,
+                   rngs=nnx.Rngs(0), **kwargs)
+
+    @property
+    def weight(self):
+        """The weight the forward pass multiplies by: an NVFP4Array [out, in] (inference) or
+        the float master kernel [in, out] (QAT)."""
+        if isinstance(self.kernel, NVFP4Kernel):
+            return self.kernel.value
+        return self.kernel[...]
+
+    def __call__(self, x):
+        bias = self.bias[...] if self.bias is not None else None
+        return _core.dense(x, self.weight, bias, in_features=self.in_features, dtype=self.dtype,
+                           param_dtype=self.param_dtype, act_quant=self.act_quant,
+                           act_s_enc=self.act_s_enc, layer=type(self).__name__)

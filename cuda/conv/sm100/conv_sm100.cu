@@ -125,7 +125,9 @@ __device__ __forceinline__ void load_pixel(const ConvProblem& p, const Pixel& px
     const uint8_t* codes = p.x_q.codes + pixel * (p.c / 2) + c0 / 2;
     const int64_t kb = p.c / kBlockSize;
     const uint8_t* scales = p.x_q.scales + (px.n * p.h + px.h) * scale_matrix_bytes(p.w, kb);
-    for (int g = 0; g < vecs; ++g) {
+#pragma unroll
+    for (int g = 0; g < kBlockC / 8; ++g) {
+      if (g >= vecs) break;
       const uint32_t word = *reinterpret_cast<const uint32_t*>(codes + 4 * g);
       const float s = e4m3_to_float(scales[scale_offset(px.w, (c0 + 8 * g) / kBlockSize, kb)]);
       dequant8(word, s, &v[4 * g]);
@@ -136,7 +138,9 @@ __device__ __forceinline__ void load_pixel(const ConvProblem& p, const Pixel& px
     case DType::kBF16: {
       const uint4* src = reinterpret_cast<const uint4*>(
           static_cast<const __nv_bfloat16*>(p.x) + pixel * p.c + c0);
-      for (int g = 0; g < vecs; ++g) {
+#pragma unroll
+      for (int g = 0; g < kBlockC / 8; ++g) {
+        if (g >= vecs) break;
         const uint4 q = src[g];
         v[4 * g] = q.x; v[4 * g + 1] = q.y; v[4 * g + 2] = q.z; v[4 * g + 3] = q.w;
       }
@@ -145,7 +149,9 @@ __device__ __forceinline__ void load_pixel(const ConvProblem& p, const Pixel& px
     case DType::kF16: {
       const uint4* src =
           reinterpret_cast<const uint4*>(static_cast<const __half*>(p.x) + pixel * p.c + c0);
-      for (int g = 0; g < vecs; ++g) {
+#pragma unroll
+      for (int g = 0; g < kBlockC / 8; ++g) {
+        if (g >= vecs) break;
         const uint4 q = src[g];
         v[4 * g] = bf16_pair_from_f16(q.x); v[4 * g + 1] = bf16_pair_from_f16(q.y);
         v[4 * g + 2] = bf16_pair_from_f16(q.z); v[4 * g + 3] = bf16_pair_from_f16(q.w);
@@ -155,7 +161,9 @@ __device__ __forceinline__ void load_pixel(const ConvProblem& p, const Pixel& px
     case DType::kF32: {
       const float4* src =
           reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + pixel * p.c + c0);
-      for (int i = 0; i < 2 * vecs; ++i) {
+#pragma unroll
+      for (int i = 0; i < kBlockC / 4; ++i) {
+        if (i >= 2 * vecs) break;
         const float4 f = src[i];
         v[2 * i] = pack_bf16(f.x, f.y);
         v[2 * i + 1] = pack_bf16(f.z, f.w);
@@ -298,6 +306,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     tcgen05::ld_32x32b_x16(tmem + warp_lanes + kColD + col, acc);
     tcgen05::wait_ld();
     if (!out_px.valid) continue;
+#pragma unroll
     for (int i = 0; i < 16; ++i) {
       const int64_t k = n0 + col + i;
       if (k < p.k) store_out(p, out_row + k, alpha * __uint_as_float(acc[i]) + load_bias(p, k));

@@ -1,0 +1,157 @@
+// The sm_100a GEMM launcher: plans the problem (gemm_sm100_args.h), runs the preparation steps
+// (quantize A for W4A16, pad K/N where TMA needs it, epilogue scalars), the CUTLASS kernel, and
+// copies a staged output into place. Everything is enqueued on the stream; nothing syncs.
+#include "gemm/sm100/gemm_sm100.h"
+
+#include "gemm/sm100/gemm_sm100_args.h"
+#include "gemm/sm100/gemm_sm100_kernels.h"
+#include "gemm/sm100/gemm_sm100_prep.h"
+#include "quantize/quantize.h"
+
+namespace jax_nvfp4 {
+namespace {
+
+using sm100::Elem;
+using sm100::MatrixRef;
+using sm100::OutKind;
+using sm100::Plan;
+
+int current_sm_count() {
+  int device = 0, count = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+  return count;
+}
+
+// W4A16: A quantized with its dynamic amax into the plan's workspace regions.
+QuantizeProblem quantize_a_problem(const GemmProblem& p, const Plan& plan) {
+  QuantizeProblem q;
+  q.rows = q.rows_per_matrix = p.m;
+  q.k = p.k;
+  q.x = p.a;
+  q.x_dtype = p.a_dtype;
+  if (p.workspace != nullptr) {
+    q.codes = sm100::at<uint8_t>(p.workspace, plan.a_codes);
+    q.scales = sm100::at<uint8_t>(p.workspace, plan.a_scales);
+    q.s_dec = sm100::at<float>(p.workspace, plan.a_s_dec);
+    q.workspace = sm100::at<void>(p.workspace, plan.quantize_ws);
+  }
+  return q;
+}
+
+Plan plan_for(const GemmProblem& p, int sm_count) {
+  GemmProblem shape_only = p;  // the quantizer's workspace size depends on shapes only
+  shape_only.workspace = nullptr;
+  const size_t quantize_ws =
+      p.a_is_nvfp4 ? 0 : quantize_workspace_bytes(quantize_a_problem(shape_only, Plan{}));
+  return sm100::make_plan(p, sm_count, quantize_ws);
+}
+
+template <bool kTwoSm>
+size_t cutlass_ws(OutKind kind, const sm100::Args& args, int sm) {
+  switch (kind) {
+    case OutKind::kF32: return sm100::cutlass_workspace_bytes<OutKind::kF32, kTwoSm>(args, sm);
+    case OutKind::kBF16: return sm100::cutlass_workspace_bytes<OutKind::kBF16, kTwoSm>(args, sm);
+    default: return sm100::cutlass_workspace_bytes<OutKind::kNvfp4, kTwoSm>(args, sm);
+  }
+}
+
+template <bool kTwoSm>
+cudaError_t run(OutKind kind, const sm100::Args& args, int sm, cudaStream_t stream) {
+  switch (kind) {
+    case OutKind::kF32: return sm100::run_cutlass<OutKind::kF32, kTwoSm>(args, sm, stream);
+    case OutKind::kBF16: return sm100::run_cutlass<OutKind::kBF16, kTwoSm>(args, sm, stream);
+    default: return sm100::run_cutlass<OutKind::kNvfp4, kTwoSm>(args, sm, stream);
+  }
+}
+
+Elem elem_of(DType t) {
+  return t == DType::kF32 ? Elem::kF32 : t == DType::kBF16 ? Elem::kBF16 : Elem::kF16;
+}
+
+// K-major 4-bit codes [rows, k] as a byte matrix with `pitch_k` elements per row.
+MatrixRef codes_ref(const void* data, int64_t rows, int64_t k, int64_t pitch_k) {
+  return MatrixRef{data, Elem::kU8, rows, k / 2, pitch_k / 2};
+}
+
+#define JAX_NVFP4_TRY(expr)                 \
+  do {                                      \
+    const cudaError_t err_ = (expr);        \
+    if (err_ != cudaSuccess) return err_;   \
+  } while (0)
+
+}  // namespace
+
+size_t gemm_sm100_workspace_bytes(const GemmProblem& p) {
+  if (sm100::unsupported_reason(p) != nullptr || p.m == 0 || p.n == 0) return 0;
+  const int sm = current_sm_count();
+  GemmProblem shape_only = p;
+  shape_only.workspace = nullptr;
+  const Plan plan = plan_for(shape_only, sm);
+  const sm100::Args args = sm100::make_args(shape_only, plan);
+  const size_t cutlass = plan.two_sm ? cutlass_ws<true>(plan.kind, args, sm)
+                                     : cutlass_ws<false>(plan.kind, args, sm);
+  return plan.cutlass_ws + cutlass;
+}
+
+cudaError_t gemm_sm100(const GemmProblem& p, cudaStream_t stream) {
+  if (sm100::unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
+  const bool nvfp4_out = p.out_codes != nullptr;
+  if (nvfp4_out) {  // padding scale entries (rows past m, blocks past n/16) must read as zero
+    JAX_NVFP4_TRY(cudaMemsetAsync(p.out_scales, 0, scale_matrix_bytes(p.m, p.n / kBlockSize),
+                                  stream));
+  }
+  if (p.m == 0 || p.n == 0) {
+    return sm100::epilogue_scalars(nullptr, nullptr, nullptr, nvfp4_out ? p.out_s_enc : nullptr,
+                                   p.out_s_dec, stream);
+  }
+  if (p.workspace_bytes < gemm_sm100_workspace_bytes(p)) return cudaErrorInvalidValue;
+
+  const int sm = current_sm_count();
+  const Plan plan = plan_for(p, sm);
+  const sm100::Args args = sm100::make_args(p, plan);
+  void* ws = p.workspace;
+
+  const float* a_s_dec = p.a_q.s_dec;
+  const uint8_t* a_codes = p.a_q.codes;
+  if (plan.quantize_a) {
+    const QuantizeProblem q = quantize_a_problem(p, plan);
+    JAX_NVFP4_TRY(quantize_sm100(q, stream));
+    a_s_dec = q.s_dec;
+    a_codes = q.codes;
+  }
+  if (plan.pad_a) {
+    JAX_NVFP4_TRY(sm100::copy_matrix(codes_ref(a_codes, p.m, p.k, p.k),
+                                     codes_ref(args.a, p.m, plan.k_pad, plan.k_pad), stream));
+  }
+  if (plan.pad_b) {
+    JAX_NVFP4_TRY(sm100::copy_matrix(codes_ref(p.b.codes, p.n, p.k, p.k),
+                                     codes_ref(args.b, plan.n_pad, plan.k_pad, plan.k_pad),
+                                     stream));
+  }
+  if (plan.copy_bias) {
+    JAX_NVFP4_TRY(sm100::copy_matrix(MatrixRef{p.bias, elem_of(p.bias_dtype), 1, p.n, p.n},
+                                     MatrixRef{args.bias, Elem::kF32, 1, plan.n_pad, plan.n_pad},
+                                     stream));
+  }
+  JAX_NVFP4_TRY(sm100::epilogue_scalars(a_s_dec, p.b.s_dec, sm100::at<float>(ws, plan.scalars),
+                                        nvfp4_out ? p.out_s_enc : nullptr, p.out_s_dec, stream));
+
+  JAX_NVFP4_TRY(plan.two_sm ? run<true>(plan.kind, args, sm, stream)
+                            : run<false>(plan.kind, args, sm, stream));
+
+  if (plan.stage_out) {
+    if (nvfp4_out) {
+      JAX_NVFP4_TRY(sm100::copy_matrix(codes_ref(args.d, p.m, p.n, plan.n_pad),
+                                       codes_ref(p.out_codes, p.m, p.n, p.n), stream));
+    } else {
+      const Elem staged = plan.kind == OutKind::kBF16 ? Elem::kBF16 : Elem::kF32;
+      JAX_NVFP4_TRY(sm100::copy_matrix(MatrixRef{args.d, staged, p.m, p.n, plan.n_pad},
+                                       MatrixRef{p.out, elem_of(p.out_dtype), p.m, p.n, p.n},
+                                       stream));
+    }
+  }
+  return cudaSuccess;
+}
+
+}  // namespace jax_nvfp4

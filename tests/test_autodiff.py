@@ -1,0 +1,158 @@
+"""Differentiation of jax_nvfp4.matmul (JVP/transpose rules) and the QAT straight-through matmul."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_nvfp4 as jn
+from jax_nvfp4.flax import qat_matmul
+
+N, K = 48, 64
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+@pytest.fixture
+def problem():
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(k1, (2, 5, K), jnp.float32)
+    w = jax.random.normal(k2, (N, K), jnp.float32)
+    b = jax.random.normal(k3, (N,), jnp.float32)
+    return x, w, b
+
+
+def _loss(y):
+    return jnp.sum(jnp.sin(y.astype(jnp.float32)))
+
+
+@pytest.mark.parametrize("x_dtype", [jnp.float32, jnp.bfloat16])
+def test_grad_wrt_x_and_bias_matches_dequantized_reference(problem, x_dtype):
+    x, w, b = problem
+    x = x.astype(x_dtype)
+    wq = jn.quantize(w)
+    w_hat = jn.dequantize(wq, jnp.float32)
+
+    got = jax.grad(lambda x, b: _loss(jn.matmul(x, wq, bias=b, out_dtype=jnp.float32)),
+                   (0, 1))(x, b)
+    ref = jax.grad(lambda x, b: _loss(jnp.dot(x.astype(jnp.float32), w_hat.T,
+                                              precision="highest") + b), (0, 1))(x, b)
+    assert got[0].dtype == x_dtype and got[0].shape == x.shape
+    assert got[1].dtype == b.dtype
+    assert _rel(got[0], ref[0]) < 1e-2  # the backward GEMM runs in bfloat16
+    np.testing.assert_allclose(got[1], ref[1], rtol=1e-5, atol=1e-5)
+
+
+def test_jvp_is_the_nvfp4_gemm_of_the_tangent(problem):
+    x, w, b = problem
+    wq = jn.quantize(w)
+    t = jax.random.normal(jax.random.key(7), x.shape)
+    tb = jax.random.normal(jax.random.key(8), b.shape)
+    y, y_dot = jax.jvp(lambda x, b: jn.matmul(x, wq, bias=b, out_dtype=jnp.float32), (x, b),
+                       (t, tb))
+    np.testing.assert_array_equal(y, jn.matmul(x, wq, bias=b, out_dtype=jnp.float32))
+    ref = jnp.dot(t, jn.dequantize(wq, jnp.float32).T, precision="highest") + tb
+    np.testing.assert_allclose(y_dot, ref, rtol=1e-5, atol=1e-4)
+
+
+def test_grad_under_jit_and_vmap(problem):
+    x, w, b = problem
+    wq = jn.quantize(w)
+    f = lambda x: _loss(jn.matmul(x, wq, bias=b, out_dtype=jnp.float32))
+    eager = jax.grad(f)(x)
+    np.testing.assert_allclose(jax.jit(jax.grad(f))(x), eager, rtol=1e-6, atol=1e-6)
+    per_example = jax.vmap(jax.grad(f))(x)
+    np.testing.assert_allclose(per_example, jnp.stack([jax.grad(f)(xi) for xi in x]),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_vjp_of_bfloat16_output(problem):
+    x, w, _ = problem
+    wq = jn.quantize(w)
+    y, vjp = jax.vjp(lambda x: jn.matmul(x, wq), x)  # default out_dtype: bfloat16
+    assert y.dtype == jnp.bfloat16
+    g = jnp.ones_like(y)
+    (dx,) = vjp(g)
+    ref = jnp.dot(jnp.ones(y.shape, jnp.float32), jn.dequantize(wq, jnp.float32))
+    assert dx.dtype == x.dtype and _rel(dx, ref) < 1e-2
+
+
+def test_nvfp4_weight_gets_zero_gradient(problem):
+    x, w, _ = problem
+    wq = jn.quantize(w)
+    g = jax.grad(lambda wq: _loss(jn.matmul(x, wq, out_dtype=jnp.float32)))(wq)
+    assert isinstance(g, jn.NVFP4Array)
+    for field in (g.codes, g.scales, g.s_dec):
+        assert not np.any(np.asarray(field, np.float32))
+
+
+def test_w4a4_gradient_reaches_bias_only(problem):
+    x, w, b = problem
+    wq, xq = jn.quantize(w), jn.quantize(x)
+    gb = jax.grad(lambda b: _loss(jn.matmul(xq, wq, bias=b, out_dtype=jnp.float32)))(b)
+    y = jn.matmul(xq, wq, bias=b, out_dtype=jnp.float32)
+    np.testing.assert_allclose(gb, jnp.sum(jnp.cos(y), axis=(0, 1)), rtol=1e-5, atol=1e-5)
+
+
+def test_nvfp4_output_is_not_differentiable(problem):
+    x, w, _ = problem
+    wq = jn.quantize(w)
+    f = lambda x: jnp.sum(jn.dequantize(jn.matmul(x, wq, out_s_enc=1.0), jnp.float32))
+    with pytest.raises(TypeError, match="NVFP4 output"):
+        jax.grad(f)(x)
+
+
+# ---- quantization-aware training: straight-through estimator ----------------------------------
+
+def _ste_reference(x, w, b, x_hat_fn):
+    """x_hat @ w_hat^T + b whose gradients pass straight through both quantizers."""
+    sg = jax.lax.stop_gradient
+    w_ste = w + sg(jn.dequantize(jn.quantize(sg(w)), jnp.float32) - w)
+    x_ste = x + sg(x_hat_fn(sg(x)) - x)
+    return jnp.dot(x_ste, w_ste.T, precision="highest") + b
+
+
+@pytest.mark.parametrize("act", ["w4a16", "w4a4_dynamic", "w4a4_static"])
+def test_qat_matmul_forward_and_straight_through_gradients(problem, act):
+    x, w, b = problem
+    s_enc = 2000.0 if act == "w4a4_static" else None
+    quant_act = act != "w4a16"
+
+    def x_in(x):
+        return jn.quantize(x, s_enc=s_enc) if quant_act else x
+
+    def x_hat(x):
+        return jn.dequantize(x_in(x), jnp.float32) if quant_act else x
+
+    y = qat_matmul(x, w, b, quantize_activations=quant_act, act_s_enc=s_enc,
+                   out_dtype=jnp.float32)
+    np.testing.assert_array_equal(
+        y, jn.matmul(x_in(x), jn.quantize(w), bias=b, out_dtype=jnp.float32))
+
+    got = jax.grad(lambda x, w, b: _loss(qat_matmul(
+        x, w, b, quantize_activations=quant_act, act_s_enc=s_enc, out_dtype=jnp.float32)),
+        (0, 1, 2))(x, w, b)
+    ref = jax.grad(lambda x, w, b: _loss(_ste_reference(x, w, b, x_hat)), (0, 1, 2))(x, w, b)
+    for g, r in zip(got, ref):
+        assert g.dtype == r.dtype and g.shape == r.shape
+        assert _rel(g, r) < 1e-2
+
+
+def test_qat_matmul_static_scale_gets_zero_gradient(problem):
+    x, w, b = problem
+    g = jax.grad(lambda s: _loss(qat_matmul(x, w, b, quantize_activations=True, act_s_enc=s)))(
+        jnp.float32(1000.0))
+    assert g == 0
+
+
+def test_qat_matmul_rejects_bad_arguments(problem):
+    x, w, b = problem
+    with pytest.raises(ValueError, match=r"\(48, 64, 1\)"):
+        qat_matmul(x, w[..., None], b)
+    with pytest.raises(ValueError, match="contracting dims differ"):
+        qat_matmul(x[..., :32], w, b)
+    with pytest.raises(ValueError, match="act_s_enc"):
+        qat_matmul(x, w, b, act_s_enc=100.0)

@@ -4,6 +4,7 @@ CUDA kernels (Hopper sm_90a, Blackwell sm_100a) behind XLA FFI custom calls, wit
 reference path on every other platform."""
 
 from jax_nvfp4 import _extension
+from jax_nvfp4.convolution import conv, quantize_conv_weight
 from jax_nvfp4.format import NVFP4Array
 from jax_nvfp4.gemm import matmul
 from jax_nvfp4.primitives import autodiff as _autodiff  # noqa: F401  (registers grad rules)
@@ -11,6 +12,6 @@ from jax_nvfp4.quantization import dequantize, quantize
 
 __version__ = "0.1.0"
 
-__all__ = ["NVFP4Array", "quantize", "dequantize", "matmul", "cuda_archs", "__version__"]
+__all__ = ["NVFP4Array", "quantize", "dequantize", "matmul", "conv", "quantize_conv_weight", "cuda_archs", "__version__"]
 
 cuda_archs = _extension.cuda_archs

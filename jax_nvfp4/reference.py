@@ -115,3 +115,26 @@ def matmul(a, b_codes, b_scales, b_s_dec, *, a_scales=None, a_s_dec=None, bias=N
     if bias is not None:
         out = out + bias.astype(jnp.float32)
     return out.astype(out_dtype)
+
+
+def conv(x, w_codes, w_scales, w_s_dec, *, x_scales=None, x_s_dec=None, bias=None,
+         window_strides=(1, 1), padding=((0, 0), (0, 0)), rhs_dilation=(1, 1),
+         out_dtype=jnp.bfloat16):
+    """NHWC convolution with NVFP4 weights [R, S, K, C] (quantized along C), in float32:
+    out[n, p, q, k] = alpha * sum_{r, s, c} x[n, h, w, c] * w[r, s, k, c] (+ bias[k]).
+
+    `x` is float [N, H, W, C] or float4 codes with `x_scales`/`x_s_dec` (NVFP4 activations);
+    padding is explicit ((lo, hi), (lo, hi)). alpha = s_dec_x * s_dec_w comes after the sum, as
+    in the kernels' epilogue."""
+    if x.dtype == CODE_DTYPE:
+        x_vals, alpha = scaled_codes(x, x_scales), x_s_dec * w_s_dec
+    else:
+        x_vals, alpha = x.astype(jnp.float32), w_s_dec
+    acc = lax.conv_general_dilated(
+        x_vals, scaled_codes(w_codes, w_scales), tuple(window_strides), tuple(padding),
+        rhs_dilation=tuple(rhs_dilation), dimension_numbers=("NHWC", "HWOI", "NHWC"),
+        precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    out = acc * jnp.asarray(alpha, jnp.float32)
+    if bias is not None:
+        out = out + bias.astype(jnp.float32)
+    return out.astype(out_dtype)

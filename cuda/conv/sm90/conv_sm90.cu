@@ -263,17 +263,12 @@ struct Kernel {
     }
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      // Column 8j + 2t + e of the tile; walk (row, vq) incrementally instead of dividing.
-      const int64_t v0 = g0 + 2 * t + e;
-      int64_t row = v0 / g.wv, vq = v0 - row * g.wv;
+      ColumnWalker col(g, g0 + 2 * t + e);  // column 8j + 2t + e of the tile
 #pragma unroll
       for (int j = 0; j < kBN / 8; ++j) {
-        if (j > 0) {
-          vq += 8;
-          while (vq >= g.wv) { vq -= g.wv; ++row; }
-        }
-        if (vq >= pb.q || row >= pb.n * pb.p) continue;
-        const int64_t pixel = row * pb.q + vq;
+        if (j > 0) col.advance(g, 8);
+        if (!col.is_output(pb)) continue;
+        const int64_t pixel = col.row * pb.q + col.vq;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           if (k_rows[i] < pb.k) {

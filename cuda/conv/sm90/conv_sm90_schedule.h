@@ -87,5 +87,21 @@ NVFP4_HD bool output_pixel(const ConvProblem& pb, const Geometry& g, int64_t v, 
   return true;
 }
 
+// Walks the virtual columns v0, v0 + step, v0 + 2*step, ... of a tile as (output row, vq)
+// without a division per column (the epilogue's thread-column loop).
+struct ColumnWalker {
+  int64_t row, vq;
+  NVFP4_HD ColumnWalker(const Geometry& g, int64_t v0) : row(v0 / g.wv), vq(v0 - (v0 / g.wv) * g.wv) {}
+  NVFP4_HD void advance(const Geometry& g, int step) {
+    vq += step;
+    while (vq >= g.wv) {
+      vq -= g.wv;
+      ++row;
+    }
+  }
+  // Whether the current column is a real output pixel (not a discarded column, not past the end).
+  NVFP4_HD bool is_output(const ConvProblem& pb) const { return vq < pb.q && row < pb.n * pb.p; }
+};
+
 }  // namespace conv90
 }  // namespace jax_nvfp4

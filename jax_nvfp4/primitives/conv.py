@@ -1,0 +1,110 @@
+"""The NVFP4-weight convolution primitive (DESIGN.md §4).
+
+conv_p.bind(x, [x_scales, x_s_dec,] w_codes, w_scales, w_s_dec, [bias,]
+            x_nvfp4=..., has_bias=..., window_strides=(sh, sw), padding=((lo, hi), (lo, hi)),
+            rhs_dilation=(dh, dw), out_dtype=...)
+    x        float [N, H, W, C], or float4 codes [N, H, W, C] (then x_scales, x_s_dec follow)
+    w_*      the weight [R, S, K, C] as codes, tiled scales (one [K, C] matrix per tap), s_dec
+    bias     optional [K], any float dtype
+    out      [N, P, Q, K] of out_dtype
+
+out[n, p, q, k] = s_dec_x * s_dec_w * sum_{r, s, c} x[n, h, w, c] * w[r, s, k, c] + bias[k],
+h = p*sh - lo_h + r*dh, w = q*sw - lo_w + s*dw, in float32 (padding explicit, non-negative).
+
+FFI target (cuda/conv/conv_ffi.cc): "jax_nvfp4_conv" with 7 operands, absent ones as placeholders:
+    x, x_scales (f8[0] for float x), x_s_dec (1.0 for float x), w_codes, w_scales, w_s_dec,
+    bias (f32[0] if none); attributes stride_h, stride_w, pad_h, pad_w, dil_h, dil_w.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.interpreters import batching
+
+from jax_nvfp4 import reference
+from jax_nvfp4.format import SCALE_DTYPE
+from jax_nvfp4.primitives._base import ShapedArray, define_primitive, empty_f32, map_batcher
+
+CONV_TARGET = "jax_nvfp4_conv"
+
+
+def output_spatial(in_hw, filter_rs, window_strides, padding, rhs_dilation):
+    """(P, Q): output height and width of the convolution (as lax.conv_general_dilated)."""
+    out = []
+    for size, taps, stride, (lo, hi), dil in zip(in_hw, filter_rs, window_strides, padding,
+                                                  rhs_dilation):
+        span = (taps - 1) * dil + 1
+        out.append((size + lo + hi - span) // stride + 1)
+    return tuple(out)
+
+
+def _unpack(args, x_nvfp4, has_bias):
+    it = iter(args)
+    x = next(it)
+    x_scales, x_s_dec = (next(it), next(it)) if x_nvfp4 else (None, None)
+    w_codes, w_scales, w_s_dec = next(it), next(it), next(it)
+    bias = next(it) if has_bias else None
+    return x, x_scales, x_s_dec, w_codes, w_scales, w_s_dec, bias
+
+
+def _out_shape(x, w_codes, window_strides, padding, rhs_dilation):
+    p, q = output_spatial(x.shape[1:3], w_codes.shape[:2], window_strides, padding, rhs_dilation)
+    return (x.shape[0], p, q, w_codes.shape[2])
+
+
+def _abstract(*args, x_nvfp4, has_bias, window_strides, padding, rhs_dilation, out_dtype):
+    x, _, _, w_codes, *_ = _unpack(args, x_nvfp4, has_bias)
+    return (ShapedArray(_out_shape(x, w_codes, window_strides, padding, rhs_dilation), out_dtype),)
+
+
+def _reference(*args, x_nvfp4, has_bias, window_strides, padding, rhs_dilation, out_dtype):
+    x, x_scales, x_s_dec, w_codes, w_scales, w_s_dec, bias = _unpack(args, x_nvfp4, has_bias)
+    return (reference.conv(x, w_codes, w_scales, w_s_dec, x_scales=x_scales, x_s_dec=x_s_dec,
+                           bias=bias, window_strides=window_strides, padding=padding,
+                           rhs_dilation=rhs_dilation, out_dtype=out_dtype),)
+
+
+def _kernel(*args, x_nvfp4, has_bias, window_strides, padding, rhs_dilation, out_dtype):
+    x, x_scales, x_s_dec, w_codes, w_scales, w_s_dec, bias = _unpack(args, x_nvfp4, has_bias)
+    operands = (
+        x,
+        x_scales if x_nvfp4 else jnp.zeros((0,), SCALE_DTYPE),
+        x_s_dec if x_nvfp4 else jnp.ones((), jnp.float32),
+        w_codes, w_scales, w_s_dec,
+        bias if has_bias else empty_f32(),
+    )
+    out = jax.ShapeDtypeStruct(_out_shape(x, w_codes, window_strides, padding, rhs_dilation),
+                               out_dtype)
+    call = jax.ffi.ffi_call(CONV_TARGET, (out,))
+    (sh, sw), ((ph, _), (pw, _)), (dh, dw) = window_strides, padding, rhs_dilation
+    return call(*operands, stride_h=np.int64(sh), stride_w=np.int64(sw), pad_h=np.int64(ph),
+                pad_w=np.int64(pw), dil_h=np.int64(dh), dil_w=np.int64(dw))
+
+
+conv_p = define_primitive("nvfp4_conv", abstract_eval=_abstract, reference=_reference,
+                          kernel=_kernel, ffi_target=lambda **_: CONV_TARGET)
+
+_map_batch = map_batcher(conv_p)
+
+
+def _batch(args, dims, *, x_nvfp4, has_bias, **params):
+    """Folds a vmapped activation into the image dimension N when the weights, bias and the
+    activation's s_dec are shared; any other combination runs once per batch element."""
+    n_x = 3 if x_nvfp4 else 1
+    x_dims, rest = dims[:n_x], dims[n_x:]
+    foldable = all(d is None for d in rest) and x_dims[0] is not None and (
+        not x_nvfp4 or (x_dims[1] is not None and x_dims[2] is None))
+    if foldable:
+        xs = [jnp.moveaxis(a, d, 0) for a, d in zip(args[:2], x_dims[:2]) if d is not None]
+        b = xs[0].shape[0]
+        folded = [a.reshape(b * a.shape[1], *a.shape[2:]) for a in xs]
+        if x_nvfp4:
+            folded.append(args[2])
+        (out,) = conv_p.bind(*folded, *args[n_x:], x_nvfp4=x_nvfp4, has_bias=has_bias, **params)
+        return (out.reshape(b, -1, *out.shape[1:]),), (0,)
+    return _map_batch(args, dims, x_nvfp4=x_nvfp4, has_bias=has_bias, **params)
+
+
+batching.primitive_batchers[conv_p] = _batch

@@ -1,0 +1,183 @@
+"""jax_nvfp4.conv on the CPU (reference path), its trace-time checks, batching, the sm_90a tile
+schedule emulated on the host, and the sm_90a kernel's SASS."""
+
+import importlib.util
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jax_nvfp4 as jn
+
+HERE = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("conv_cases", HERE / "conv_cases.py")
+cc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cc)
+
+SCHEDULE = HERE / "host" / "conv_sm90_schedule_test.cc"
+
+
+def make_operands(case, seed=0, x_dtype=jnp.float32):
+    n, h, w, c, k, r, s, *_ = case
+    kx, kw = jax.random.split(jax.random.key(seed))
+    x = jax.random.normal(kx, (n, h, w, c), jnp.float32).astype(x_dtype)
+    wq = jn.quantize_conv_weight(jax.random.normal(kw, (r, s, c, k), jnp.float32) * 0.1)
+    return x, wq
+
+
+def run_conv(x, w, case, **kw):
+    *_, strides, padding, dilation = case
+    return jn.conv(x, w, window_strides=strides, padding=padding, rhs_dilation=dilation, **kw)
+
+
+@pytest.mark.parametrize("name", sorted(cc.CASES))
+def test_conv_matches_float64_direct_convolution(name):
+    case = cc.CASES[name]
+    x, w = make_operands(case, seed=len(name))
+    got = run_conv(x, w, case, out_dtype=jnp.float32)
+    want = cc.oracle(x, w, case)
+    assert got.shape == want.shape
+    assert cc.rel_err(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("padding", ["SAME", "VALID", "SAME_LOWER", ((3, 1), (0, 2))])
+@pytest.mark.parametrize("strides,dilation", [((1, 1), (1, 1)), ((2, 2), (1, 1)), ((1, 2), (2, 1))])
+def test_padding_and_shape_like_lax(padding, strides, dilation):
+    case = (2, 11, 10, 16, 8, 3, 5, strides, padding, dilation)
+    x, w = make_operands(case, seed=3)
+    got = run_conv(x, w, case, out_dtype=jnp.float32)
+    w_hwio = jnp.transpose(jn.dequantize(w, jnp.float32), (0, 1, 3, 2))
+    want = lax.conv_general_dilated(x, w_hwio, strides, padding, rhs_dilation=dilation,
+                                    dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                    precision=lax.Precision.HIGHEST)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_nvfp4_activations_bias_and_out_dtype():
+    case = cc.CASES["5x5_c_k_tails"]
+    x, w = make_operands(case, seed=5)
+    xq = jn.quantize(x)
+    bias = jax.random.normal(jax.random.key(9), (case[4],), jnp.float32)
+    got = run_conv(xq, w, case, bias=bias.astype(jnp.bfloat16), out_dtype=jnp.float16)
+    assert got.dtype == jnp.float16
+    want = cc.oracle(xq, w, case, bias=np.asarray(bias.astype(jnp.bfloat16), np.float64))
+    assert cc.rel_err(got, want) < 2e-3
+
+
+def test_default_output_is_bfloat16_and_float_inputs_of_every_dtype():
+    case = cc.CASES["3x3_same"]
+    for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+        x, w = make_operands(case, seed=1, x_dtype=dtype)
+        got = run_conv(x, w, case)
+        assert got.dtype == jnp.bfloat16
+        assert cc.rel_err(got, cc.oracle(x, w, case)) < 1e-2
+
+
+def test_jit_matches_eager():
+    case = cc.CASES["7x7_stride2"]
+    x, w = make_operands(case, seed=2)
+    f = jax.jit(lambda a, b: run_conv(a, b, case, out_dtype=jnp.float32))
+    np.testing.assert_array_equal(f(x, w), run_conv(x, w, case, out_dtype=jnp.float32))
+
+
+def test_vmap_over_activations_folds_into_images():
+    case = cc.CASES["3x3_dilation2_explicit"]
+    x, w = make_operands(case, seed=4)
+    xs = jnp.stack([x, -2 * x, x[::-1]], axis=1)  # batch axis 1
+    got = jax.vmap(lambda a: run_conv(a, w, case, out_dtype=jnp.float32), in_axes=1)(xs)
+    for i in range(3):
+        want = cc.oracle(xs[:, i], w, case)
+        assert cc.rel_err(got[i], want) < 1e-5
+    jaxpr = str(jax.make_jaxpr(jax.vmap(lambda a: run_conv(a, w, case), in_axes=1))(xs))
+    assert "while" not in jaxpr  # folded into N, not a loop
+
+
+def test_vmap_over_nvfp4_activations_and_over_weights():
+    case = cc.CASES["3x3_same"]
+    x, w = make_operands(case, seed=6)
+    xq = jax.vmap(jn.quantize)(jnp.stack([x, 3 * x]))  # per-element s_dec: runs per element
+    got = jax.vmap(lambda a: run_conv(a, w, case, out_dtype=jnp.float32))(xq)
+    for i in range(2):
+        one = jax.tree_util.tree_map(lambda leaf: leaf[i], xq)
+        assert cc.rel_err(got[i], cc.oracle(one, w, case)) < 1e-5
+    ws = jax.vmap(jn.quantize_conv_weight)(jnp.stack([jnp.ones((3, 3, 32, 24)), -jnp.ones((3, 3, 32, 24))]))
+    got = jax.vmap(lambda b: run_conv(x, b, case, out_dtype=jnp.float32))(ws)
+    np.testing.assert_allclose(got[0], -got[1], rtol=1e-6)
+    assert cc.rel_err(got[0], cc.oracle(x, jax.tree_util.tree_map(lambda l: l[0], ws), case)) < 1e-5
+
+
+def test_quantize_conv_weight_layout():
+    w_hwio = jax.random.normal(jax.random.key(7), (3, 5, 32, 12))
+    q = jn.quantize_conv_weight(w_hwio)
+    assert q.shape == (3, 5, 12, 32) and q.s_dec.shape == ()
+    deq = jnp.transpose(jn.dequantize(q, jnp.float32), (0, 1, 3, 2))
+    np.testing.assert_allclose(deq, w_hwio, rtol=0.3, atol=0.15 * float(jnp.abs(w_hwio).max()))
+
+
+@pytest.mark.parametrize("kwargs,x_shape,error,match", [
+    ({}, (2, 8, 8, 48), ValueError, r"input channels differ.*C=48.*C=32"),
+    ({}, (8, 8, 32), ValueError, r"NHWC.*\(8, 8, 32\)"),
+    ({"padding": "FULL"}, (1, 8, 8, 32), ValueError, r"padding must be.*'FULL'"),
+    ({"padding": ((1, -1), (0, 0))}, (1, 8, 8, 32), ValueError, r"negative padding"),
+    ({"padding": ((1, 1),)}, (1, 8, 8, 32), ValueError, r"explicit padding"),
+    ({"window_strides": (0, 1)}, (1, 8, 8, 32), ValueError, r"window_strides.*\(0, 1\)"),
+    ({"rhs_dilation": 2}, (1, 8, 8, 32), TypeError, r"rhs_dilation must be a pair"),
+    ({"padding": "VALID"}, (1, 2, 8, 32), ValueError, r"empty output \(0x6\)"),
+    ({"bias": jnp.zeros((5,))}, (1, 8, 8, 32), ValueError, r"bias must have shape \(24,\), got \(5,\)"),
+    ({"out_dtype": jnp.int32}, (1, 8, 8, 32), TypeError, r"out_dtype.*int32"),
+])
+def test_trace_time_errors_name_the_bad_value(kwargs, x_shape, error, match):
+    w = jn.quantize_conv_weight(jnp.ones((3, 3, 32, 24)))
+    with pytest.raises(error, match=match):
+        jax.jit(lambda x: jn.conv(x, w, **kwargs)).lower(jax.ShapeDtypeStruct(x_shape, jnp.float32))
+
+
+def test_weight_errors():
+    x = jnp.ones((1, 8, 8, 32))
+    with pytest.raises(TypeError, match="w must be an NVFP4Array"):
+        jn.conv(x, jnp.ones((3, 3, 24, 32)))
+    with pytest.raises(ValueError, match=r"4-D \[R, S, K, C\].*\(24, 32\)"):
+        jn.conv(x, jn.quantize(jnp.ones((24, 32))))
+    with pytest.raises(ValueError, match=r"C=24 .*multiple of 16"):
+        jn.quantize_conv_weight(jnp.ones((3, 3, 24, 8)))
+    with pytest.raises(TypeError, match="conv: x must be float32, bfloat16 or float16, got int32"):
+        jn.conv(jnp.ones((1, 8, 8, 32), jnp.int32), jn.quantize_conv_weight(jnp.ones((3, 3, 32, 8))))
+
+
+# The sm_90a tile loop, emulated on the host: (case, BN). Includes tiles that span several output
+# rows and images, both tile widths, stride-2 phase arrays, dilation and wide padding.
+SCHEDULE_CASES = {
+    **{f"{name}_bn128": (case, 128) for name, case in cc.CASES.items()},
+    "3x3_same_bn256": (cc.CASES["3x3_same"], 256),
+    "7x7_stride2_bn256": (cc.CASES["7x7_stride2"], 256),
+    "5x5_stride3_dil2": ((2, 17, 19, 16, 4, 5, 5, (3, 3), "SAME", (2, 2)), 128),
+    "7x7_dil3_pad_wider": ((1, 12, 30, 16, 4, 7, 7, (1, 1), ((9, 9), (9, 9)), (3, 3)), 128),
+    "width1_images": ((5, 5, 1, 16, 4, 3, 3, (2, 2), "SAME", (1, 1)), 128),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULE_CASES))
+def test_sm90_schedule_emulation_matches_direct_convolution(host_program, name):
+    case, bn = SCHEDULE_CASES[name]
+    n, h, w, c, k, r, s, strides, padding, dilation = case
+    pads = cc.explicit_pads((n, h, w, c), r, s, strides, padding, dilation)
+    p = (h + sum(pads[0]) - (r - 1) * dilation[0] - 1) // strides[0] + 1
+    q = (w + sum(pads[1]) - (s - 1) * dilation[1] - 1) // strides[1] + 1
+    k = min(k, 8)  # the index math does not depend on K; keep the emulation fast
+    c = min(c, 16)
+    args = (n, h, w, c, k, r, s, *strides, pads[0][0], pads[1][0], *dilation, p, q, bn)
+    out = host_program(SCHEDULE, cutlass=True, args=args).split()
+    assert out[0] == "OK", " ".join(out)
+    assert int(out[1]) == n * p * q * k
+
+
+def test_sm90_kernels_use_hgmma(kernel_sass):
+    kernels = kernel_sass("sm_90a", r"conv_sm90_kernel")
+    assert len(kernels) >= 4
+    for name, sass in kernels.items():
+        assert "HGMMA.64x" in sass, name
+        assert "LDL" not in sass and "STL" not in sass, f"{name} uses local memory"

@@ -23,9 +23,10 @@ def quantize(x, *, s_enc=None) -> NVFP4Array:
         codes, scales, s_dec = quantize_p.bind(x)
     else:
         s_enc = jnp.asarray(s_enc, jnp.float32)
-        if s_enc.shape != tuple(x.shape[: s_enc.ndim]) or s_enc.ndim >= x.ndim:
+        lead = tuple(x.shape[:-2])  # dims before [R, K]: NVFP4Array.s_dec is a prefix of them
+        if s_enc.shape != lead[: s_enc.ndim] or s_enc.ndim > len(lead):
             raise ValueError(f"quantize: s_enc of shape {s_enc.shape} must be a scalar or match a "
-                             f"prefix of x's leading dims {tuple(x.shape[:-1])}")
+                             f"prefix of x's leading dims {lead}")
         codes, scales, s_dec = quantize_p.bind(x, s_enc)
     return NVFP4Array(codes, scales, s_dec)
 

@@ -1,0 +1,155 @@
+"""The CUDA quantize/dequantize kernels against the XLA reference (skips without a GPU).
+
+The reference runs on the CPU (jax.jit(..., backend="cpu")) except for the subnormal cases,
+where XLA:CPU flushes to zero and the GPU-compiled reference is the oracle (docs/quantize.md).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_nvfp4
+from jax_nvfp4 import _extension, reference
+from jax_nvfp4.format import NVFP4Array
+from jax_nvfp4.primitives.quantize import DEQUANTIZE_TARGET, QUANTIZE_TARGET
+
+
+@pytest.fixture
+def kernels(gpu):
+    for target in (QUANTIZE_TARGET, DEQUANTIZE_TARGET):
+        if not _extension.kernel_available(target):
+            pytest.skip(f"{target} is not built for {gpu.device_kind}")
+    return gpu
+
+
+@functools.partial(jax.jit, backend="cpu")
+def _cpu_reference(x, s_enc):
+    return reference.quantize(x, s_enc)
+
+
+@functools.partial(jax.jit, backend="cpu")
+def _cpu_reference_amax(x):
+    return reference.quantize(x)
+
+
+def _bytes(codes, scales, s_dec):
+    return (np.asarray(jax.lax.bitcast_convert_type(codes, jnp.uint4)).astype(np.uint8),
+            np.asarray(scales).view(np.uint8), np.asarray(s_dec).view(np.uint32))
+
+
+def _check(q: NVFP4Array, expected):
+    got = _bytes(q.codes, q.scales, q.s_dec)
+    for name, g, e in zip(("codes", "scales", "s_dec"), got, _bytes(*expected)):
+        np.testing.assert_array_equal(g, e, err_msg=f"{name} differ from the reference")
+
+
+def _random(shape, dtype, seed, scale=1.0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) * scale).astype(np.float32).astype(dtype)
+
+
+SHAPES = [(16,), (1, 16), (3, 48), (127, 80), (128, 64), (129, 208), (2, 5, 144),
+          (2, 3, 257, 16), (300, 1040), (4, 1, 32)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16, np.float16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_quantize_bytes_equal_reference(kernels, shape, dtype):
+    x = _random(shape, dtype, seed=sum(shape))
+    q = jax.jit(jax_nvfp4.quantize)(jax.device_put(x, kernels))
+    _check(q, _cpu_reference_amax(x))
+    s = np.float32(123.25)
+    q = jax.jit(lambda a: jax_nvfp4.quantize(a, s_enc=s))(jax.device_put(x, kernels))
+    _check(q, _cpu_reference(x, s))
+
+
+@pytest.mark.parametrize("shape", [(3, 130, 80), (2, 4, 3, 48)])
+def test_quantize_groups(kernels, shape):
+    x = _random(shape, jnp.bfloat16, seed=1)
+    for g in range(1, len(shape) - 1):
+        s = np.random.default_rng(g).uniform(1, 900, shape[:g]).astype(np.float32)
+        q = jax_nvfp4.quantize(jax.device_put(x, kernels), s_enc=jax.device_put(s, kernels))
+        _check(q, _cpu_reference(x, s))
+
+
+def test_quantize_adversarial(kernels):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((64, 96)).astype(np.float32)
+    x[0, :16] = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 2  # exact ties with s_enc = 1
+    x[0, 8:16] *= -1
+    x[1, :16] = 0.0
+    x[2, :16] = -0.0
+    x[3, :16] = np.float32(6) * np.exp2(-12)  # E4M3 subnormal scales
+    x[4, :16] *= 1e4                            # saturates the block scale at 448
+    x[5, 16:32] = np.nan
+    x[6, 32] = np.inf
+    x[7, 95] = -np.inf
+    x[8, :16] = [-1e-3, 6.0] * 8                # -0.001 rounds to a signed zero
+    for s in (np.float32(1.0), np.float32(300.0)):
+        q = jax_nvfp4.quantize(jax.device_put(x, kernels), s_enc=s)
+        _check(q, _cpu_reference(x, s))
+    _check(jax_nvfp4.quantize(jax.device_put(x, kernels)), _cpu_reference_amax(x))
+    for scale in (1e37, 1e-30):
+        y = (x * np.float32(scale)).astype(np.float32)
+        _check(jax_nvfp4.quantize(jax.device_put(y, kernels)), _cpu_reference_amax(y))
+    zeros = np.zeros((130, 64), np.float32)
+    _check(jax_nvfp4.quantize(jax.device_put(zeros, kernels)), _cpu_reference_amax(zeros))
+
+
+def test_quantize_subnormals_match_gpu_reference(kernels):
+    x = _random((4, 64), np.float32, seed=6, scale=1e-34)
+    x[1, :16] = np.float32(3e-39)
+    gpu_reference = jax.jit(reference.quantize)  # XLA:GPU keeps subnormals, like the kernels
+    on_gpu = jax.device_put(x, kernels)
+    _check(jax_nvfp4.quantize(on_gpu), gpu_reference(on_gpu))
+
+
+def test_quantize_overwrites_poisoned_outputs(kernels):
+    """XLA output buffers are uninitialised: run after a kernel that leaves garbage behind."""
+    x = _random((129, 80), jnp.bfloat16, seed=7)
+    poison = jax.jit(lambda: jnp.full((1 << 20,), 0x7F, jnp.uint8))
+    for _ in range(3):
+        poison().block_until_ready()
+        q = jax.jit(jax_nvfp4.quantize)(jax.device_put(x, kernels))
+        _check(q, _cpu_reference_amax(x))  # padding scale entries included: must be zero
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("shape", [(16,), (129, 208), (2, 3, 48)])
+def test_dequantize_equals_reference(kernels, shape, dtype):
+    x = _random(shape, np.float32, seed=8)
+    x.reshape(-1)[5] = np.nan
+    codes, scales, s_dec = _cpu_reference_amax(x)
+    on_gpu = [jax.device_put(a, kernels) for a in (codes, scales, s_dec)]
+    got = jax.jit(lambda q: jax_nvfp4.dequantize(q, dtype))(NVFP4Array(*on_gpu))
+    want = jax.jit(functools.partial(reference.dequantize, dtype=dtype), backend="cpu")(
+        codes, scales, s_dec)
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8))
+    assert np.isnan(np.asarray(got, np.float32).reshape(-1)[:16]).all()
+
+
+def test_dequantize_groups(kernels):
+    x = _random((3, 130, 48), np.float32, seed=9)
+    s = np.array([2.0, 30.0, 400.0], np.float32)
+    codes, scales, s_dec = _cpu_reference(x, s)
+    q = NVFP4Array(*[jax.device_put(a, kernels) for a in (codes, scales, s_dec)])
+    got = jax_nvfp4.dequantize(q, jnp.float32)
+    want = reference.dequantize(codes, scales, s_dec, jnp.float32)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_vmap_on_gpu(kernels):
+    x = _random((3, 40, 64), jnp.bfloat16, seed=10)
+    qs = jax.jit(jax.vmap(jax_nvfp4.quantize))(jax.device_put(x, kernels))
+    for i in range(3):
+        _check(jax.tree.map(lambda a: a[i], qs), _cpu_reference_amax(x[i]))
+
+
+def test_sm90_kernels_use_vector_loads(kernels, kernel_sass):
+    if _extension.device_arch(kernels) != "sm_90a":
+        pytest.skip("SASS check for the Hopper build")
+    for name, sass in kernel_sass("sm_90a", r"quantize_kernel").items():
+        assert "LDG.E.128" in sass, name

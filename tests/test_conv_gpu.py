@@ -1,0 +1,119 @@
+"""The sm_90a convolution kernel on a GPU against float64, and under compute-sanitizer."""
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_nvfp4 as jn
+
+HERE = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("conv_cases", HERE / "conv_cases.py")
+cc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cc)
+
+# Shapes big enough to take the 256-pixel tiles (one and two warpgroups) and ResNet-like ones.
+GPU_CASES = {
+    **cc.CASES,
+    "wide_tiles_k64": (20, 64, 64, 64, 64, 3, 3, (1, 1), "SAME", (1, 1)),
+    "wide_tiles_k192_tail": (20, 64, 64, 80, 200, 3, 3, (1, 1), "SAME", (1, 1)),
+    "resnet_stage4_b32": (32, 7, 7, 512, 512, 3, 3, (1, 1), "SAME", (1, 1)),
+    "7x7_stride2_stem_like": (4, 40, 40, 16, 64, 7, 7, (2, 2), ((3, 3), (3, 3)), (1, 1)),
+}
+
+
+def operands(case, seed, x_dtype=jnp.bfloat16):
+    n, h, w, c, k, r, s, *_ = case
+    kx, kw = jax.random.split(jax.random.key(seed))
+    x = jax.random.normal(kx, (n, h, w, c), jnp.float32).astype(x_dtype)
+    wq = jn.quantize_conv_weight(jax.random.normal(kw, (r, s, c, k), jnp.float32) * 0.1)
+    return x, wq
+
+
+def conv_fn(case, **kw):
+    *_, strides, padding, dilation = case
+    return jax.jit(lambda x, w, *b: jn.conv(x, w, window_strides=strides, padding=padding,
+                                            rhs_dilation=dilation, bias=b[0] if b else None, **kw))
+
+
+def test_lowers_to_the_kernel(gpu):
+    case = cc.CASES["3x3_same"]
+    x, w = operands(case, 0)
+    assert jn._extension.kernel_available("jax_nvfp4_conv")
+    assert "jax_nvfp4_conv" in conv_fn(case).lower(x, w).as_text()
+
+
+@pytest.mark.parametrize("name", sorted(GPU_CASES))
+def test_kernel_matches_float64(gpu, name):
+    case = GPU_CASES[name]
+    x, w = operands(case, seed=len(name))
+    f = conv_fn(case, out_dtype=jnp.float32)
+    got = np.asarray(f(x, w))
+    want = cc.oracle(x, w, case)
+    assert got.shape == want.shape
+    assert cc.rel_err(got, want) < 1e-4
+    np.testing.assert_array_equal(got, np.asarray(f(x, w)))  # a race would move the result
+
+
+@pytest.mark.parametrize("x_dtype", [jnp.float32, jnp.float16, "nvfp4"])
+@pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+def test_activation_and_output_dtypes_with_bias(gpu, x_dtype, out_dtype):
+    case = cc.CASES["5x5_c_k_tails"]
+    x, w = operands(case, seed=11, x_dtype=jnp.float32 if x_dtype == "nvfp4" else x_dtype)
+    if x_dtype == "nvfp4":
+        x = jn.quantize(x)
+    bias = jax.random.normal(jax.random.key(3), (case[4],), jnp.float32)
+    got = conv_fn(case, out_dtype=out_dtype)(x, w, bias)
+    assert got.dtype == out_dtype
+    want = cc.oracle(x, w, case, bias=bias)
+    # float32/float16 activations are rounded to bf16 for the tensor cores.
+    tol = 1e-4 if x_dtype == "nvfp4" and out_dtype == jnp.float32 else 1e-2
+    assert cc.rel_err(got, want) < tol
+
+
+def test_vmap_on_gpu(gpu):
+    case = cc.CASES["many_small_images"]
+    x, w = operands(case, seed=5)
+    xs = jnp.stack([x, 2 * x])
+    *_, strides, padding, dilation = case
+    got = jax.jit(jax.vmap(lambda a: jn.conv(a, w, window_strides=strides, padding=padding,
+                                             rhs_dilation=dilation, out_dtype=jnp.float32)))(xs)
+    assert cc.rel_err(got[1], cc.oracle(xs[1], w, case)) < 1e-4
+
+
+MEMCHECK_PROGRAM = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np
+    import jax_nvfp4 as jn
+    x = jax.random.normal(jax.random.key(0), (3, 5, 7, 48), jnp.float32).astype(jnp.bfloat16)
+    w = jn.quantize_conv_weight(jax.random.normal(jax.random.key(1), (5, 3, 48, 70)))
+    for xi in (x, jn.quantize(x.astype(jnp.float32))):
+        y = jn.conv(xi, w, window_strides=(2, 1), padding=((2, 1), (1, 2)), rhs_dilation=(1, 2),
+                    bias=jnp.ones((70,)), out_dtype=jnp.float32)
+        assert np.isfinite(np.asarray(y)).all()
+    print("MEMCHECK-DONE")
+""")
+
+
+def test_compute_sanitizer_memcheck_tail_heavy_shape(gpu, tmp_path):
+    sanitizer = shutil.which("compute-sanitizer") or (
+        "/usr/local/cuda/bin/compute-sanitizer"
+        if os.path.exists("/usr/local/cuda/bin/compute-sanitizer") else None)
+    if sanitizer is None:
+        pytest.skip("compute-sanitizer not found")
+    script = tmp_path / "memcheck_conv.py"
+    script.write_text(MEMCHECK_PROGRAM)
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    res = subprocess.run([sanitizer, "--tool", "memcheck", "--kernel-name", "regex:conv_sm90",
+                          "--error-exitcode", "3", sys.executable, "-P", str(script)],
+                         capture_output=True, text=True, env=env, timeout=400)
+    assert "MEMCHECK-DONE" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert "ERROR SUMMARY: 0 errors" in res.stdout

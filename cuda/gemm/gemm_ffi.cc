@@ -1,0 +1,208 @@
+// XLA FFI handlers "jax_nvfp4_gemm" (float output) and "jax_nvfp4_gemm_nvfp4_out" (NVFP4 output)
+// of the matmul primitive (jax_nvfp4/primitives/matmul.py): they decode the buffers into a
+// GemmProblem, take the workspace from XLA's scratch allocator and run the kernel family of
+// the device (sm_90a on compute capability 9.0, sm_100a on 10.0).
+//
+// Operands, in order (absent ones as placeholders):
+//   a          [M, K] bf16/f16/f32 (W4A16) or float4_e2m1fn codes (W4A4)
+//   a_scales   tiled e4m3 scales of a (f8[0] for W4A16);  a_s_dec  f32 scalar (1.0 for W4A16)
+//   b_codes    [N, K] float4_e2m1fn;  b_scales  tiled e4m3;  b_s_dec  f32 scalar
+//   bias       [N] bf16/f16/f32, or f32[0]
+//   out_s_enc  f32 scalar (NVFP4 output), or f32[0]
+// Results: out [M, N] bf16/f16/f32; or codes [M, N] float4_e2m1fn, tiled scales, s_dec f32.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "common/ffi_registry.h"
+#include "common/ffi_utils.h"
+#include "common/scale_layout.h"
+#include "gemm/gemm_problem.h"
+#ifdef JAX_NVFP4_HAS_SM90
+#include "gemm/sm90/gemm_sm90.h"
+#endif
+#ifdef JAX_NVFP4_HAS_SM100
+#include "gemm/sm100/gemm_sm100.h"
+#endif
+
+namespace jax_nvfp4 {
+namespace {
+
+ffi::Error invalid(const std::string& what) {
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_nvfp4_gemm: " + what);
+}
+
+std::string dims_str(ffi::AnyBuffer::Dimensions d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+// Fills everything but the outputs; checks shapes and dtypes.
+ffi::Error decode_operands(ffi::AnyBuffer a, ffi::AnyBuffer a_scales, ffi::AnyBuffer a_s_dec,
+                           ffi::AnyBuffer b_codes, ffi::AnyBuffer b_scales, ffi::AnyBuffer b_s_dec,
+                           ffi::AnyBuffer bias, GemmProblem* p) {
+  const auto ad = a.dimensions(), bd = b_codes.dimensions();
+  if (ad.size() != 2 || bd.size() != 2) {
+    return invalid("a and b must be rank 2, got a " + dims_str(ad) + " and b " + dims_str(bd));
+  }
+  p->m = ad[0];
+  p->k = ad[1];
+  p->n = bd[0];
+  if (bd[1] != p->k || p->k <= 0 || p->k % kBlockSize != 0) {
+    return invalid("K must match and be a positive multiple of 16: a " + dims_str(ad) + ", b " +
+                   dims_str(bd));
+  }
+  if (b_codes.element_type() != ffi::DataType::F4E2M1FN) return invalid("b must be float4_e2m1fn");
+  if (b_scales.element_type() != ffi::DataType::F8E4M3FN ||
+      static_cast<int64_t>(b_scales.element_count()) != scale_matrix_bytes(p->n, p->k / kBlockSize)) {
+    return invalid("b_scales must be the tiled e4m3 scales of b " + dims_str(bd));
+  }
+  if (b_s_dec.element_type() != ffi::DataType::F32 || b_s_dec.element_count() != 1) {
+    return invalid("b_s_dec must be a float32 scalar");
+  }
+  p->b = {static_cast<const uint8_t*>(b_codes.untyped_data()),
+          static_cast<const uint8_t*>(b_scales.untyped_data()),
+          static_cast<const float*>(b_s_dec.untyped_data())};
+
+  p->a_is_nvfp4 = a.element_type() == ffi::DataType::F4E2M1FN;
+  if (p->a_is_nvfp4) {
+    if (a_scales.element_type() != ffi::DataType::F8E4M3FN ||
+        static_cast<int64_t>(a_scales.element_count()) != scale_matrix_bytes(p->m, p->k / kBlockSize)) {
+      return invalid("a_scales must be the tiled e4m3 scales of a " + dims_str(ad));
+    }
+    if (a_s_dec.element_type() != ffi::DataType::F32 || a_s_dec.element_count() != 1) {
+      return invalid("a_s_dec must be a float32 scalar");
+    }
+    p->a_q = {static_cast<const uint8_t*>(a.untyped_data()),
+              static_cast<const uint8_t*>(a_scales.untyped_data()),
+              static_cast<const float*>(a_s_dec.untyped_data())};
+  } else if (!to_dtype(a.element_type(), &p->a_dtype)) {
+    return invalid("a must be bf16, f16, f32 or float4_e2m1fn");
+  }
+  p->a = a.untyped_data();
+
+  if (bias.element_count() > 0) {
+    if (static_cast<int64_t>(bias.element_count()) != p->n || !to_dtype(bias.element_type(), &p->bias_dtype)) {
+      return invalid("bias must be a bf16/f16/f32 vector of N = " + std::to_string(p->n) + " elements");
+    }
+    p->bias = bias.untyped_data();
+  }
+  return ffi::Error::Success();
+}
+
+// Workspace + dispatch on the device's compute capability.
+ffi::Error run(cudaStream_t stream, ffi::ScratchAllocator& scratch, GemmProblem& p) {
+  const int cc = current_compute_capability();
+  switch (cc) {
+#ifdef JAX_NVFP4_HAS_SM90
+    case 90: {
+      p.workspace_bytes = gemm_sm90_workspace_bytes(p);
+      if (p.workspace_bytes > 0) {
+        auto ws = scratch.Allocate(p.workspace_bytes, 256);
+        if (!ws.has_value()) {
+          return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                            "jax_nvfp4_gemm: no workspace of " + std::to_string(p.workspace_bytes) + " bytes");
+        }
+        p.workspace = *ws;
+      }
+      return cuda_error(gemm_sm90(p, stream), "jax_nvfp4_gemm (sm_90a)");
+    }
+#endif
+#ifdef JAX_NVFP4_HAS_SM100
+    case 100: {
+      p.workspace_bytes = gemm_sm100_workspace_bytes(p);
+      if (p.workspace_bytes > 0) {
+        auto ws = scratch.Allocate(p.workspace_bytes, 256);
+        if (!ws.has_value()) {
+          return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                            "jax_nvfp4_gemm: no workspace of " + std::to_string(p.workspace_bytes) + " bytes");
+        }
+        p.workspace = *ws;
+      }
+      return cuda_error(gemm_sm100(p, stream), "jax_nvfp4_gemm (sm_100a)");
+    }
+#endif
+    default:
+      return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                        "jax_nvfp4_gemm: no NVFP4 GEMM kernel compiled for compute capability " +
+                            std::to_string(cc / 10) + "." + std::to_string(cc % 10));
+  }
+}
+
+ffi::Error gemm_impl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
+                     ffi::AnyBuffer a_scales, ffi::AnyBuffer a_s_dec, ffi::AnyBuffer b_codes,
+                     ffi::AnyBuffer b_scales, ffi::AnyBuffer b_s_dec, ffi::AnyBuffer bias,
+                     ffi::AnyBuffer out_s_enc, ffi::Result<ffi::AnyBuffer> out) {
+  (void)out_s_enc;
+  GemmProblem p;
+  if (auto err = decode_operands(a, a_scales, a_s_dec, b_codes, b_scales, b_s_dec, bias, &p);
+      err.failure()) {
+    return err;
+  }
+  const auto od = out->dimensions();
+  if (od.size() != 2 || od[0] != p.m || od[1] != p.n) return invalid("out must be [M, N], got " + dims_str(od));
+  if (!to_dtype(out->element_type(), &p.out_dtype)) return invalid("out must be bf16, f16 or f32");
+  p.out = out->untyped_data();
+  return run(stream, scratch, p);
+}
+
+ffi::Error gemm_nvfp4_out_impl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
+                               ffi::AnyBuffer a_scales, ffi::AnyBuffer a_s_dec, ffi::AnyBuffer b_codes,
+                               ffi::AnyBuffer b_scales, ffi::AnyBuffer b_s_dec, ffi::AnyBuffer bias,
+                               ffi::AnyBuffer out_s_enc, ffi::Result<ffi::AnyBuffer> out_codes,
+                               ffi::Result<ffi::AnyBuffer> out_scales,
+                               ffi::Result<ffi::AnyBuffer> out_s_dec) {
+  GemmProblem p;
+  if (auto err = decode_operands(a, a_scales, a_s_dec, b_codes, b_scales, b_s_dec, bias, &p);
+      err.failure()) {
+    return err;
+  }
+  if (p.n % kBlockSize != 0) return invalid("NVFP4 output needs N a multiple of 16, got " + std::to_string(p.n));
+  const auto od = out_codes->dimensions();
+  if (out_codes->element_type() != ffi::DataType::F4E2M1FN || od.size() != 2 || od[0] != p.m ||
+      od[1] != p.n) {
+    return invalid("out codes must be float4_e2m1fn [M, N], got " + dims_str(od));
+  }
+  if (static_cast<int64_t>(out_scales->element_count()) != scale_matrix_bytes(p.m, p.n / kBlockSize)) {
+    return invalid("out scales must be the tiled scales of [M, N]");
+  }
+  if (out_s_enc.element_type() != ffi::DataType::F32 || out_s_enc.element_count() != 1) {
+    return invalid("out_s_enc must be a float32 scalar");
+  }
+  p.out_codes = static_cast<uint8_t*>(out_codes->untyped_data());
+  p.out_scales = static_cast<uint8_t*>(out_scales->untyped_data());
+  p.out_s_enc = static_cast<const float*>(out_s_enc.untyped_data());
+  p.out_s_dec = static_cast<float*>(out_s_dec->untyped_data());
+  p.out_dtype = DType::kF32;
+  return run(stream, scratch, p);
+}
+
+}  // namespace
+
+#define JAX_NVFP4_GEMM_OPERANDS                 \
+  .Ctx<ffi::PlatformStream<cudaStream_t>>()     \
+      .Ctx<ffi::ScratchAllocator>()             \
+      .Arg<ffi::AnyBuffer>() /* a */            \
+      .Arg<ffi::AnyBuffer>() /* a_scales */     \
+      .Arg<ffi::AnyBuffer>() /* a_s_dec */      \
+      .Arg<ffi::AnyBuffer>() /* b_codes */      \
+      .Arg<ffi::AnyBuffer>() /* b_scales */     \
+      .Arg<ffi::AnyBuffer>() /* b_s_dec */      \
+      .Arg<ffi::AnyBuffer>() /* bias */         \
+      .Arg<ffi::AnyBuffer>() /* out_s_enc */
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmFfi, gemm_impl,
+                              ffi::Ffi::Bind() JAX_NVFP4_GEMM_OPERANDS.Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmNvfp4OutFfi, gemm_nvfp4_out_impl,
+                              ffi::Ffi::Bind() JAX_NVFP4_GEMM_OPERANDS.Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+#undef JAX_NVFP4_GEMM_OPERANDS
+
+JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_gemm", GemmFfi);
+JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_gemm_nvfp4_out", GemmNvfp4OutFfi);
+
+}  // namespace jax_nvfp4

@@ -1,0 +1,371 @@
+// Small-M NVFP4 GEMM for sm_90a: weight streaming with tensor-core mma.sync (see gemm_sm90.h).
+//
+// Work split: a block of 4 warps owns 64 weight rows (16 per warp, the MMA's M) and 8*T
+// activation rows (the MMA's N, T n8-tiles); the warps walk the same K chunks at once, so the
+// activation chunk they share comes from L1. A chunk is 128 K elements: each lane (g = lane/4,
+// t = lane%4) loads 16 bytes of codes (32 elements, two scale blocks) of weight rows g and g+8.
+//
+// The MMA contracts over its 16 k slots in any order as long as A and B agree, so a lane feeds
+// its own 32 elements in the order the cheap dequantization produces them (pair j of a word =
+// elements j and j+4, nvfp4_bf16x2.h) and permutes its activations to match.
+//
+// Split-K: gridDim.z blocks of one output tile form a thread-block cluster; each leaves its
+// partial sums in shared memory and the cluster adds them through distributed shared memory in
+// rank order (deterministic, no workspace), then applies alpha, bias and the output cast.
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "common/scale_layout.h"
+#include "gemm/sm90/gemm_sm90_internal.h"
+#include "gemm/sm90/nvfp4_bf16x2.h"
+
+namespace jax_nvfp4 {
+namespace sm90 {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRowsPerBlock = kWarps * 16;
+constexpr int kChunk = 128;  // K elements per step: 4 lanes x 32
+constexpr int kMaxClusterSplit = 8;
+
+enum class XKind { kBF16, kF16, kF32, kNvfp4 };
+
+// Words of raw activation data one lane holds per chunk and n8-tile.
+template <XKind XK>
+constexpr int x_words() {
+  return XK == XKind::kF32 ? 32 : XK == XKind::kNvfp4 ? 4 : 16;
+}
+// Whether x is split into bf16 hi + lo (two MMAs): f16 exactly, f32 to ~2^-17.
+template <XKind XK>
+constexpr bool x_split() {
+  return XK == XKind::kF16 || XK == XKind::kF32;
+}
+
+struct WeightRaw {
+  uint32_t codes[2][4];  // rows g and g+8: 32 elements each
+  uint32_t scales[2];    // two E4M3 block scales per row (low 16 bits)
+};
+
+template <XKind XK>
+struct ActRaw {
+  uint32_t w[x_words<XK>()];
+  uint32_t scales;  // NVFP4 x only
+};
+
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 ld_stream8(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+// 32 NVFP4 elements (16 bytes) starting at element e0 of a row of k; zero past k.
+__device__ __forceinline__ void load_codes(const uint8_t* row, int64_t e0, int64_t k, bool vec16,
+                                           uint32_t (&out)[4]) {
+  out[0] = out[1] = out[2] = out[3] = 0u;
+  if (e0 >= k) return;
+  const uint8_t* p = row + e0 / 2;
+  if (vec16 && e0 + 32 <= k) {
+    const uint4 v = ld_stream16(p);
+    out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+    return;
+  }
+  const uint2 lo = ld_stream8(p);  // k is a multiple of 16: the first half is in range
+  out[0] = lo.x; out[1] = lo.y;
+  if (e0 + 32 <= k) {
+    const uint2 hi = ld_stream8(p + 8);
+    out[2] = hi.x; out[3] = hi.y;
+  }
+}
+
+// The two E4M3 scales of blocks e0/16 and e0/16+1 of `row` (adjacent bytes of one tile).
+__device__ __forceinline__ uint32_t load_scales(const uint8_t* scales, int64_t row, int64_t e0,
+                                                int64_t k) {
+  const int64_t off = scale_offset(row, e0 / kBlockSize, k / kBlockSize);
+  return *reinterpret_cast<const uint16_t*>(scales + off);
+}
+
+// Two E4M3 scales -> two bf16x2 registers, each the scale times 2^119 in both halves.
+__device__ __forceinline__ void widen_scales(uint32_t two, uint32_t& s0, uint32_t& s1) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  const float2 f = __half22float2(__half2(h));
+  const __nv_bfloat16 b0 = __float2bfloat16_rn(f.x * kScaleBoost);
+  const __nv_bfloat16 b1 = __float2bfloat16_rn(f.y * kScaleBoost);
+  const __nv_bfloat162 p0 = __bfloat162bfloat162(b0), p1 = __bfloat162bfloat162(b1);
+  s0 = *reinterpret_cast<const uint32_t*>(&p0);
+  s1 = *reinterpret_cast<const uint32_t*>(&p1);
+}
+
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// The 4 dequantized pairs of one word (E2M1 * E4M3 * 2^-7, exact).
+__device__ __forceinline__ void dequant_word(uint32_t word, uint32_t scale, uint32_t (&p)[4]) {
+  p[0] = mul_bf16x2(e2m1_pair_bits<0>(word), scale);
+  p[1] = mul_bf16x2(e2m1_pair_bits<1>(word), scale);
+  p[2] = mul_bf16x2(e2m1_pair_bits<2>(word), scale);
+  p[3] = mul_bf16x2(e2m1_pair_bits<3>(word), scale);
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Activation row `m` (or zeros), elements e0..e0+31 of this lane.
+template <XKind XK>
+__device__ __forceinline__ void load_act(const GemmProblem& p, int64_t m, int64_t e0, bool vec16,
+                                         ActRaw<XK>& x) {
+#pragma unroll
+  for (int i = 0; i < x_words<XK>(); ++i) x.w[i] = 0u;
+  x.scales = 0u;
+  if (m >= p.m || e0 >= p.k) return;
+  if constexpr (XK == XKind::kNvfp4) {
+    uint32_t c[4];
+    load_codes(p.a_q.codes + m * (p.k / 2), e0, p.k, vec16, c);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x.w[i] = c[i];
+    x.scales = load_scales(p.a_q.scales, m, e0, p.k);
+  } else {
+    constexpr int kElemBytes = XK == XKind::kF32 ? 4 : 2;
+    const uint8_t* row = static_cast<const uint8_t*>(p.a) + (m * p.k + e0) * kElemBytes;
+    constexpr int kVecs = x_words<XK>() / 4;  // 16-byte vectors for 32 elements
+    const int valid = e0 + 32 <= p.k ? kVecs : kVecs / 2;
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) {
+      if (v < valid) {
+        const uint4 u = __ldg(reinterpret_cast<const uint4*>(row) + v);
+        x.w[4 * v] = u.x; x.w[4 * v + 1] = u.y; x.w[4 * v + 2] = u.z; x.w[4 * v + 3] = u.w;
+      }
+    }
+  }
+}
+
+// B registers of word q (elements 8q..8q+7 of the lane's 32) in pair order: b[j] holds
+// elements j and j+4; `lo` gets the bf16 remainder when x is split.
+template <XKind XK>
+__device__ __forceinline__ void act_pairs(const ActRaw<XK>& x, int q, uint32_t (&b)[4],
+                                          uint32_t (&lo)[4]) {
+  if constexpr (XK == XKind::kBF16) {
+    const uint32_t r0 = x.w[4 * q], r1 = x.w[4 * q + 1], r2 = x.w[4 * q + 2], r3 = x.w[4 * q + 3];
+    b[0] = __byte_perm(r0, r2, 0x5410);
+    b[1] = __byte_perm(r0, r2, 0x7632);
+    b[2] = __byte_perm(r1, r3, 0x5410);
+    b[3] = __byte_perm(r1, r3, 0x7632);
+  } else if constexpr (XK == XKind::kNvfp4) {
+    uint32_t s0, s1;
+    widen_scales(x.scales, s0, s1);
+    dequant_word(x.w[q], q < 2 ? s0 : s1, b);
+  } else {
+    float f[8];
+    if constexpr (XK == XKind::kF16) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t h2 = x.w[4 * q + i];
+        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+        f[2 * i] = v.x; f[2 * i + 1] = v.y;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) f[i] = __uint_as_float(x.w[8 * q + i]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      b[j] = pack_bf16x2(f[j], f[j + 4]);
+      const __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162*>(&b[j]);
+      const float2 hf = __bfloat1622float2(h);
+      lo[j] = pack_bf16x2(f[j] - hf.x, f[j + 4] - hf.y);
+    }
+  }
+}
+
+template <int T, XKind XK>
+struct Chunk {
+  WeightRaw w;
+  ActRaw<XK> x[T];
+};
+
+template <int T, XKind XK>
+__device__ __forceinline__ void load_chunk(const GemmProblem& p, int64_t n_row, int64_t m_row,
+                                           int64_t e0, bool active, bool vec16, Chunk<T, XK>& c) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t n = n_row + 8 * r;
+    const bool ok = active && n < p.n;
+    uint32_t codes[4];
+    load_codes(p.b.codes + n * (p.k / 2), ok ? e0 : p.k, p.k, vec16, codes);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c.w.codes[r][i] = codes[i];
+    c.w.scales[r] = ok && e0 < p.k ? load_scales(p.b.scales, n, e0, p.k) : 0u;
+  }
+#pragma unroll
+  for (int tt = 0; tt < T; ++tt) load_act<XK>(p, active ? m_row + 8 * tt : p.m, e0, vec16, c.x[tt]);
+}
+
+template <int T, XKind XK>
+__device__ __forceinline__ void compute_chunk(const Chunk<T, XK>& c, float (&acc)[T][4]) {
+  uint32_t sc[2][2];
+  widen_scales(c.w.scales[0], sc[0][0], sc[0][1]);
+  widen_scales(c.w.scales[1], sc[1][0], sc[1][1]);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    uint32_t a0[4], a1[4];  // rows g and g+8
+    dequant_word(c.w.codes[0][q], sc[0][q / 2], a0);
+    dequant_word(c.w.codes[1][q], sc[1][q / 2], a1);
+#pragma unroll
+    for (int tt = 0; tt < T; ++tt) {
+      uint32_t b[4], lo[4];
+      act_pairs<XK>(c.x[tt], q, b, lo);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mma_bf16(acc[tt], a0[2 * h], a1[2 * h], a0[2 * h + 1], a1[2 * h + 1], b[2 * h], b[2 * h + 1]);
+        if constexpr (x_split<XK>()) {
+          mma_bf16(acc[tt], a0[2 * h], a1[2 * h], a0[2 * h + 1], a1[2 * h + 1], lo[2 * h],
+                   lo[2 * h + 1]);
+        }
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ float load_as_float(const void* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF32: return static_cast<const float*>(base)[i];
+    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    default: return __half2float(static_cast<const __half*>(base)[i]);
+  }
+}
+
+__device__ __forceinline__ void store_as(void* base, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::kF32: static_cast<float*>(base)[i] = v; break;
+    case DType::kBF16: static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v); break;
+    default: static_cast<__half*>(base)[i] = __float2half_rn(v); break;
+  }
+}
+
+template <int T, XKind XK>
+__global__ void __launch_bounds__(kThreads) decode_kernel(const GemmProblem p, int64_t chunks) {
+  __shared__ float partial[4 * T][kThreads];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int split = static_cast<int>(gridDim.z), rank = static_cast<int>(blockIdx.z);
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp * 16;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * 8 * T;
+  const int64_t c_begin = chunks * rank / split, c_end = chunks * (rank + 1) / split;
+  const bool vec16 = p.k % 32 == 0;
+
+  float acc[T][4];
+#pragma unroll
+  for (int tt = 0; tt < T; ++tt) acc[tt][0] = acc[tt][1] = acc[tt][2] = acc[tt][3] = 0.f;
+
+  // Two chunks in flight: while one is multiplied, the next one's loads are outstanding.
+  Chunk<T, XK> c0, c1;
+  const int64_t lane_k = 32 * t;
+  load_chunk<T, XK>(p, n0 + g, m0 + g, c_begin * kChunk + lane_k, c_begin < c_end, vec16, c0);
+  load_chunk<T, XK>(p, n0 + g, m0 + g, (c_begin + 1) * kChunk + lane_k, c_begin + 1 < c_end, vec16, c1);
+  for (int64_t c = c_begin; c < c_end; c += 2) {
+    compute_chunk<T, XK>(c0, acc);
+    load_chunk<T, XK>(p, n0 + g, m0 + g, (c + 2) * kChunk + lane_k, c + 2 < c_end, vec16, c0);
+    if (c + 1 < c_end) compute_chunk<T, XK>(c1, acc);
+    load_chunk<T, XK>(p, n0 + g, m0 + g, (c + 3) * kChunk + lane_k, c + 3 < c_end, vec16, c1);
+  }
+
+#pragma unroll
+  for (int tt = 0; tt < T; ++tt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) partial[4 * tt + i][threadIdx.x] = acc[tt][i];
+  }
+  cluster.sync();
+
+  // Rank r finishes fragment slots e = r, r+split, ...: the sum over ranks in rank order.
+  float alpha = *p.b.s_dec * (1.0f / kDequantFactor);
+  if (p.a_is_nvfp4) alpha *= *p.a_q.s_dec * (1.0f / kDequantFactor);
+  for (int e = rank; e < 4 * T; e += split) {
+    float sum = 0.f;
+    for (int r = 0; r < split; ++r) sum += cluster.map_shared_rank(&partial[e][0], r)[threadIdx.x];
+    const int tt = e / 4, i = e % 4;
+    const int64_t n = n0 + g + (i >= 2 ? 8 : 0);
+    const int64_t m = m0 + 8 * tt + 2 * t + (i & 1);
+    if (n < p.n && m < p.m) {
+      float v = sum * alpha;
+      if (p.bias) v += load_as_float(p.bias, p.bias_dtype, n);
+      store_as(p.out, p.out_dtype, m * p.n + n, v);
+    }
+  }
+  cluster.sync();  // keep this block's partials alive until every rank has read them
+}
+
+template <int T, XKind XK>
+cudaError_t launch(const GemmProblem& p, cudaStream_t stream) {
+  const int64_t chunks = ceil_div(p.k, kChunk);
+  const int64_t n_tiles = ceil_div(p.n, kRowsPerBlock), m_tiles = ceil_div(p.m, 8 * T);
+  if (m_tiles > 65535) return cudaErrorInvalidValue;
+  // Split K until the grid covers the GPU a few times over, keeping >= 2 chunks per block.
+  const int64_t target_blocks = 4LL * sm_count();
+  int split = 1;
+  while (split < kMaxClusterSplit && n_tiles * m_tiles * split < target_blocks &&
+         chunks >= 4LL * split) {
+    split *= 2;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles), split);
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = split;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, decode_kernel<T, XK>, p, chunks);
+}
+
+template <XKind XK>
+cudaError_t launch_for_m(const GemmProblem& p, cudaStream_t stream) {
+  if (p.m <= 8) return launch<1, XK>(p, stream);
+  // Split activations (two MMAs, twice the registers) stop at 16 rows a tile.
+  if (p.m <= 16 || x_split<XK>()) return launch<2, XK>(p, stream);
+  return launch<4, XK>(p, stream);
+}
+
+}  // namespace
+
+cudaError_t decode_gemm(const GemmProblem& p, cudaStream_t stream) {
+  if (p.a_is_nvfp4) return launch_for_m<XKind::kNvfp4>(p, stream);
+  switch (p.a_dtype) {
+    case DType::kBF16: return launch_for_m<XKind::kBF16>(p, stream);
+    case DType::kF16: return launch_for_m<XKind::kF16>(p, stream);
+    default: return launch_for_m<XKind::kF32>(p, stream);
+  }
+}
+
+}  // namespace sm90
+}  // namespace jax_nvfp4

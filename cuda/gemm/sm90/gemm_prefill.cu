@@ -1,0 +1,313 @@
+// Large-M NVFP4 GEMM for sm_90a: dequantize once, then a TMA warp-specialized wgmma GEMM.
+//
+// At large M the GEMM is bound by the bf16 tensor-core rate, and dequantizing the N x K weights
+// is a single memory pass (4.5 bits in, 16 bits out) whose cost shrinks like 1/M against the
+// GEMM's. The pass writes bf16 values e2m1 * e4m3 * 2^-7 (exact); alpha * 2^7 goes to the
+// epilogue. Activations that are not bf16 are made bf16 first: NVFP4 x is dequantized the same
+// way, f16 and f32 x are split into hi + lo bf16 halves laid side by side along K (the weights
+// are then written twice along K), which is exact for f16 and leaves ~2^-17 relative for f32.
+//
+// The GEMM is CUTLASS's sm90 kernel built from its collective builders: TMA loads into a
+// multi-stage shared-memory pipeline, a producer warp and two consumer warpgroups issuing wgmma
+// (HGMMA) with float32 accumulators, a persistent tile scheduler, and an epilogue computing
+// alpha * acc + bias[n] (alpha read from device memory) with a TMA store.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "common/nvfp4_decode.cuh"
+#include "common/scale_layout.h"
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/util/packed_stride.hpp"
+#include "gemm/sm90/gemm_sm90_internal.h"
+#include "gemm/sm90/nvfp4_bf16x2.h"
+
+namespace jax_nvfp4 {
+namespace sm90 {
+namespace {
+
+using namespace cute;
+
+// --- The wgmma GEMM -------------------------------------------------------------------------
+// D[M, N] (row-major) = alpha * A[M, K] (row-major) . B[N, K]^T + bias[N], A and B bf16.
+template <class ElementD>
+struct WgmmaGemm {
+  using ElementAB = cutlass::bfloat16_t;
+  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutB = cutlass::layout::ColumnMajor;  // [K, N] column-major == [N, K] row-major
+  using LayoutD = cutlass::layout::RowMajor;
+  static constexpr int kAlignAB = 8;
+  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
+  using TileShape = Shape<_128, _256, _64>;
+  using ClusterShape = Shape<_1, _1, _1>;
+  using Fusion = cutlass::epilogue::fusion::LinCombPerColBias<ElementD, float, float, ElementD, float>;
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD,
+      ElementD, LayoutD, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative,
+      Fusion>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, LayoutA, kAlignAB, ElementAB,
+      LayoutB, kAlignAB, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
+                                                      cutlass::gemm::PersistentScheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static typename Gemm::Arguments arguments(int m, int n, int k, const void* a, const void* b,
+                                            void* d, const float* alpha, const float* bias) {
+    using StrideA = typename Kernel::StrideA;
+    using StrideB = typename Kernel::StrideB;
+    using StrideC = typename Kernel::StrideC;
+    using StrideD = typename Kernel::StrideD;
+    cutlass::KernelHardwareInfo hw;
+    hw.sm_count = sm_count();
+    typename Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {m, n, k, 1},
+        {static_cast<const ElementAB*>(a), cutlass::make_cute_packed_stride(StrideA{}, {m, k, 1}),
+         static_cast<const ElementAB*>(b), cutlass::make_cute_packed_stride(StrideB{}, {n, k, 1})},
+        {{}, nullptr, cutlass::make_cute_packed_stride(StrideC{}, {m, n, 1}),
+         static_cast<ElementD*>(d), cutlass::make_cute_packed_stride(StrideD{}, {m, n, 1})},
+        hw};
+    args.epilogue.thread.alpha_ptr = alpha;
+    args.epilogue.thread.beta = 0.f;
+    args.epilogue.thread.bias_ptr = bias;
+    return args;
+  }
+
+  static size_t workspace_bytes(int m, int n, int k) {
+    return Gemm::get_workspace_size(arguments(m, n, k, nullptr, nullptr, nullptr, nullptr, nullptr));
+  }
+
+  static cudaError_t run(int m, int n, int k, const void* a, const void* b, void* d,
+                         const float* alpha, const float* bias, void* workspace, cudaStream_t stream) {
+    Gemm gemm;
+    const auto args = arguments(m, n, k, a, b, d, alpha, bias);
+    if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
+    if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) {
+      return cudaErrorLaunchFailure;
+    }
+    if (gemm.run(stream) != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
+    return cudaGetLastError();
+  }
+};
+
+// --- Preparation kernels --------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// One E4M3 scale -> bf16x2 of scale * 2^119 in both halves.
+__device__ __forceinline__ uint32_t widen_scale(uint8_t bits) {
+  const __nv_bfloat16 b = __float2bfloat16_rn(e4m3_to_float(bits) * kScaleBoost);
+  const __nv_bfloat162 p = __bfloat162bfloat162(b);
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+
+// 8 codes (one word) -> 8 bf16 values in element order, times block scale * 2^-7.
+__device__ __forceinline__ uint4 dequant_word_ordered(uint32_t word, uint32_t scale) {
+  const uint32_t p0 = mul_bf16x2(e2m1_pair_bits<0>(word), scale);  // elements 0, 4
+  const uint32_t p1 = mul_bf16x2(e2m1_pair_bits<1>(word), scale);  // 1, 5
+  const uint32_t p2 = mul_bf16x2(e2m1_pair_bits<2>(word), scale);  // 2, 6
+  const uint32_t p3 = mul_bf16x2(e2m1_pair_bits<3>(word), scale);  // 3, 7
+  return make_uint4(__byte_perm(p0, p1, 0x5410), __byte_perm(p2, p3, 0x5410),
+                    __byte_perm(p0, p1, 0x7632), __byte_perm(p2, p3, 0x7632));
+}
+
+// NVFP4 [rows, k] -> bf16 [out_rows, copies * k] (each row written `copies` times along K; rows
+// past `rows` zero). One thread per 16-element block.
+__global__ void dequantize_rows(Nvfp4Operand src, int64_t rows, int64_t out_rows, int64_t k,
+                                int copies, __nv_bfloat16* dst) {
+  const int64_t kb = k / kBlockSize, units = out_rows * kb;
+  for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < units;
+       u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = u / kb, b = u % kb;
+    uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+    if (r < rows) {
+      const uint2 codes = *reinterpret_cast<const uint2*>(src.codes + r * (k / 2) + b * 8);
+      const uint32_t s = widen_scale(src.scales[scale_offset(r, b, kb)]);
+      lo = dequant_word_ordered(codes.x, s);
+      hi = dequant_word_ordered(codes.y, s);
+    }
+    for (int c = 0; c < copies; ++c) {
+      uint4* out = reinterpret_cast<uint4*>(dst + r * copies * k + c * k + b * kBlockSize);
+      out[0] = lo;
+      out[1] = hi;
+    }
+  }
+}
+
+// f16/f32 x [m, k] -> bf16 [m, 2k]: hi = bf16(x) in columns [0, k), lo = bf16(x - hi) in [k, 2k).
+template <typename T>
+__global__ void split_rows(const T* x, int64_t m, int64_t k, __nv_bfloat16* dst) {
+  const int64_t n = m * k;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = static_cast<float>(x[i]);
+    const __nv_bfloat16 h = __float2bfloat16_rn(v);
+    const int64_t r = i / k, c = i % k;
+    dst[r * 2 * k + c] = h;
+    dst[r * 2 * k + k + c] = __float2bfloat16_rn(v - __bfloat162float(h));
+  }
+}
+
+__device__ __forceinline__ float load_as_float(const void* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF32: return static_cast<const float*>(base)[i];
+    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    default: return __half2float(static_cast<const __half*>(base)[i]);
+  }
+}
+
+// alpha (with the dequantization factors undone) and the bias as float32 [n_pad] (zero padded).
+__global__ void epilogue_operands(GemmProblem p, int64_t n_pad, float* alpha, float* bias) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i == 0) {
+    float a = *p.b.s_dec * (1.0f / kDequantFactor);
+    if (p.a_is_nvfp4) a *= *p.a_q.s_dec * (1.0f / kDequantFactor);
+    *alpha = a;
+  }
+  if (i < n_pad) bias[i] = p.bias && i < p.n ? load_as_float(p.bias, p.bias_dtype, i) : 0.f;
+}
+
+// Copies columns [0, n) of a [m, n_pad] matrix of elem_bytes elements to a dense [m, n] one.
+__global__ void crop_columns(const uint8_t* src, int64_t m, int64_t n, int64_t n_pad, int elem_bytes,
+                             uint8_t* dst) {
+  const int64_t total = m * n;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / n, c = i % n;
+    for (int b = 0; b < elem_bytes; ++b) dst[i * elem_bytes + b] = src[(r * n_pad + c) * elem_bytes + b];
+  }
+}
+
+// --- Planning -------------------------------------------------------------------------------
+
+constexpr size_t kRegionAlign = 256;
+size_t align_up(size_t v) { return (v + kRegionAlign - 1) / kRegionAlign * kRegionAlign; }
+
+int elem_bytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+// The workspace carving of one prefill problem.
+struct Plan {
+  int64_t n_pad = 0;   // N rounded up so the output rows are 16-byte aligned for TMA
+  int64_t k_gemm = 0;  // K, or 2K when x is split into bf16 hi + lo
+  int copies = 1;
+  bool convert_x = false, crop = false;
+  size_t off_w = 0, off_x = 0, off_alpha = 0, off_bias = 0, off_d = 0, off_cutlass = 0, total = 0;
+};
+
+size_t cutlass_workspace(DType out, int m, int n, int k) {
+  switch (out) {
+    case DType::kF32: return WgmmaGemm<float>::workspace_bytes(m, n, k);
+    case DType::kBF16: return WgmmaGemm<cutlass::bfloat16_t>::workspace_bytes(m, n, k);
+    default: return WgmmaGemm<cutlass::half_t>::workspace_bytes(m, n, k);
+  }
+}
+
+Plan make_plan(const GemmProblem& p) {
+  Plan plan;
+  const int64_t align_elems = 16 / elem_bytes(p.out_dtype);
+  plan.n_pad = ceil_div(p.n, align_elems) * align_elems;
+  plan.crop = plan.n_pad != p.n;
+  const bool split = !p.a_is_nvfp4 && p.a_dtype != DType::kBF16;
+  plan.copies = split ? 2 : 1;
+  plan.k_gemm = p.k * plan.copies;
+  plan.convert_x = p.a_is_nvfp4 || split;
+  size_t off = 0;
+  plan.off_w = off;
+  off = align_up(off + static_cast<size_t>(plan.n_pad * plan.k_gemm) * 2);
+  plan.off_x = off;
+  if (plan.convert_x) off = align_up(off + static_cast<size_t>(p.m * plan.k_gemm) * 2);
+  plan.off_alpha = off;
+  off = align_up(off + sizeof(float));
+  plan.off_bias = off;
+  off = align_up(off + static_cast<size_t>(plan.n_pad) * sizeof(float));
+  plan.off_d = off;
+  if (plan.crop) off = align_up(off + static_cast<size_t>(p.m * plan.n_pad) * elem_bytes(p.out_dtype));
+  plan.off_cutlass = off;
+  off = align_up(off + cutlass_workspace(p.out_dtype, static_cast<int>(p.m),
+                                         static_cast<int>(plan.n_pad), static_cast<int>(plan.k_gemm)));
+  plan.total = off;
+  return plan;
+}
+
+int grid_for(int64_t work, int threads) {
+  const int64_t blocks = ceil_div(work, threads);
+  const int64_t cap = 16LL * sm_count();  // grid-stride loops beyond a few waves
+  return static_cast<int>(blocks < cap ? (blocks > 0 ? blocks : 1) : cap);
+}
+
+}  // namespace
+
+size_t prefill_workspace_bytes(const GemmProblem& p) { return make_plan(p).total; }
+
+cudaError_t prefill_gemm(const GemmProblem& p, cudaStream_t stream) {
+  const Plan plan = make_plan(p);
+  if (p.workspace_bytes < plan.total || p.m > INT32_MAX || plan.n_pad > INT32_MAX ||
+      plan.k_gemm > INT32_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  uint8_t* ws = static_cast<uint8_t*>(p.workspace);
+  auto* w_bf16 = reinterpret_cast<__nv_bfloat16*>(ws + plan.off_w);
+  auto* x_bf16 = reinterpret_cast<__nv_bfloat16*>(ws + plan.off_x);
+  auto* alpha = reinterpret_cast<float*>(ws + plan.off_alpha);
+  auto* bias = reinterpret_cast<float*>(ws + plan.off_bias);
+  constexpr int kThreads = 256;
+
+  dequantize_rows<<<grid_for(plan.n_pad * (p.k / kBlockSize), kThreads), kThreads, 0, stream>>>(
+      p.b, p.n, plan.n_pad, p.k, plan.copies, w_bf16);
+  epilogue_operands<<<grid_for(plan.n_pad, kThreads), kThreads, 0, stream>>>(p, plan.n_pad, alpha, bias);
+  const void* a = p.a;
+  if (p.a_is_nvfp4) {
+    dequantize_rows<<<grid_for(p.m * (p.k / kBlockSize), kThreads), kThreads, 0, stream>>>(
+        p.a_q, p.m, p.m, p.k, 1, x_bf16);
+    a = x_bf16;
+  } else if (p.a_dtype == DType::kF32) {
+    split_rows<<<grid_for(p.m * p.k, kThreads), kThreads, 0, stream>>>(
+        static_cast<const float*>(p.a), p.m, p.k, x_bf16);
+    a = x_bf16;
+  } else if (p.a_dtype == DType::kF16) {
+    split_rows<<<grid_for(p.m * p.k, kThreads), kThreads, 0, stream>>>(
+        static_cast<const __half*>(p.a), p.m, p.k, x_bf16);
+    a = x_bf16;
+  }
+  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+
+  void* d = plan.crop ? static_cast<void*>(ws + plan.off_d) : p.out;
+  const int m = static_cast<int>(p.m), n = static_cast<int>(plan.n_pad), k = static_cast<int>(plan.k_gemm);
+  void* cws = ws + plan.off_cutlass;
+  cudaError_t err;
+  switch (p.out_dtype) {
+    case DType::kF32:
+      err = WgmmaGemm<float>::run(m, n, k, a, w_bf16, d, alpha, bias, cws, stream);
+      break;
+    case DType::kBF16:
+      err = WgmmaGemm<cutlass::bfloat16_t>::run(m, n, k, a, w_bf16, d, alpha, bias, cws, stream);
+      break;
+    default:
+      err = WgmmaGemm<cutlass::half_t>::run(m, n, k, a, w_bf16, d, alpha, bias, cws, stream);
+      break;
+  }
+  if (err != cudaSuccess || !plan.crop) return err;
+  crop_columns<<<grid_for(p.m * p.n, kThreads), kThreads, 0, stream>>>(
+      ws + plan.off_d, p.m, p.n, plan.n_pad, elem_bytes(p.out_dtype), static_cast<uint8_t*>(p.out));
+  return cudaGetLastError();
+}
+
+}  // namespace sm90
+}  // namespace jax_nvfp4

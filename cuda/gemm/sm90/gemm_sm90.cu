@@ -1,0 +1,119 @@
+// The sm_90a GEMM launcher: picks decode or prefill, and adds NVFP4 output by quantizing the
+// float32 result (kept in the workspace) with quantize_sm90.
+#include "gemm/sm90/gemm_sm90.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "common/scale_layout.h"
+#include "gemm/sm90/gemm_sm90_internal.h"
+#include "quantize/quantize.h"
+
+namespace jax_nvfp4 {
+
+namespace sm90 {
+
+int sm_count() {
+  constexpr int kMaxDevices = 64;
+  static int counts[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 132;
+  if (device >= kMaxDevices) return 132;
+  if (counts[device] == 0) {
+    int count = 0;
+    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    counts[device] = count > 0 ? count : 132;
+  }
+  return counts[device];
+}
+
+}  // namespace sm90
+
+namespace {
+
+constexpr size_t kRegionAlign = 256;
+size_t align_up(size_t v) { return (v + kRegionAlign - 1) / kRegionAlign * kRegionAlign; }
+
+bool nvfp4_out(const GemmProblem& p) { return p.out_codes != nullptr; }
+
+// The float32 result that the quantizer reads, as a problem of its own.
+GemmProblem float_stage(const GemmProblem& p, void* out_f32) {
+  GemmProblem f = p;
+  f.out = out_f32;
+  f.out_dtype = DType::kF32;
+  f.out_codes = nullptr;
+  f.out_scales = nullptr;
+  return f;
+}
+
+QuantizeProblem quantize_stage(const GemmProblem& p, const float* y, void* ws, size_t ws_bytes) {
+  QuantizeProblem q;
+  q.rows = p.m;
+  q.k = p.n;
+  q.rows_per_matrix = p.m;
+  q.groups = 1;
+  q.x = y;
+  q.x_dtype = DType::kF32;
+  q.s_enc = p.out_s_enc;
+  q.codes = p.out_codes;
+  q.scales = p.out_scales;
+  q.s_dec = p.out_s_dec;
+  q.workspace = ws;
+  q.workspace_bytes = ws_bytes;
+  return q;
+}
+
+size_t path_workspace(const GemmProblem& p) {
+  return gemm_sm90_path(p.m, p.n, p.k) == GemmSm90Path::kDecode ? 0 : sm90::prefill_workspace_bytes(p);
+}
+
+cudaError_t run_path(const GemmProblem& p, cudaStream_t stream) {
+  if (gemm_sm90_path(p.m, p.n, p.k) == GemmSm90Path::kDecode) return sm90::decode_gemm(p, stream);
+  return sm90::prefill_gemm(p, stream);
+}
+
+}  // namespace
+
+GemmSm90Path gemm_sm90_path(int64_t m, int64_t n, int64_t k) {
+  (void)n;
+  (void)k;
+  if (const char* forced = std::getenv("JAX_NVFP4_GEMM_SM90_PATH")) {
+    if (std::strcmp(forced, "decode") == 0) return GemmSm90Path::kDecode;
+    if (std::strcmp(forced, "prefill") == 0) return GemmSm90Path::kPrefill;
+  }
+  return m <= kGemmSm90DecodeMaxM ? GemmSm90Path::kDecode : GemmSm90Path::kPrefill;
+}
+
+size_t gemm_sm90_workspace_bytes(const GemmProblem& p) {
+  if (!nvfp4_out(p)) return path_workspace(p);
+  const size_t y_bytes = align_up(static_cast<size_t>(p.m * p.n) * sizeof(float));
+  const GemmProblem f = float_stage(p, nullptr);
+  const QuantizeProblem q = quantize_stage(p, nullptr, nullptr, 0);
+  return y_bytes + align_up(path_workspace(f)) + align_up(quantize_workspace_bytes(q));
+}
+
+cudaError_t gemm_sm90(const GemmProblem& p, cudaStream_t stream) {
+  if (p.k <= 0 || p.k % kBlockSize != 0 || p.m < 0 || p.n < 0) return cudaErrorInvalidValue;
+  if (p.workspace_bytes < gemm_sm90_workspace_bytes(p)) return cudaErrorInvalidValue;
+  if (p.m == 0 || p.n == 0) return cudaSuccess;
+  if (!nvfp4_out(p)) {
+    cudaError_t err = run_path(p, stream);
+    return err != cudaSuccess ? err : cudaGetLastError();
+  }
+  uint8_t* ws = static_cast<uint8_t*>(p.workspace);
+  float* y = reinterpret_cast<float*>(ws);
+  const size_t y_bytes = align_up(static_cast<size_t>(p.m * p.n) * sizeof(float));
+  GemmProblem f = float_stage(p, y);
+  const size_t f_bytes = align_up(path_workspace(f));
+  f.workspace = ws + y_bytes;
+  f.workspace_bytes = f_bytes;
+  cudaError_t err = run_path(f, stream);
+  if (err == cudaSuccess) err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const QuantizeProblem probe = quantize_stage(p, y, nullptr, 0);
+  const QuantizeProblem q =
+      quantize_stage(p, y, ws + y_bytes + f_bytes, quantize_workspace_bytes(probe));
+  return quantize_sm90(q, stream);
+}
+
+}  // namespace jax_nvfp4

@@ -1,0 +1,40 @@
+// Hopper (sm_90a) NVFP4 GEMM: two kernel families behind one launcher.
+//
+//   decode   small M, memory-bound: streams the 4.5-bit weights, dequantizes them in registers
+//            and multiplies on the tensor cores with mma.sync (weights as the 16-row A operand,
+//            the few activation rows as B), split-K across a thread-block cluster reduced
+//            through distributed shared memory (deterministic, no workspace).
+//   prefill  large M, compute-bound: one pass dequantizes the weights to bf16 in the workspace
+//            (and converts x when it is not bf16), then CUTLASS's TMA warp-specialized
+//            persistent wgmma GEMM runs with alpha and bias in its epilogue.
+//
+// Host-only declarations: the FFI handler (compiled with the host compiler) includes this.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gemm/gemm_problem.h"
+
+namespace jax_nvfp4 {
+
+enum class GemmSm90Path : int { kDecode = 0, kPrefill = 1 };
+
+// The path gemm_sm90 takes for an M x N x K problem: decode for M <= kGemmSm90DecodeMaxM (there
+// the weights' bytes dominate: M <= 32 tokens read 4.5 bits of weight per 2*M flops), prefill
+// above. The environment variable JAX_NVFP4_GEMM_SM90_PATH=decode|prefill overrides it (tests
+// and benchmarks run both paths on one shape with it).
+constexpr int64_t kGemmSm90DecodeMaxM = 32;
+GemmSm90Path gemm_sm90_path(int64_t m, int64_t n, int64_t k);
+
+// Device scratch gemm_sm90 needs for p (dequantized operands, the float32 result before NVFP4
+// output, the quantizer's and CUTLASS's scratch). p.workspace must hold this many bytes.
+size_t gemm_sm90_workspace_bytes(const GemmProblem& p);
+
+// Enqueues the GEMM on `stream`. cudaErrorInvalidValue: a problem it cannot run (k not a
+// multiple of 16, too little workspace).
+cudaError_t gemm_sm90(const GemmProblem& p, cudaStream_t stream);
+
+}  // namespace jax_nvfp4

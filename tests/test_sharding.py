@@ -1,0 +1,271 @@
+"""Sharded quantize / dequantize / matmul against one-device runs (jax_nvfp4.sharding).
+
+The multi-device tests need several devices. With fewer than 2 visible (a CPU run where jax is
+already initialized with one device), `test_multidevice_suite` re-runs this file in a child
+process on 8 forced CPU devices (--xla_force_host_platform_device_count=8 must be set before jax
+starts); with 2 or more (GPUs, or the child) the tests run here directly."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_nvfp4 as nv
+from jax_nvfp4.sharding import nvfp4_sharding, shard_nvfp4
+
+REPO = Path(__file__).resolve().parents[1]
+CHILD_FLAG = "JAX_NVFP4_SHARDING_CHILD"
+N_DEV = len(jax.devices())
+
+multidevice = pytest.mark.skipif(N_DEV < 2, reason="needs >= 2 devices (see test_multidevice_suite)")
+
+
+def test_multidevice_suite():
+    """Runs the multi-device tests of this file on 8 forced CPU devices in a child process."""
+    if N_DEV >= 2:
+        pytest.skip(f"{N_DEV} devices visible: the tests run in this process")
+    if os.environ.get(CHILD_FLAG):
+        pytest.fail("the child process did not get several devices")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **{CHILD_FLAG: "1"})
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout and " failed" not in proc.stdout, proc.stdout[-3000:]
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    """A ("x", "y") mesh over all devices: 2 x n/2 (2 x 4 on 8 devices, 1 x 2 on 2 GPUs)."""
+    n = N_DEV
+    shape = (2, n // 2) if n >= 4 and n % 2 == 0 else (1, n)
+    return Mesh(np.array(jax.devices()[: shape[0] * shape[1]]).reshape(shape), ("x", "y"))
+
+
+ALL = ("x", "y")  # both mesh axes on one dimension: every device
+
+
+def put(x, mesh, spec):
+    return jax.device_put(x, NamedSharding(mesh, spec))
+
+
+def same_bytes(a, b):
+    return all(np.asarray(u).tobytes() == np.asarray(v).tobytes()
+               for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def hlo(f, *args):
+    return f.lower(*args).compile().as_text()
+
+
+def row_scaled(key, shape):
+    """Random data whose magnitude grows along the rows, so every row shard has its own amax
+    (a sharded quantize that skipped the amax all-reduce would give other bytes)."""
+    x = jax.random.normal(key, shape, jnp.float32)
+    rows = jnp.arange(shape[-2], dtype=jnp.float32)[:, None]
+    return x * (1.0 + rows / 8.0)
+
+
+# ------------------------------------------------------------------------------ quantize
+
+
+@multidevice
+@pytest.mark.parametrize("spec", [P(ALL, None), P(None, "y"), P("x", "y"), P(None, None)],
+                         ids=["rows", "k", "rows+k", "replicated"])
+def test_quantize_same_bytes(mesh, spec):
+    x = row_scaled(jax.random.key(0), (1024, 512))
+    ref = jax.jit(nv.quantize)(x)
+    f = jax.jit(nv.quantize)
+    xs = put(x, mesh, spec)
+    assert same_bytes(f(xs), ref)
+    if any(spec):  # the amax is all-reduced, the data is not gathered
+        text = hlo(f, xs)
+        assert "all-reduce" in text and "all-gather" not in text
+
+
+@multidevice
+def test_quantize_keeps_tiles_with_codes(mesh):
+    x = row_scaled(jax.random.key(1), (1024, 512))
+    q = jax.jit(nv.quantize)(put(x, mesh, P(ALL, None)))
+    assert q.codes.sharding.spec[0] == ALL and q.scales.sharding.spec[0] == ALL
+
+
+@multidevice
+def test_quantize_leading_dims_and_s_enc(mesh):
+    x = row_scaled(jax.random.key(2), (4, 256, 256))
+    s_enc = jnp.array([1.0, 0.5, 2.0, 448.0], jnp.float32)
+    xs = put(x, mesh, P("y", None, None))
+    assert same_bytes(jax.jit(nv.quantize)(xs), jax.jit(nv.quantize)(x))
+    f = jax.jit(lambda a, s: nv.quantize(a, s_enc=s))
+    out = f(xs, put(s_enc, mesh, P("y")))
+    assert same_bytes(out, f(x, s_enc))
+    assert "all-reduce" not in hlo(f, xs, s_enc)  # a given S_enc needs no amax
+
+
+@multidevice
+def test_quantize_unaligned_split_is_resharded(mesh):
+    # 384 rows over every device is not whole 128-row tiles: the op runs replicated instead.
+    x = row_scaled(jax.random.key(3), (384, 128))
+    assert same_bytes(jax.jit(nv.quantize)(put(x, mesh, P(ALL, None))), jax.jit(nv.quantize)(x))
+
+
+@multidevice
+def test_dequantize_sharded(mesh):
+    q = nv.quantize(row_scaled(jax.random.key(4), (1024, 256)))
+    f = jax.jit(lambda a: nv.dequantize(a, jnp.float32))
+    qs = shard_nvfp4(q, mesh, P(ALL, None))
+    out = f(qs)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(f(q)))
+    assert out.sharding.spec[0] == ALL and "all-gather" not in hlo(f, qs)
+
+
+# ------------------------------------------------------------------------------ matmul
+
+M, N, K = 1024, 512, 512
+PATTERNS = {  # name: (x spec, w codes spec)
+    "data": (P(ALL, None), P(None, None)),
+    "column": (P(None, None), P("y", None)),
+    "row": (P(None, "y"), P(None, "y")),
+    "row_x_replicated": (P(None, None), P(None, "y")),
+    "data+column": (P("x", None), P("y", None)),
+    "data+row": (P("x", "y"), P(None, "y")),
+}
+
+
+@pytest.fixture(scope="module")
+def operands():
+    keys = jax.random.split(jax.random.key(5), 3)
+    x = jax.random.normal(keys[0], (M, K), jnp.float32)
+    w = nv.quantize(jax.random.normal(keys[1], (N, K), jnp.float32))
+    bias = jax.random.normal(keys[2], (N,), jnp.float32)
+    return x, w, bias
+
+
+def _place(mesh, x, w, bias, pattern):
+    x_spec, w_spec = PATTERNS[pattern]
+    xs = shard_nvfp4(x, mesh, x_spec) if isinstance(x, nv.NVFP4Array) else put(x, mesh, x_spec)
+    return xs, shard_nvfp4(w, mesh, w_spec), put(bias, mesh, P(w_spec[0]))
+
+
+@multidevice
+@pytest.mark.parametrize("a_nvfp4", [False, True], ids=["w4a16", "w4a4"])
+@pytest.mark.parametrize("pattern", list(PATTERNS))
+def test_matmul_patterns(mesh, operands, pattern, a_nvfp4):
+    x, w, bias = operands
+    if a_nvfp4:
+        x = nv.quantize(x)
+    f = jax.jit(lambda a, b, c: nv.matmul(a, b, bias=c, out_dtype=jnp.float32))
+    ref = np.asarray(f(x, w, bias))
+    args = _place(mesh, x, w, bias, pattern)
+    np.testing.assert_allclose(np.asarray(f(*args)), ref, rtol=1e-5, atol=1e-4)
+    text = hlo(f, *args)
+    assert "all-gather" not in text  # neither weights nor activations are gathered
+    row_parallel = pattern.startswith("row") or pattern.endswith("row")
+    assert ("all-reduce" in text) == (row_parallel and mesh.shape["y"] > 1)
+
+
+@multidevice
+@pytest.mark.parametrize("pattern", ["data+column", "row"])
+def test_matmul_nvfp4_output_same_bytes(mesh, operands, pattern):
+    x, w, bias = operands
+    f = jax.jit(lambda a, b, c: nv.matmul(a, b, bias=c, out_s_enc=jnp.float32(64.0)))
+    ref = f(x, w, bias)
+    args = _place(mesh, x, w, bias, pattern)
+    out = f(*args)
+    if pattern == "row":
+        # The partial sums add in another order than on one device, which can move a value
+        # across an E2M1 rounding boundary; the output must be the float32 result, quantized.
+        g = jax.jit(lambda a, b, c: nv.quantize(nv.matmul(a, b, bias=c, out_dtype=jnp.float32),
+                                                s_enc=jnp.float32(64.0)))
+        assert same_bytes(out, g(*args))
+    else:
+        assert same_bytes(out, ref)
+    assert "all-gather" not in hlo(f, *args)
+
+
+@multidevice
+def test_matmul_bias_added_once_row_parallel(mesh, operands):
+    x, w, _ = operands
+    bias = jnp.full((N,), 1000.0, jnp.float32)
+    f = jax.jit(lambda a, b, c: nv.matmul(a, b, bias=c, out_dtype=jnp.float32))
+    out = f(*_place(mesh, x, w, bias, "row"))
+    np.testing.assert_allclose(np.asarray(out), np.asarray(f(x, w, bias)), rtol=1e-5, atol=1e-3)
+
+
+@multidevice
+def test_vmap_and_jit_compose_with_sharding(mesh, operands):
+    x, w, bias = operands
+    xb = x.reshape(8, M // 8, K)  # batch split over "x", weight columns over "y"
+    f = jax.jit(jax.vmap(lambda a, b: nv.matmul(a, b, out_dtype=jnp.float32), (0, None)))
+    args = (put(xb, mesh, P("x", None, None)), shard_nvfp4(w, mesh, P("y", None)))
+    np.testing.assert_allclose(np.asarray(f(*args)), np.asarray(f(xb, w)), rtol=1e-5, atol=1e-4)
+    assert "all-gather" not in hlo(f, *args)
+    g = jax.jit(jax.vmap(nv.quantize))  # one S_enc per batch element, batch and K split
+    assert same_bytes(g(put(xb, mesh, P("x", None, "y"))), g(xb))
+
+
+@multidevice
+def test_gspmd_callbacks(mesh, operands):
+    """The same patterns with the GSPMD partitioner (infer/propagate/partition callbacks)."""
+    x, w, bias = operands
+    try:
+        jax.config.update("jax_use_shardy_partitioner", False)
+    except (AttributeError, KeyError, ValueError):
+        pytest.skip("this jax has no GSPMD partitioner switch")
+    try:
+        f = jax.jit(lambda a, b, c: nv.matmul(a, b, bias=c, out_dtype=jnp.float32))
+        ref = np.asarray(f(x, w, bias))
+        for pattern in ("column", "row", "data+row"):
+            args = _place(mesh, x, w, bias, pattern)
+            np.testing.assert_allclose(np.asarray(f(*args)), ref, rtol=1e-5, atol=1e-4)
+            assert "all-gather" not in hlo(f, *args)
+        q = jax.jit(nv.quantize)
+        xr = row_scaled(jax.random.key(6), (1024, 256))
+        assert same_bytes(q(put(xr, mesh, P(ALL, None))), q(xr))
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", True)
+
+
+# ------------------------------------------------------------------------------ placement
+
+
+def test_nvfp4_sharding_splits_scales_with_codes():
+    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("x", "y"))
+    s = nvfp4_sharding(mesh, P("x", "y"), (256, 512))
+    assert s.codes.spec == P("x", "y")
+    assert s.scales.spec == P("x", "y", None, None, None)
+    assert s.s_dec.spec == P()
+
+
+@multidevice
+def test_nvfp4_sharding_rejects_partial_tiles(mesh):
+    with pytest.raises(ValueError, match=r"dim 0 of shape \(128, 512\).*128-element scale tiles"):
+        nvfp4_sharding(mesh, P(ALL, None), (128, 512))
+    with pytest.raises(ValueError, match=r"dim 1 of shape \(128, 96\).*64-element scale tiles"):
+        nvfp4_sharding(mesh, P(None, ALL), (128, 96))
+
+
+# ------------------------------------------------------------------------------ example
+
+
+@multidevice
+def test_sharded_llama_example_small(tmp_path):
+    """The tensor-parallel Llama example (--small) runs and matches its one-device output."""
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")  # this process holds GPUs
+    if jax.default_backend() == "cpu":
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "sharded_llama.py"), "--small",
+         "--out", str(tmp_path / "result.md")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "matches one device: yes" in proc.stdout, proc.stdout[-4000:]
+    assert (tmp_path / "result.md").read_text().count("|") > 10

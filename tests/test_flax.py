@@ -1,0 +1,369 @@
+"""jax_nvfp4.flax: nnx and linen layers, conversion of float models, QAT, sharding names, orbax."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+import jax_nvfp4 as jn
+from jax_nvfp4.flax import activation_s_enc, convert
+from jax_nvfp4.flax import linen as nvlinen
+from jax_nvfp4.flax import nnx as nvnnx
+
+IN, OUT = 64, 48
+
+
+@pytest.fixture
+def weights():
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    kernel = jax.random.normal(k1, (IN, OUT), jnp.float32) / 8  # Flax layout [in, out]
+    bias = jax.random.normal(k2, (OUT,), jnp.float32)
+    x = jax.random.normal(k3, (3, 5, IN), jnp.float32)
+    return kernel, bias, x
+
+
+def _reference(x, kernel, bias, *, x_in=None, out_dtype=jnp.float32):
+    """The layer's contract: jax_nvfp4.matmul with the transposed, quantized kernel."""
+    return jn.matmul(x if x_in is None else x_in, jn.quantize(kernel.T), bias=bias,
+                     out_dtype=out_dtype)
+
+
+def _linen_params(kernel, bias):
+    return {"params": {"kernel": kernel, "bias": bias}}
+
+
+# ---- forward pass -------------------------------------------------------------------------------
+
+def test_nnx_linear_equals_reference_matmul(weights):
+    kernel, bias, x = weights
+    layer = nvnnx.Linear.from_float(kernel, bias)
+    assert isinstance(layer.weight, jn.NVFP4Array) and layer.weight.shape == (OUT, IN)
+    y = layer(x)
+    assert y.dtype == jnp.float32 and y.shape == (3, 5, OUT)
+    np.testing.assert_array_equal(y, _reference(x, kernel, bias))
+
+
+def test_nnx_linear_initializes_like_flax(weights):
+    _, _, x = weights
+    ours = nvnnx.Linear(IN, OUT, rngs=nnx.Rngs(3))
+    flax_layer = nnx.Linear(IN, OUT, rngs=nnx.Rngs(3))
+    np.testing.assert_array_equal(
+        ours(x), _reference(x, flax_layer.kernel[...], flax_layer.bias[...]))
+
+
+def test_linen_dense_and_nnx_linear_agree(weights):
+    kernel, bias, x = weights
+    params = convert.quantize_params(nn.Dense(OUT).init(jax.random.key(0), x))
+    params["params"]["kernel"] = jn.quantize(kernel.T)
+    params["params"]["bias"] = bias
+    y_linen = nvlinen.Dense(OUT).apply(params, x)
+    np.testing.assert_array_equal(y_linen, nvnnx.Linear.from_float(kernel, bias)(x))
+
+
+def test_dtype_conventions(weights):
+    kernel, bias, x = weights
+    xb = x.astype(jnp.bfloat16)
+    # dtype=None: x promoted with param_dtype (as flax's Dense); dtype given: computed in it.
+    assert nvnnx.Linear.from_float(kernel, bias)(xb).dtype == jnp.float32
+    y = nvnnx.Linear.from_float(kernel, bias, dtype=jnp.bfloat16)(x)
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(y, _reference(xb, kernel, bias, out_dtype=jnp.bfloat16))
+    y = nvlinen.Dense(OUT, use_bias=False, param_dtype=jnp.bfloat16).init_with_output(
+        jax.random.key(0), xb)[0]
+    assert y.dtype == jnp.bfloat16
+
+
+def test_linen_dense_general_matches_reshaped_dense():
+    x = jax.random.normal(jax.random.key(1), (2, 4, 16, 3))
+    float_model = nn.DenseGeneral((4, 8), axis=(1, 2))
+    params = float_model.init(jax.random.key(0), x)
+    kernel = params["params"]["kernel"]
+    assert kernel.shape == (4, 16, 4, 8)
+    q = convert.quantize_params(params, in_ndim=lambda path, k: 2)
+    y = nvlinen.DenseGeneral((4, 8), axis=(2, 1)).apply(q, x)  # axis order as Flax: sorted
+    x2 = jnp.moveaxis(x, (1, 2), (2, 3)).reshape(2, 3, 64)
+    ref = _reference(x2, kernel.reshape(64, 32), params["params"]["bias"].reshape(32))
+    np.testing.assert_array_equal(y, ref.reshape(2, 3, 4, 8))
+    # a freshly initialized layer has the same parameter structure as the converted tree
+    init = nvlinen.DenseGeneral((4, 8), axis=(1, 2)).init(jax.random.key(0), x)
+    assert jax.tree.map(jnp.shape, init) == jax.tree.map(jnp.shape, q)
+
+
+@pytest.mark.parametrize("s_enc", [None, 1500.0])
+def test_w4a4_quantizes_activations(weights, s_enc):
+    kernel, bias, x = weights
+    layer = nvnnx.Linear.from_float(kernel, bias, act_quant=True, act_s_enc=s_enc)
+    ref = _reference(x, kernel, bias, x_in=jn.quantize(x, s_enc=s_enc))
+    np.testing.assert_array_equal(layer(x), ref)
+    dense = nvlinen.Dense(OUT, act_quant=True, act_s_enc=s_enc)
+    q = convert.quantize_params(_linen_params(kernel, bias))
+    np.testing.assert_array_equal(dense.apply(q, x), ref)
+
+
+def test_activation_s_enc_calibration(weights):
+    _, _, x = weights
+    s = activation_s_enc(x)
+    assert s == pytest.approx(6 * 448 / float(jnp.max(jnp.abs(x))), rel=1e-6)
+    # calibrating on the batch itself reproduces dynamic quantization
+    a, b = jn.quantize(x, s_enc=s), jn.quantize(x)
+    np.testing.assert_array_equal(a.codes.astype(jnp.float32), b.codes.astype(jnp.float32))
+
+
+def test_jit(weights):
+    kernel, bias, x = weights
+    layer = nvnnx.Linear.from_float(kernel, bias)
+    np.testing.assert_array_equal(nnx.jit(lambda m, x: m(x))(layer, x), layer(x))
+    q = convert.quantize_params(_linen_params(kernel, bias))
+    np.testing.assert_array_equal(jax.jit(nvlinen.Dense(OUT).apply)(q, x), layer(x))
+
+
+def test_grad_through_inference_layer(weights):
+    kernel, bias, x = weights
+    layer = nvnnx.Linear.from_float(kernel, bias)
+    w_hat = jn.dequantize(layer.weight, jnp.float32)
+    g = jax.grad(lambda x: jnp.sum(layer(x) ** 2))(x)
+    ref = jax.grad(lambda x: jnp.sum((jnp.dot(x, w_hat.T, precision="highest") + bias) ** 2))(x)
+    assert np.linalg.norm(g - ref) / np.linalg.norm(ref) < 1e-2
+
+
+# ---- quantization-aware training ----------------------------------------------------------------
+
+def _regression_problem():
+    k1, k2 = jax.random.split(jax.random.key(5))
+    x = jax.random.normal(k1, (64, 32))
+    target = jnp.tanh(x @ jax.random.normal(k2, (32, 16)) / 4)
+    return x, target
+
+
+def test_nnx_qat_training_reduces_loss_and_converts_bit_exactly():
+    x, target = _regression_problem()
+    model = nvnnx.Linear(32, 16, qat=True, rngs=nnx.Rngs(0))
+    assert isinstance(model.kernel, nnx.Param) and model.kernel.shape == (32, 16)
+
+    def loss_fn(m):
+        return jnp.mean((m(x) - target) ** 2)
+
+    @nnx.jit
+    def step(m):
+        loss, grads = nnx.value_and_grad(loss_fn)(m)
+        params = nnx.state(m, nnx.Param)
+        nnx.update(m, jax.tree.map(lambda p, g: p - 0.5 * g, params, grads))
+        return loss
+
+    losses = [float(step(model)) for _ in range(20)]
+    assert losses[-1] < 0.5 * losses[0]
+
+    y_qat = model(x)
+    inference = convert.quantize_model(model)
+    assert isinstance(inference.kernel, nvnnx.NVFP4Kernel)
+    np.testing.assert_array_equal(inference(x), y_qat)
+
+
+def test_linen_qat_training_reduces_loss():
+    x, target = _regression_problem()
+    model = nvlinen.Dense(16, qat=True, act_quant=True)
+    params = model.init(jax.random.key(0), x)
+    assert jax.tree.map(jnp.shape, params) == jax.tree.map(
+        jnp.shape, nn.Dense(16).init(jax.random.key(0), x))
+
+    @jax.jit
+    def step(params):
+        loss, grads = jax.value_and_grad(
+            lambda p: jnp.mean((model.apply(p, x) - target) ** 2))(params)
+        return jax.tree.map(lambda p, g: p - 0.5 * g, params, grads), loss
+
+    losses = []
+    for _ in range(20):
+        params, loss = step(params)
+        losses.append(float(loss))
+    assert losses[-1] < 0.5 * losses[0]
+    q = convert.quantize_params(params)
+    np.testing.assert_array_equal(nvlinen.Dense(16, act_quant=True).apply(q, x),
+                                  model.apply(params, x))
+
+
+# ---- conversion -------------------------------------------------------------------------------
+
+class _LinenLM(nn.Module):
+    dense: type = nn.Dense
+
+    @nn.compact
+    def __call__(self, tokens):
+        h = nn.Embed(100, 64, name="embed")(tokens)
+        h = nn.relu(self.dense(128, name="fc1")(h))
+        h = self.dense(64, name="fc2")(h)
+        return nn.Dense(100, name="lm_head")(h)
+
+
+def test_quantize_params_keeps_structure_and_honours_predicate():
+    tokens = jnp.arange(12).reshape(3, 4)
+    params = _LinenLM().init(jax.random.key(0), tokens)
+    q = convert.quantize_params(params, predicate=convert.skip("lm_head"))
+    assert jax.tree.structure(params, is_leaf=lambda v: isinstance(v, jn.NVFP4Array)) == \
+        jax.tree.structure(q, is_leaf=lambda v: isinstance(v, jn.NVFP4Array))
+    p, qp = params["params"], q["params"]
+    assert qp["embed"]["embedding"] is p["embed"]["embedding"]
+    assert qp["lm_head"]["kernel"] is p["lm_head"]["kernel"]
+    for name in ("fc1", "fc2"):
+        assert isinstance(qp[name]["kernel"], jn.NVFP4Array)
+        np.testing.assert_array_equal(qp[name]["kernel"].codes.astype(jnp.float32),
+                                      jn.quantize(p[name]["kernel"].T).codes.astype(jnp.float32))
+        assert qp[name]["bias"] is p[name]["bias"]
+    y = _LinenLM(dense=nvlinen.Dense).apply(q, tokens)
+    y_float = _LinenLM().apply(params, tokens)
+    cos = jnp.sum(y * y_float) / (jnp.linalg.norm(y) * jnp.linalg.norm(y_float))
+    assert cos > 0.99
+
+
+def test_quantize_params_default_skips_ineligible_kernels():
+    params = {"a": {"kernel": jnp.ones((24, 8))}, "b": {"kernel": jnp.ones((32, 8))}}
+    q = convert.quantize_params(params)
+    assert not isinstance(q["a"]["kernel"], jn.NVFP4Array)
+    assert isinstance(q["b"]["kernel"], jn.NVFP4Array)
+
+
+def test_quantize_params_rejects_bad_in_ndim():
+    params = {"a": {"kernel": jnp.ones((16, 4, 4))}}
+    with pytest.raises(ValueError, match=r"in_ndim=3 .*\(16, 4, 4\) at a"):
+        convert.quantize_params(params, in_ndim=lambda path, k: 3)
+
+
+class _NnxMLP(nnx.Module):
+    def __init__(self, rngs):
+        self.layers = nnx.List([nnx.Linear(64, 64, rngs=rngs) for _ in range(2)])
+        self.head = nnx.Linear(64, 10, rngs=rngs)
+
+    def __call__(self, x):
+        for layer in self.layers:
+            x = nnx.relu(layer(x))
+        return self.head(x)
+
+
+def test_quantize_model_converts_selected_layers(weights):
+    _, _, x = weights
+    model = _NnxMLP(nnx.Rngs(0))
+    kernels = [layer.kernel[...] for layer in model.layers]
+    head_kernel = model.head.kernel
+    out = convert.quantize_model(model, predicate=convert.skip("head"))
+    assert out is model
+    assert all(isinstance(layer, nvnnx.Linear) for layer in model.layers)
+    assert type(model.head) is nnx.Linear and model.head.kernel is head_kernel
+    for layer, kernel in zip(model.layers, kernels):
+        np.testing.assert_array_equal(layer.weight.codes.astype(jnp.float32),
+                                      jn.quantize(kernel.T).codes.astype(jnp.float32))
+    assert model(x).shape == (3, 5, 10)
+
+
+def test_quantize_model_of_a_single_layer(weights):
+    kernel, bias, x = weights
+    layer = nnx.Linear(IN, OUT, rngs=nnx.Rngs(0))
+    layer.kernel[...] = kernel
+    layer.bias[...] = bias
+    q = convert.quantize_model(layer, act_quant=True)
+    assert isinstance(q, nvnnx.Linear) and q.act_quant
+    np.testing.assert_array_equal(q(x), _reference(x, kernel, bias, x_in=jn.quantize(x)))
+
+
+# ---- sharding annotations ---------------------------------------------------------------------
+
+def test_nnx_sharding_names_follow_the_nvfp4_layout():
+    mesh = jax.make_mesh((1, 1), ("data", "model"))
+    with jax.set_mesh(mesh):
+        layer = nvnnx.Linear(
+            IN, OUT, rngs=nnx.Rngs(0),
+            kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(), ("data", "model")),
+            bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), ("model",)))
+    specs = nnx.get_partition_spec(nnx.state(layer))
+    assert specs["kernel"]["codes"].get_value() == P("model", "data")
+    assert specs["kernel"]["scales"].get_value() == P("model", "data", None, None, None)
+    assert specs["kernel"]["s_dec"].get_value() == P()
+    assert specs["bias"].get_value() == P("model")
+
+
+def test_quantize_model_carries_sharding_over():
+    mesh = jax.make_mesh((1, 1), ("data", "model"))
+    with jax.set_mesh(mesh):
+        layer = nnx.Linear(IN, OUT, rngs=nnx.Rngs(0), kernel_metadata={
+            "out_sharding": (None, "model")})
+        q = convert.quantize_model(layer)
+    specs = nnx.get_partition_spec(nnx.state(q))
+    assert specs["kernel"]["codes"].get_value() == P("model", None)
+
+
+def test_linen_logical_partitioning_follows_the_nvfp4_layout(weights):
+    _, _, x = weights
+    init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp"))
+    params = nvlinen.Dense(OUT, kernel_init=init).init(jax.random.key(0), x)
+    specs = nn.get_partition_spec(params)["params"]
+    assert specs["kernel"].codes == P("mlp", "embed")
+    assert specs["kernel"].scales == P("mlp", "embed", None, None, None)
+    assert specs["kernel"].s_dec == P()
+    # conversion carries a float model's boxes over the same way
+    float_params = nn.Dense(OUT, kernel_init=init).init(jax.random.key(0), x)
+    q_specs = nn.get_partition_spec(convert.quantize_params(float_params))["params"]
+    assert q_specs["kernel"] == specs["kernel"]
+
+
+def test_dense_general_names_only_the_outermost_flattened_axis():
+    x = jnp.ones((2, 64))
+    ok = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "heads", None))
+    params = nvlinen.DenseGeneral((4, 8), kernel_init=ok).init(jax.random.key(0), x)
+    assert nn.get_partition_spec(params)["params"]["kernel"].codes == P("heads", "embed")
+    bad = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", None, "kv"))
+    with pytest.raises(ValueError, match="outermost"):
+        nvlinen.DenseGeneral((4, 8), kernel_init=bad).init(jax.random.key(0), x)
+
+
+# ---- orbax ------------------------------------------------------------------------------------
+
+def test_orbax_round_trip_linen(tmp_path):
+    tokens = jnp.arange(12).reshape(3, 4)
+    q = convert.quantize_params(_LinenLM().init(jax.random.key(0), tokens),
+                                predicate=convert.skip("lm_head"))
+    convert.save(tmp_path / "linen", q)
+    restored = convert.restore(tmp_path / "linen", jax.eval_shape(lambda: q))
+    assert isinstance(restored["params"]["fc1"]["kernel"], jn.NVFP4Array)
+    for a, b in zip(jax.tree.leaves(q), jax.tree.leaves(restored)):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def test_orbax_round_trip_nnx(tmp_path, weights):
+    _, _, x = weights
+    model = convert.quantize_model(_NnxMLP(nnx.Rngs(0)))
+    convert.save(tmp_path / "nnx", nnx.state(model))
+    abstract = nnx.eval_shape(lambda: convert.quantize_model(_NnxMLP(nnx.Rngs(1))))
+    graphdef, abstract_state = nnx.split(abstract)
+    restored = nnx.merge(graphdef, convert.restore(tmp_path / "nnx", abstract_state))
+    np.testing.assert_array_equal(restored(x), model(x))
+
+
+# ---- bad arguments ----------------------------------------------------------------------------
+
+def test_bad_features_are_rejected(weights):
+    with pytest.raises(ValueError, match="in_features=30"):
+        nvnnx.Linear(30, OUT, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="0"):
+        nvnnx.Linear(IN, 0, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"input size \(24,\)"):
+        nvlinen.Dense(OUT).init(jax.random.key(0), jnp.ones((2, 24)))
+    with pytest.raises(ValueError, match="features"):
+        nvlinen.Dense(-3).init(jax.random.key(0), jnp.ones((2, 32)))
+    with pytest.raises(ValueError, match=r"axis=\(1, 5\)"):
+        nvlinen.DenseGeneral(8, axis=(1, 5)).init(jax.random.key(0), jnp.ones((2, 16, 4)))
+
+
+def test_bad_inputs_are_rejected(weights):
+    kernel, bias, x = weights
+    layer = nvnnx.Linear.from_float(kernel, bias)
+    with pytest.raises(ValueError, match=r"\(3, 32\) does not end in in_features=64"):
+        layer(jnp.ones((3, 32)))
+    with pytest.raises(TypeError, match="int32"):
+        layer(jnp.ones((3, IN), jnp.int32))
+    with pytest.raises(ValueError, match="act_quant=False"):
+        nvnnx.Linear(IN, OUT, act_s_enc=100.0, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="finite positive"):
+        nvlinen.Dense(OUT, act_quant=True, act_s_enc=-1.0).init(jax.random.key(0), x)

@@ -107,6 +107,7 @@ def test_launch_plan_and_arguments(host_program, m, n, k, a_nvfp4, out, bias):
         assert int(got[key]) == e[key], key
     for key in ("two_sm", "quantize_a", "pad_a", "pad_b", "copy_bias", "stage_out"):
         assert got[key] == str(int(e[key])), key
+    assert int(got["quantize_ws_bytes"]) == (qws if e["quantize_a"] else 0)
     for name, off in e["offs"].items():
         assert got[f"off_{name}"] == ("unused" if off is None else str(off)), name
 

@@ -120,6 +120,7 @@ int main(int argc, char** argv) {
   std::printf("quantize_a=%d\npad_a=%d\npad_b=%d\ncopy_bias=%d\nstage_out=%d\n",
               int(plan.quantize_a), int(plan.pad_a), int(plan.pad_b), int(plan.copy_bias),
               int(plan.stage_out));
+  std::printf("quantize_ws_bytes=%zu\n", plan.quantize_ws_bytes);
   print_offset("off_scalars", plan.scalars);
   print_offset("off_a_codes", plan.a_codes);
   print_offset("off_a_scales", plan.a_scales);

@@ -35,6 +35,7 @@ QuantizeProblem quantize_a_problem(const GemmProblem& p, const Plan& plan) {
     q.scales = sm100::at<uint8_t>(p.workspace, plan.a_scales);
     q.s_dec = sm100::at<float>(p.workspace, plan.a_s_dec);
     q.workspace = sm100::at<void>(p.workspace, plan.quantize_ws);
+    q.workspace_bytes = plan.quantize_ws_bytes;
   }
   return q;
 }

@@ -74,6 +74,7 @@ struct Plan {
 
   size_t a_codes = kUnused, a_scales = kUnused, a_s_dec = kUnused, quantize_ws = kUnused;
   size_t a_padded = kUnused, b_padded = kUnused, bias = kUnused, out_staged = kUnused;
+  size_t quantize_ws_bytes = 0;  // size of the quantizer's scratch region
   size_t scalars = 0;  // float alpha
   size_t cutlass_ws = 0;  // CUTLASS's own workspace starts here; its size comes from the kernel
 };
@@ -122,6 +123,7 @@ inline Plan make_plan(const GemmProblem& p, int sm_count, size_t quantize_ws_byt
     plan.a_scales = take(scale_matrix_bytes(p.m, p.k / kBlockSize));
     plan.a_s_dec = take(sizeof(float));
     plan.quantize_ws = take(static_cast<int64_t>(quantize_ws_bytes));
+    plan.quantize_ws_bytes = quantize_ws_bytes;
   }
   if (plan.pad_a) plan.a_padded = take(p.m * plan.k_pad / 2);
   if (plan.pad_b) plan.b_padded = take(plan.n_pad * plan.k_pad / 2);

@@ -7,10 +7,7 @@
 // way, f16 and f32 x are split into hi + lo bf16 halves laid side by side along K (the weights
 // are then written twice along K), which is exact for f16 and leaves ~2^-17 relative for f32.
 //
-// The GEMM is CUTLASS's sm90 kernel built from its collective builders: TMA loads into a
-// multi-stage shared-memory pipeline, a producer warp and two consumer warpgroups issuing wgmma
-// (HGMMA) with float32 accumulators, a persistent tile scheduler, and an epilogue computing
-// alpha * acc + bias[n] (alpha read from device memory) with a TMA store.
+// The GEMM is CUTLASS's TMA warp-specialized persistent wgmma kernel (wgmma_gemm.cuh).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -18,90 +15,12 @@
 
 #include "common/nvfp4_decode.cuh"
 #include "common/scale_layout.h"
-#include "cute/tensor.hpp"
-#include "cutlass/cutlass.h"
-#include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/epilogue/fusion/operations.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
-#include "cutlass/util/packed_stride.hpp"
 #include "gemm/sm90/gemm_sm90_internal.h"
 #include "gemm/sm90/nvfp4_bf16x2.h"
 
 namespace jax_nvfp4 {
 namespace sm90 {
 namespace {
-
-using namespace cute;
-
-// --- The wgmma GEMM -------------------------------------------------------------------------
-// D[M, N] (row-major) = alpha * A[M, K] (row-major) . B[N, K]^T + bias[N], A and B bf16.
-template <class ElementD>
-struct WgmmaGemm {
-  using ElementAB = cutlass::bfloat16_t;
-  using LayoutA = cutlass::layout::RowMajor;
-  using LayoutB = cutlass::layout::ColumnMajor;  // [K, N] column-major == [N, K] row-major
-  using LayoutD = cutlass::layout::RowMajor;
-  static constexpr int kAlignAB = 8;
-  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
-  using TileShape = Shape<_128, _256, _64>;
-  using ClusterShape = Shape<_1, _1, _1>;
-  using Fusion = cutlass::epilogue::fusion::LinCombPerColBias<ElementD, float, float, ElementD, float>;
-
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD,
-      ElementD, LayoutD, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative,
-      Fusion>::CollectiveOp;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, LayoutA, kAlignAB, ElementAB,
-      LayoutB, kAlignAB, float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
-                                                      cutlass::gemm::PersistentScheduler>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-
-  static typename Gemm::Arguments arguments(int m, int n, int k, const void* a, const void* b,
-                                            void* d, const float* alpha, const float* bias) {
-    using StrideA = typename Kernel::StrideA;
-    using StrideB = typename Kernel::StrideB;
-    using StrideC = typename Kernel::StrideC;
-    using StrideD = typename Kernel::StrideD;
-    cutlass::KernelHardwareInfo hw;
-    hw.sm_count = sm_count();
-    typename Gemm::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGemm,
-        {m, n, k, 1},
-        {static_cast<const ElementAB*>(a), cutlass::make_cute_packed_stride(StrideA{}, {m, k, 1}),
-         static_cast<const ElementAB*>(b), cutlass::make_cute_packed_stride(StrideB{}, {n, k, 1})},
-        {{}, nullptr, cutlass::make_cute_packed_stride(StrideC{}, {m, n, 1}),
-         static_cast<ElementD*>(d), cutlass::make_cute_packed_stride(StrideD{}, {m, n, 1})},
-        hw};
-    args.epilogue.thread.alpha_ptr = alpha;
-    args.epilogue.thread.beta = 0.f;
-    args.epilogue.thread.bias_ptr = bias;
-    return args;
-  }
-
-  static size_t workspace_bytes(int m, int n, int k) {
-    return Gemm::get_workspace_size(arguments(m, n, k, nullptr, nullptr, nullptr, nullptr, nullptr));
-  }
-
-  static cudaError_t run(int m, int n, int k, const void* a, const void* b, void* d,
-                         const float* alpha, const float* bias, void* workspace, cudaStream_t stream) {
-    Gemm gemm;
-    const auto args = arguments(m, n, k, a, b, d, alpha, bias);
-    if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
-    if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) {
-      return cudaErrorLaunchFailure;
-    }
-    if (gemm.run(stream) != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
-    return cudaGetLastError();
-  }
-};
 
 // --- Preparation kernels --------------------------------------------------------------------
 
@@ -213,9 +132,9 @@ struct Plan {
 
 size_t cutlass_workspace(DType out, int m, int n, int k) {
   switch (out) {
-    case DType::kF32: return WgmmaGemm<float>::workspace_bytes(m, n, k);
-    case DType::kBF16: return WgmmaGemm<cutlass::bfloat16_t>::workspace_bytes(m, n, k);
-    default: return WgmmaGemm<cutlass::half_t>::workspace_bytes(m, n, k);
+    case DType::kF32: return wgmma_gemm_workspace_f32(m, n, k);
+    case DType::kBF16: return wgmma_gemm_workspace_bf16(m, n, k);
+    default: return wgmma_gemm_workspace_f16(m, n, k);
   }
 }
 
@@ -290,18 +209,12 @@ cudaError_t prefill_gemm(const GemmProblem& p, cudaStream_t stream) {
 
   void* d = plan.crop ? static_cast<void*>(ws + plan.off_d) : p.out;
   const int m = static_cast<int>(p.m), n = static_cast<int>(plan.n_pad), k = static_cast<int>(plan.k_gemm);
-  void* cws = ws + plan.off_cutlass;
+  const WgmmaGemmArgs g{m, n, k, a, w_bf16, d, alpha, bias, ws + plan.off_cutlass};
   cudaError_t err;
   switch (p.out_dtype) {
-    case DType::kF32:
-      err = WgmmaGemm<float>::run(m, n, k, a, w_bf16, d, alpha, bias, cws, stream);
-      break;
-    case DType::kBF16:
-      err = WgmmaGemm<cutlass::bfloat16_t>::run(m, n, k, a, w_bf16, d, alpha, bias, cws, stream);
-      break;
-    default:
-      err = WgmmaGemm<cutlass::half_t>::run(m, n, k, a, w_bf16, d, alpha, bias, cws, stream);
-      break;
+    case DType::kF32: err = wgmma_gemm_f32(g, stream); break;
+    case DType::kBF16: err = wgmma_gemm_bf16(g, stream); break;
+    default: err = wgmma_gemm_f16(g, stream); break;
   }
   if (err != cudaSuccess || !plan.crop) return err;
   crop_columns<<<grid_for(p.m * p.n, kThreads), kThreads, 0, stream>>>(

@@ -17,6 +17,24 @@ cudaError_t decode_gemm(const GemmProblem& p, cudaStream_t stream);
 size_t prefill_workspace_bytes(const GemmProblem& p);
 cudaError_t prefill_gemm(const GemmProblem& p, cudaStream_t stream);
 
+// D[m, n] (row-major, of the output type) = *alpha * A[m, k] . B[n, k]^T + bias[n]: bf16
+// row-major A and B, float32 alpha and bias; n must keep D's rows 16-byte aligned.
+struct WgmmaGemmArgs {
+  int m, n, k;
+  const void* a;
+  const void* b;
+  void* d;
+  const float* alpha;
+  const float* bias;
+  void* workspace;
+};
+size_t wgmma_gemm_workspace_f32(int m, int n, int k);
+size_t wgmma_gemm_workspace_bf16(int m, int n, int k);
+size_t wgmma_gemm_workspace_f16(int m, int n, int k);
+cudaError_t wgmma_gemm_f32(const WgmmaGemmArgs& g, cudaStream_t stream);
+cudaError_t wgmma_gemm_bf16(const WgmmaGemmArgs& g, cudaStream_t stream);
+cudaError_t wgmma_gemm_f16(const WgmmaGemmArgs& g, cudaStream_t stream);
+
 // Streaming-multiprocessor count of the current device (cached per device).
 int sm_count();
 

@@ -1,0 +1,14 @@
+// The prefill wgmma GEMM with f16 output (see wgmma_gemm.cuh).
+#include "gemm/sm90/wgmma_gemm.cuh"
+
+namespace jax_nvfp4 {
+namespace sm90 {
+
+size_t wgmma_gemm_workspace_f16(int m, int n, int k) { return WgmmaGemm<cutlass::half_t>::workspace_bytes(m, n, k); }
+
+cudaError_t wgmma_gemm_f16(const WgmmaGemmArgs& g, cudaStream_t stream) {
+  return WgmmaGemm<cutlass::half_t>::run(g.m, g.n, g.k, g.a, g.b, g.d, g.alpha, g.bias, g.workspace, stream);
+}
+
+}  // namespace sm90
+}  // namespace jax_nvfp4

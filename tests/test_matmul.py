@@ -1,0 +1,177 @@
+"""jax_nvfp4.matmul on the default backend (the XLA reference on CPU) against a float64 oracle,
+its API (validation, jit, vmap, NVFP4 output), the sm_90a dequantization math on the host, and
+the SASS of the built sm_90a GEMM kernels."""
+
+import importlib.util
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_nvfp4 as jn
+
+HERE = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("matmul_cases", HERE / "matmul_cases.py")
+mc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mc)
+
+SHAPES_NK = [(40, 48), (130, 208)]  # N and K off every tile size
+
+
+@pytest.mark.parametrize("m", [1, 3, 17, 255])
+@pytest.mark.parametrize("n,k", SHAPES_NK)
+@pytest.mark.parametrize("x_dtype,out_dtype", [(jnp.float32, jnp.float32),
+                                               (jnp.bfloat16, jnp.bfloat16)])
+def test_w4a16_matches_float64(m, n, k, x_dtype, out_dtype):
+    x = mc.random_float((m, k), x_dtype, seed=m + k)
+    w = mc.random_weight(n, k, seed=n)
+    y = jn.matmul(x, w, out_dtype=out_dtype)
+    assert y.shape == (m, n) and y.dtype == out_dtype
+    mc.assert_close(y, mc.oracle(x, w), mc.TOL[out_dtype])
+
+
+@pytest.mark.parametrize("m", [1, 17, 200])
+def test_w4a4_matches_float64(m):
+    n, k = 72, 160
+    xq = jn.quantize(mc.random_float((m, k), jnp.float32, seed=5))
+    w = mc.random_weight(n, k, seed=6)
+    y = jn.matmul(xq, w, out_dtype=jnp.float32)
+    mc.assert_close(y, mc.oracle(xq, w), 1e-5)
+
+
+def test_default_out_dtype_is_bfloat16():
+    y = jn.matmul(mc.random_float((2, 32), jnp.float32, 0), mc.random_weight(16, 32, 1))
+    assert y.dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("bias_dtype", [jnp.float32, jnp.bfloat16])
+def test_bias(bias_dtype):
+    x = mc.random_float((5, 64), jnp.bfloat16, 1)
+    w = mc.random_weight(48, 64, 2)
+    bias = mc.random_float((48,), bias_dtype, 3)
+    y = jn.matmul(x, w, bias=bias, out_dtype=jnp.float32)
+    mc.assert_close(y, mc.oracle(x, w, bias), 1e-5)
+
+
+@pytest.mark.parametrize("lead", [(2, 3), (4, 130)])
+def test_batched_x(lead):
+    k, n = 96, 40
+    x = mc.random_float((*lead, k), jnp.float32, 7)
+    w = mc.random_weight(n, k, 8)
+    y = jn.matmul(x, w, out_dtype=jnp.float32)
+    assert y.shape == (*lead, n)
+    mc.assert_close(y.reshape(-1, n), mc.oracle(x.reshape(-1, k), w), 1e-5)
+
+
+@pytest.mark.parametrize("lead", [(6,), (2, 3), (2, 130)])
+def test_nvfp4_output_is_the_quantized_float32_result(lead):
+    k, n = 64, 48
+    x = mc.random_float((*lead, k), jnp.bfloat16, 9)
+    w = mc.random_weight(n, k, 10)
+    s_enc = np.float32(1500.0)
+    q = jn.matmul(x, w, out_s_enc=s_enc)
+    assert isinstance(q, jn.NVFP4Array) and q.shape == (*lead, n)
+    q.validate()
+    y = jn.matmul(x, w, out_dtype=jnp.float32).reshape(-1, n)
+    codes, scales, s_dec = mc.quantize_reference_bytes(y, s_enc)
+    got = jn.NVFP4Array(q.codes.reshape(-1, n), None, q.s_dec)
+    np.testing.assert_array_equal(
+        np.asarray(jax.lax.bitcast_convert_type(got.codes, jnp.uint4)).astype(np.uint8), codes)
+    plain = np.asarray(q.plain_scales()).view(np.uint8).reshape(-1, n // 16)
+    np.testing.assert_array_equal(plain, jn.format.tiled_to_plain(scales, y.shape[0], n // 16))
+    np.testing.assert_array_equal(np.asarray(q.s_dec), s_dec)
+
+
+def test_nan_propagates_to_its_row_and_column_only():
+    m, n, k = 4, 32, 64
+    x = np.array(mc.random_float((m, k), jnp.float32, 11))
+    x[1, 5] = np.nan
+    wf = np.array(mc.random_float((n, k), jnp.float32, 12))
+    wf[7, 40] = np.nan  # its block gets the NaN scale
+    y = np.asarray(jn.matmul(jnp.asarray(x), jn.quantize(jnp.asarray(wf)), out_dtype=jnp.float32))
+    nan = np.isnan(y)
+    assert nan[1].all() and nan[:, 7].all()
+    assert not np.delete(np.delete(nan, 1, axis=0), 7, axis=1).any()
+
+
+def test_jit_equals_eager():
+    x = mc.random_float((9, 80), jnp.bfloat16, 13)
+    w = mc.random_weight(24, 80, 14)
+    eager = jn.matmul(x, w, out_dtype=jnp.float32)
+    jitted = jax.jit(lambda a, b: jn.matmul(a, b, out_dtype=jnp.float32))(x, w)
+    np.testing.assert_array_equal(np.asarray(eager), np.asarray(jitted))
+
+
+def test_vmap_over_x_and_over_weights():
+    k, n = 64, 32
+    xs = mc.random_float((3, 5, k), jnp.float32, 15)
+    w = mc.random_weight(n, k, 16)
+    f = lambda a: jn.matmul(a, w, out_dtype=jnp.float32)
+    np.testing.assert_allclose(np.asarray(jax.vmap(f)(xs)), np.stack([f(a) for a in xs]),
+                               rtol=1e-6, atol=1e-6)
+    ws = jax.vmap(jn.quantize)(mc.random_float((2, n, k), jnp.float32, 17) * 0.05)
+    g = lambda wq: jn.matmul(xs[0], wq, out_dtype=jnp.float32)
+    stacked = jax.vmap(g)(ws)
+    for i in range(2):
+        wi = jax.tree.map(lambda a: a[i], ws)
+        mc.assert_close(stacked[i], mc.oracle(xs[0], wi), 1e-5)
+
+
+class TestValidation:
+    w = mc.random_weight(32, 64, 0)
+
+    def test_mismatched_k(self):
+        with pytest.raises(ValueError, match=r"contracting dims differ.*K=48.*K=64"):
+            jn.matmul(jnp.zeros((2, 48)), self.w)
+
+    def test_x_dtype(self):
+        with pytest.raises(TypeError, match="matmul: x must be float32, bfloat16 or float16, got int32"):
+            jn.matmul(jnp.zeros((2, 64), jnp.int32), self.w)
+
+    def test_w_not_nvfp4(self):
+        with pytest.raises(TypeError, match="w must be an NVFP4Array.*got ArrayImpl"):
+            jn.matmul(jnp.zeros((2, 64)), jnp.zeros((32, 64)))
+
+    def test_w_not_2d(self):
+        w3 = jn.quantize(jnp.ones((2, 32, 64)))
+        with pytest.raises(ValueError, match=r"2-D \[N, K\].*\(2, 32, 64\)"):
+            jn.matmul(jnp.zeros((2, 64)), w3)
+
+    def test_bias_shape(self):
+        with pytest.raises(ValueError, match=r"bias must have shape \(32,\), got \(31,\)"):
+            jn.matmul(jnp.zeros((2, 64)), self.w, bias=jnp.zeros((31,)))
+
+    def test_out_dtype(self):
+        with pytest.raises(TypeError, match="out_dtype must be float32.*got int8"):
+            jn.matmul(jnp.zeros((2, 64)), self.w, out_dtype=jnp.int8)
+
+    def test_nvfp4_out_needs_n_multiple_of_16(self):
+        w = mc.random_weight(40, 64, 1)
+        with pytest.raises(ValueError, match="N a multiple of 16, got N=40"):
+            jn.matmul(jnp.zeros((2, 64)), w, out_s_enc=1.0)
+
+    def test_out_s_enc_scalar(self):
+        with pytest.raises(ValueError, match=r"out_s_enc must be a scalar, got shape \(2,\)"):
+            jn.matmul(jnp.zeros((2, 64)), self.w, out_s_enc=jnp.ones((2,)))
+
+
+def test_sm90_dequantization_is_exact(host_program):
+    """The kernels' bf16 NVFP4 decoding: every code x every E4M3 scale, exact (host)."""
+    out = host_program(HERE / "host" / "gemm_sm90_dequant.cc")
+    assert out.strip() == "checked 32512"  # 254 non-NaN scales x 16 codes x 8 positions
+
+
+def test_sm90_prefill_kernel_uses_wgmma(kernel_sass):
+    kernels = kernel_sass("sm_90a", r"GemmUniversal.*MainloopSm90TmaGmma")
+    for name, sass in kernels.items():
+        assert "HGMMA" in sass, f"{name} has no HGMMA"
+        assert "UTMALDG" in sass, f"{name} has no TMA load"
+
+
+def test_sm90_decode_kernel_uses_tensor_cores(kernel_sass):
+    kernels = kernel_sass("sm_90a", r"decode_kernel")
+    for name, sass in kernels.items():
+        assert "HMMA.16816.F32.BF16" in sass, f"{name} has no bf16 mma.sync"
+        assert "LDL" not in sass and "STL" not in sass, f"{name} spills to local memory"

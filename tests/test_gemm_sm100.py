@@ -7,14 +7,24 @@ No Blackwell GPU exists here, so the path is checked without running it:
   launcher uses) match expectations computed here independently (tests/host/gemm_sm100_args.cc);
 - the compiled kernels hold the block-scaled NVFP4 tcgen05 MMA, the shared->TMEM scale copy
   and TMA loads in their SASS.
+On a Blackwell GPU the last tests run the path against the float64 oracle (its first execution).
 """
 
+import importlib.util
 import re
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
+import jax_nvfp4 as jn
+
 HOST = Path(__file__).parent / "host"
+_spec = importlib.util.spec_from_file_location("matmul_cases", Path(__file__).parent / "matmul_cases.py")
+mc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mc)
 
 # CUTLASS's block-scaled sm100 mainloop appears in the mangled name of every GEMM kernel.
 GEMM_KERNELS = r"GemmUniversal.*MainloopSm100TmaUmmaWarpSpecializedBlockScaled"
@@ -167,3 +177,54 @@ def test_sass_holds_block_scaled_tcgen05_mma(kernel_sass):
         assert re.search(r"\bUTMALDG\.[345]D\b", sass), name
         two_sm += all(m == ".2CTA" for m in mma)
     assert two_sm == 3
+
+
+@pytest.fixture
+def blackwell(gpu):
+    """The GPU when it is a compute capability 10.x device (where gemm_sm100 runs), else skip."""
+    cc = str(getattr(gpu, "compute_capability", ""))
+    if not cc.startswith("10."):
+        pytest.skip(f"needs a Blackwell (compute capability 10.x) GPU, got {cc or 'none'}")
+    return gpu
+
+
+# Each case takes a different branch of the launch plan (see SHAPES above).
+GPU_CASES = [
+    # m, n, k, w4a4, out_dtype, bias dtype
+    (1, 4096, 1024, True, jnp.bfloat16, None),
+    (3, 208, 80, False, jnp.float32, jnp.bfloat16),
+    (129, 100, 16, False, jnp.float16, None),
+    (1024, 8192, 512, True, jnp.bfloat16, jnp.float32),
+    (300, 200, 96, True, jnp.float32, None),
+]
+
+
+@pytest.mark.parametrize("m,n,k,w4a4,out_dtype,bias_dtype", GPU_CASES)
+def test_blackwell_gemm_matches_float64(blackwell, m, n, k, w4a4, out_dtype, bias_dtype):
+    with jax.default_device(blackwell):
+        x = mc.random_float((m, k), jnp.bfloat16, seed=m + k)
+        w = mc.random_weight(n, k, seed=n)
+        bias = None if bias_dtype is None else mc.random_float((n,), bias_dtype, seed=3)
+        xin = jn.quantize(x) if w4a4 else x
+        y = jn.matmul(xin, w, bias=bias, out_dtype=out_dtype)
+        # W4A16 quantizes x on the device with the library's exact recipe.
+        want = mc.oracle(xin if w4a4 else jn.quantize(x), w, bias)
+        mc.assert_close(y, want, max(mc.TOL[out_dtype], 1e-5))
+
+
+def test_blackwell_nvfp4_output_is_close_to_quantized_reference(blackwell):
+    # CUTLASS's block-scale epilogue rounds its reciprocals differently from DESIGN §2
+    # (docs/gemm_blackwell.md): bytes may differ only on rare rounding boundaries.
+    m, n, k, s_enc = 384, 208, 256, np.float32(1500.0)
+    with jax.default_device(blackwell):
+        x = jn.quantize(mc.random_float((m, k), jnp.bfloat16, seed=21))
+        w = mc.random_weight(n, k, seed=22)
+        q = jn.matmul(x, w, out_s_enc=s_enc)
+        y = jn.matmul(x, w, out_dtype=jnp.float32)
+    codes, scales, s_dec = mc.quantize_reference_bytes(y, s_enc)
+    got_codes = np.asarray(jax.lax.bitcast_convert_type(q.codes, jnp.uint4)).astype(np.uint8)
+    got_scales = np.asarray(q.plain_scales()).view(np.uint8)
+    want_scales = jn.format.tiled_to_plain(scales, m, n // 16)
+    assert np.mean(got_codes != codes) <= 1e-3
+    assert np.mean(got_scales != np.asarray(want_scales)) <= 1e-3
+    np.testing.assert_array_equal(np.asarray(q.s_dec), s_dec)

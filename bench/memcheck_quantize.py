@@ -29,7 +29,8 @@ def main() -> int:
             q = jax_nvfp4.quantize(jax.device_put(x, gpu))
             want = cpu_quantize(x)
             got = (q.codes, q.scales, q.s_dec)
-            same = all(np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+            same = all(np.array_equal(np.atleast_1d(np.asarray(a)).view(np.uint8),
+                                      np.atleast_1d(np.asarray(b)).view(np.uint8))
                        for a, b in zip(got[1:], want[1:]))
             same &= np.array_equal(np.asarray(got[0]).astype(np.float32),
                                    np.asarray(want[0]).astype(np.float32))

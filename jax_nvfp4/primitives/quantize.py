@@ -47,10 +47,11 @@ quantize_p = define_primitive(
 def _quantize_batch(args, dims):
     size = batch_size(args, dims)
     x = to_front(args[0], dims[0], size)
-    if len(args) == 2:
-        s_enc = to_front(args[1], dims[1], size)
-    else:  # each batch element is its own tensor with its own amax
-        s_enc = reference.encode_scale_from_amax(reference.tensor_amax(x, group_ndim=1))
+    if len(args) == 1:
+        # Each batch element is its own tensor with its own amax. S_enc = 6*448/amax must be
+        # the kernel's correctly rounded division (XLA:GPU's is not), so map the primitive.
+        return map_batcher(quantize_p)(args, dims)
+    s_enc = to_front(args[1], dims[1], size)
     rank1 = x.ndim == 2  # a batch of [K] vectors: give each its own row axis
     codes, scales, s_dec = quantize_p.bind(x[:, None, :] if rank1 else x, s_enc)
     return (codes[:, 0, :] if rank1 else codes, scales, s_dec), (0, 0, 0)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
-from jax_nvfp4.flax import qat_matmul
+from jax_nvfp4.primitives.autodiff import qat_conv, qat_matmul
 
 N, K = 48, 64
 
@@ -156,3 +156,65 @@ def test_qat_matmul_rejects_bad_arguments(problem):
         qat_matmul(x[..., :32], w, b)
     with pytest.raises(ValueError, match="act_s_enc"):
         qat_matmul(x, w, b, act_s_enc=100.0)
+
+
+# ---- convolution --------------------------------------------------------------------------------
+
+def _float_conv(x, w_hwio, **kw):
+    return jax.lax.conv_general_dilated(x, w_hwio, kw["window_strides"], kw["padding"],
+                                        rhs_dilation=kw["rhs_dilation"],
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                        precision="highest")
+
+
+CONV_KW = dict(window_strides=(2, 1), padding="SAME", rhs_dilation=(1, 2))
+
+
+@pytest.fixture
+def conv_problem():
+    k1, k2, k3 = jax.random.split(jax.random.key(1), 3)
+    x = jax.random.normal(k1, (2, 7, 6, 32), jnp.float32)
+    w = jax.random.normal(k2, (3, 3, 32, 16), jnp.float32) / 8
+    b = jax.random.normal(k3, (16,), jnp.float32)
+    return x, w, b
+
+
+def test_conv_grad_and_jvp_match_dequantized_reference(conv_problem):
+    x, w, b = conv_problem
+    wq = jn.quantize_conv_weight(w)
+    w_hat = jnp.transpose(jn.dequantize(wq, jnp.float32), (0, 1, 3, 2))
+    f = lambda x, b: jn.conv(x, wq, bias=b, out_dtype=jnp.float32, **CONV_KW)
+    f_ref = lambda x, b: _float_conv(x, w_hat, **CONV_KW) + b
+    got = jax.grad(lambda x, b: _loss(f(x, b)), (0, 1))(x, b)
+    ref = jax.grad(lambda x, b: _loss(f_ref(x, b)), (0, 1))(x, b)
+    assert got[0].shape == x.shape and _rel(got[0], ref[0]) < 1e-2
+    np.testing.assert_allclose(got[1], ref[1], rtol=1e-4, atol=1e-4)
+    t = jax.random.normal(jax.random.key(9), x.shape)
+    _, y_dot = jax.jvp(lambda x: f(x, b), (x,), (t,))
+    np.testing.assert_allclose(y_dot, _float_conv(t, w_hat, **CONV_KW), rtol=1e-4, atol=1e-4)
+
+
+def test_qat_conv_forward_and_straight_through_gradients(conv_problem):
+    x, w, b = conv_problem
+    y = qat_conv(x, w, b, out_dtype=jnp.float32, **CONV_KW)
+    np.testing.assert_array_equal(y, jn.conv(x, jn.quantize_conv_weight(w), bias=b,
+                                             out_dtype=jnp.float32, **CONV_KW))
+    sg = jax.lax.stop_gradient
+
+    def ste_reference(x, w, b):
+        w_hat = jnp.transpose(jn.dequantize(jn.quantize_conv_weight(sg(w)), jnp.float32),
+                              (0, 1, 3, 2))
+        return _float_conv(x, w + sg(w_hat - w), **CONV_KW) + b
+
+    got = jax.grad(lambda *a: _loss(qat_conv(*a, out_dtype=jnp.float32, **CONV_KW)),
+                   (0, 1, 2))(x, w, b)
+    ref = jax.grad(lambda *a: _loss(ste_reference(*a)), (0, 1, 2))(x, w, b)
+    for g, r in zip(got, ref):
+        assert g.dtype == r.dtype and g.shape == r.shape
+        assert _rel(g, r) < 1e-2
+
+
+def test_qat_conv_rejects_a_non_hwio_filter(conv_problem):
+    x, w, b = conv_problem
+    with pytest.raises(ValueError, match=r"\[R, S, C, K\].*\(3, 32, 16\)"):
+        qat_conv(x, w[0], b)

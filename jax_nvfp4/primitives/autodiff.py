@@ -1,46 +1,42 @@
-"""Differentiation of the NVFP4 GEMM (DESIGN.md §6).
+"""Differentiation of the NVFP4 GEMM and convolution (DESIGN.md §6).
 
-Importing this module registers a JVP and a transpose rule for `matmul_p`, so `jax.grad`,
-`jax.jvp`, `jax.linearize` and `jax.vjp` work through `jax_nvfp4.matmul`:
+Importing this module registers JVP and transpose rules for `matmul_p` and `conv_p`, so
+`jax.grad`, `jax.jvp`, `jax.linearize` and `jax.vjp` work through `jax_nvfp4.matmul` and
+`jax_nvfp4.conv`:
 
-- The GEMM is linear in its float activation `a` (W4A16) and in `bias`. The JVP applies the same
-  NVFP4 GEMM to the tangent of `a` and adds the tangent of `bias`.
-- The transpose (the backward pass) computes `ct @ dequantize(w)` in bfloat16 with float32
-  accumulation: the weight is 4-bit, so the backward loses nothing worth a float32 GEMM, and
-  the kernel's layout (both operands K-major) does not fit a product over N.
+- Both are linear in their float activation (W4A16) and in `bias`. The JVP applies the same
+  NVFP4 op to the activation's tangent and adds the tangent of `bias`.
+- The transpose (the backward pass) runs against the dequantized weight in bfloat16 with float32
+  accumulation (`ct @ w_hat`, or the transposed convolution): the weight is 4-bit, so nothing is
+  lost against a float32 backward, and the kernels' K-major layouts do not fit a product over N.
 - NVFP4 operands (the weight, or an NVFP4 activation) are constants: codes and block scales are
   rounded values with no useful derivative, so their tangents are ignored and they get no
-  cotangent. Train NVFP4 weights through `qat_matmul` (float master weights, straight-through).
+  cotangent. Train NVFP4 weights through `qat_matmul`/`qat_conv` (float master weights, straight-through).
 - An NVFP4 *output* (`out_s_enc`) is a rounding step: differentiating through it is rejected.
 
-`qat_matmul` is quantization-aware training: float master weights quantized in the forward pass,
-gradients passed straight through the quantizers (custom_vjp).
+`qat_matmul` / `qat_conv` are quantization-aware training: float master weights quantized in the
+forward pass, gradients passed straight through the quantizers (custom_vjp).
 """
 
 from __future__ import annotations
 
 import functools
-import math
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.interpreters import ad
 
+from jax_nvfp4.convolution import conv, quantize_conv_weight
 from jax_nvfp4.format import NVFP4Array
 from jax_nvfp4.gemm import matmul
+from jax_nvfp4.primitives.conv import conv_p
 from jax_nvfp4.primitives.matmul import matmul_p
 from jax_nvfp4.primitives.quantize import dequantize_p
 from jax_nvfp4.quantization import dequantize, quantize
 
 BACKWARD_DTYPE = jnp.bfloat16
-
-
-def _layout(n_args, a_nvfp4, has_bias, out_nvfp4):
-    """Operand positions of matmul_p: (weight codes index, bias index or None)."""
-    b_codes = 3 if a_nvfp4 else 1
-    bias = n_args - 1 - int(out_nvfp4) if has_bias else None
-    return b_codes, bias
 
 
 def _zero_like(x):
@@ -52,71 +48,124 @@ def _is_zero(t) -> bool:
     return type(t) is ad.Zero
 
 
-def _matmul_jvp(primals, tangents, *, a_nvfp4, has_bias, out_nvfp4, out_dtype):
-    params = dict(a_nvfp4=a_nvfp4, has_bias=has_bias, out_nvfp4=out_nvfp4, out_dtype=out_dtype)
-    outs = matmul_p.bind(*primals, **params)
-    b_codes, bias_i = _layout(len(primals), a_nvfp4, has_bias, out_nvfp4)
-    a_dot = _zero_like(primals[0]) if a_nvfp4 else tangents[0]
-    bias_dot = tangents[bias_i] if has_bias else _zero_like(primals[0])
+class _LinearOp(NamedTuple):
+    """How an NVFP4-weight primitive is linear in its float activation.
 
-    if out_nvfp4:
-        if not (_is_zero(a_dot) and _is_zero(bias_dot)):
+    Operands: act, [act_scales, act_s_dec,] w_codes, w_scales, w_s_dec, [bias,] [out_s_enc]."""
+
+    prim: Any
+    act_nvfp4_param: str            # the parameter saying the activation is NVFP4
+    backward: Callable              # (ct bf16, w_hat bf16, act aval, params) -> act cotangent
+
+
+def _positions(op, n_args, params):
+    """(weight codes index, bias index or None) among the primitive's operands."""
+    b_codes = 3 if params[op.act_nvfp4_param] else 1
+    bias = n_args - 1 - int(params.get("out_nvfp4", False)) if params["has_bias"] else None
+    return b_codes, bias
+
+
+def _jvp(op, primals, tangents, **params):
+    outs = op.prim.bind(*primals, **params)
+    b_codes, bias_i = _positions(op, len(primals), params)
+    act_dot = _zero_like(primals[0]) if params[op.act_nvfp4_param] else tangents[0]
+    bias_dot = tangents[bias_i] if bias_i is not None else _zero_like(primals[0])
+
+    if params.get("out_nvfp4", False):
+        if not (_is_zero(act_dot) and _is_zero(bias_dot)):
             raise TypeError("jax_nvfp4.matmul: an NVFP4 output (out_s_enc=...) is a rounding step "
                             "and cannot be differentiated; differentiate a float output, or train "
                             "with jax_nvfp4.flax's QAT layers (straight-through gradients)")
         return outs, [_zero_like(o) for o in outs]
 
-    if _is_zero(a_dot) and _is_zero(bias_dot):
+    if _is_zero(act_dot) and _is_zero(bias_dot):
         return outs, [_zero_like(outs[0])]
-    weight = primals[b_codes:b_codes + 3]
-    if _is_zero(a_dot):
+    out_dtype = params["out_dtype"]
+    if _is_zero(act_dot):
         t = jnp.zeros(outs[0].shape, out_dtype)
-    else:  # linear in a: the same GEMM of the tangent, without the bias
-        (t,) = matmul_p.bind(a_dot, *weight, a_nvfp4=False, has_bias=False, out_nvfp4=False,
-                             out_dtype=out_dtype)
+    else:  # linear in the activation: the same op on the tangent, without the bias
+        (t,) = op.prim.bind(act_dot, *primals[b_codes:b_codes + 3],
+                            **{**params, "has_bias": False})
     if not _is_zero(bias_dot):
         t = (t.astype(jnp.float32) + bias_dot.astype(jnp.float32)).astype(out_dtype)
     return outs, [t]
 
 
-def _matmul_transpose(cts, *args, a_nvfp4, has_bias, out_nvfp4, out_dtype):
-    b_codes, bias_i = _layout(len(args), a_nvfp4, has_bias, out_nvfp4)
-    a = args[0]
+def _transpose(op, cts, *args, **params):
+    b_codes, bias_i = _positions(op, len(args), params)
+    act = args[0]
     linear = [ad.is_undefined_primal(x) for x in args]
-    if a_nvfp4 or out_nvfp4 or not linear[0] or any(linear[b_codes:b_codes + 3]) or (
-            has_bias and not linear[bias_i]):
+    if (params[op.act_nvfp4_param] or params.get("out_nvfp4", False) or not linear[0]
+            or any(linear[b_codes:b_codes + 3]) or (bias_i is not None and not linear[bias_i])):
         raise NotImplementedError(
-            "jax_nvfp4.matmul is linear only in a float activation together with its bias; "
-            f"got linear operands at positions {[i for i, l in enumerate(linear) if l]}")
+            f"{op.prim} is linear only in a float activation together with its bias; got linear "
+            f"operands at positions {[i for i, is_linear in enumerate(linear) if is_linear]}")
     (ct,) = cts
     result = [None] * len(args)
     if _is_zero(ct):
-        result[0] = ad.Zero(a.aval)
-        if has_bias:
+        result[0] = ad.Zero(act.aval)
+        if bias_i is not None:
             result[bias_i] = ad.Zero(args[bias_i].aval)
         return result
     codes, scales, s_dec = args[b_codes:b_codes + 3]
-    w_hat = dequantize_p.bind(codes, scales, s_dec, dtype=jnp.dtype(BACKWARD_DTYPE))  # [N, K]
-    result[0] = jnp.dot(ct.astype(BACKWARD_DTYPE), w_hat,
-                        preferred_element_type=jnp.float32).astype(a.aval.dtype)
-    if has_bias:
-        bias = args[bias_i]
-        result[bias_i] = jnp.sum(ct.astype(jnp.float32), axis=0).astype(bias.aval.dtype)
+    w_hat = dequantize_p.bind(codes, scales, s_dec, dtype=jnp.dtype(BACKWARD_DTYPE))
+    result[0] = op.backward(ct.astype(BACKWARD_DTYPE), w_hat, act.aval,
+                            params).astype(act.aval.dtype)
+    if bias_i is not None:
+        summed = tuple(range(ct.ndim - 1))
+        result[bias_i] = jnp.sum(ct.astype(jnp.float32), axis=summed).astype(
+            args[bias_i].aval.dtype)
     return result
 
 
-ad.primitive_jvps[matmul_p] = _matmul_jvp
-ad.primitive_transposes[matmul_p] = _matmul_transpose
+def _matmul_backward(ct, w_hat, act_aval, params):
+    """d(act) = ct [M, N] @ w_hat [N, K]."""
+    return jnp.dot(ct, w_hat, preferred_element_type=jnp.float32)
+
+
+def _float_conv(x, w_hwio, window_strides, padding, rhs_dilation):
+    """The float NHWC x HWIO convolution the backward passes differentiate (f32 accumulation)."""
+    return lax.conv_general_dilated(x, w_hwio, window_strides, padding,
+                                    rhs_dilation=rhs_dilation,
+                                    dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                    preferred_element_type=jnp.float32)
+
+
+def _conv_backward(ct, w_hat, act_aval, params):
+    """d(x) = the transposed convolution of ct with w_hat [R, S, K, C] (as HWIO)."""
+    w_hwio = jnp.transpose(w_hat, (0, 1, 3, 2))
+    x_aval = jax.ShapeDtypeStruct(act_aval.shape, BACKWARD_DTYPE)
+    conv = functools.partial(_float_conv, w_hwio=w_hwio, window_strides=params["window_strides"],
+                             padding=params["padding"], rhs_dilation=params["rhs_dilation"])
+    (dx,) = jax.linear_transpose(conv, x_aval)(ct.astype(jnp.float32))
+    return dx
+
+
+for _op in (_LinearOp(matmul_p, "a_nvfp4", _matmul_backward),
+            _LinearOp(conv_p, "x_nvfp4", _conv_backward)):
+    ad.primitive_jvps[_op.prim] = functools.partial(_jvp, _op)
+    ad.primitive_transposes[_op.prim] = functools.partial(_transpose, _op)
 
 
 class _QatConfig(NamedTuple):
-    """Static parameters of a QAT matmul (hashable: custom_vjp's non-differentiable argument)."""
+    """Static parameters of a QAT op (hashable: custom_vjp's non-differentiable argument).
+    `conv` is None for a matmul, else (window_strides, padding, rhs_dilation)."""
 
     quantize_activations: bool
     out_dtype: jnp.dtype
     x_dtype: jnp.dtype
     w_dtype: jnp.dtype
     bias_dtype: jnp.dtype | None
+    conv: tuple | None
+
+
+def _config(x, w, bias, quantize_activations, act_s_enc, out_dtype, conv_params, name):
+    if act_s_enc is not None and not quantize_activations:
+        raise ValueError(f"{name}: act_s_enc is only meaningful with quantize_activations=True")
+    return _QatConfig(bool(quantize_activations),
+                      jnp.dtype(jnp.bfloat16 if out_dtype is None else out_dtype),
+                      jnp.dtype(x.dtype), jnp.dtype(w.dtype),
+                      None if bias is None else jnp.dtype(bias.dtype), conv_params)
 
 
 def qat_matmul(x, w, bias=None, *, quantize_activations=False, act_s_enc=None, out_dtype=None):
@@ -132,34 +181,62 @@ def qat_matmul(x, w, bias=None, *, quantize_activations=False, act_s_enc=None, o
     forward pass used,
         dx = g @ w_hat,   dw = g^T @ x_hat,   dbias = sum of g over the leading axes.
     `act_s_enc` gets a zero gradient (a calibration constant)."""
-    x = jnp.asarray(x)
-    w = jnp.asarray(w)
+    x, w = jnp.asarray(x), jnp.asarray(w)
     if w.ndim != 2:
         raise ValueError(f"qat_matmul: w must be a 2-D [N, K] float array, got shape {w.shape}")
     if x.ndim < 1 or x.shape[-1] != w.shape[1]:
         raise ValueError(f"qat_matmul: contracting dims differ: x has shape {tuple(x.shape)}, "
                          f"w has shape {tuple(w.shape)} (K={w.shape[1]})")
-    if act_s_enc is not None and not quantize_activations:
-        raise ValueError("qat_matmul: act_s_enc is only meaningful with quantize_activations=True")
-    if act_s_enc is not None:
-        act_s_enc = jnp.asarray(act_s_enc, jnp.float32)
     bias = None if bias is None else jnp.asarray(bias)
-    cfg = _QatConfig(bool(quantize_activations),
-                     jnp.dtype(jnp.bfloat16 if out_dtype is None else out_dtype),
-                     jnp.dtype(x.dtype), jnp.dtype(w.dtype),
-                     None if bias is None else jnp.dtype(bias.dtype))
-    return _ste_matmul(x, w, bias, act_s_enc, cfg)
+    cfg = _config(x, w, bias, quantize_activations, act_s_enc, out_dtype, None, "qat_matmul")
+    return _ste(x, w, bias, _as_f32(act_s_enc), cfg)
+
+
+def qat_conv(x, w_hwio, bias=None, *, window_strides=(1, 1), padding="SAME",
+             rhs_dilation=(1, 1), quantize_activations=False, act_s_enc=None, out_dtype=None):
+    """Quantization-aware `jax_nvfp4.conv` with a float master filter `w_hwio` [R, S, C, K].
+
+    Forward: exactly `conv(x_in, quantize_conv_weight(w_hwio), ...)` (x_in as in `qat_matmul`).
+    Backward: the straight-through gradients of the float convolution of x_hat with the
+    dequantized filter, in bfloat16 with float32 accumulation."""
+    x, w_hwio = jnp.asarray(x), jnp.asarray(w_hwio)
+    if w_hwio.ndim != 4:
+        raise ValueError(f"qat_conv: w_hwio must be a 4-D [R, S, C, K] float array, got shape "
+                         f"{w_hwio.shape}")
+    bias = None if bias is None else jnp.asarray(bias)
+    conv_params = (tuple(window_strides), padding if isinstance(padding, str) else
+                   tuple(tuple(p) for p in padding), tuple(rhs_dilation))
+    cfg = _config(x, w_hwio, bias, quantize_activations, act_s_enc, out_dtype, conv_params,
+                  "qat_conv")
+    return _ste(x, w_hwio, bias, _as_f32(act_s_enc), cfg)
+
+
+def _as_f32(value):
+    return None if value is None else jnp.asarray(value, jnp.float32)
 
 
 def _qat_forward(x, w, bias, act_s_enc, cfg):
-    w_q = quantize(w)
     x_in = quantize(x, s_enc=act_s_enc) if cfg.quantize_activations else x
-    y = matmul(x_in, w_q, bias=bias, out_dtype=cfg.out_dtype)
+    if cfg.conv is None:
+        w_q = quantize(w)
+        y = matmul(x_in, w_q, bias=bias, out_dtype=cfg.out_dtype)
+    else:
+        strides, padding, dilation = cfg.conv
+        w_q = quantize_conv_weight(w)
+        y = conv(x_in, w_q, window_strides=strides, padding=padding, rhs_dilation=dilation,
+                 bias=bias, out_dtype=cfg.out_dtype)
     return y, (x_in, w_q)
 
 
+def _float_op(x, w, cfg):
+    """The float op of the master layouts (w [N, K] or HWIO) whose VJP is the STE backward."""
+    if cfg.conv is None:
+        return jnp.dot(x, w.T, preferred_element_type=jnp.float32)
+    return _float_conv(x, w, *cfg.conv)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _ste_matmul(x, w, bias, act_s_enc, cfg):
+def _ste(x, w, bias, act_s_enc, cfg):
     return _qat_forward(x, w, bias, act_s_enc, cfg)[0]
 
 
@@ -170,20 +247,19 @@ def _ste_fwd(x, w, bias, act_s_enc, cfg):
 
 def _ste_bwd(cfg, residuals, g):
     x_in, w_q, act_s_enc = residuals
-    k = w_q.shape[1]
     x_hat = (dequantize(x_in, BACKWARD_DTYPE) if isinstance(x_in, NVFP4Array)
              else x_in.astype(BACKWARD_DTYPE))
-    g2 = g.reshape(-1, g.shape[-1]).astype(BACKWARD_DTYPE)      # [M, N]
-    x2 = x_hat.reshape(math.prod(x_hat.shape[:-1]), k)          # [M, K]
-    w_hat = dequantize(w_q, BACKWARD_DTYPE)                     # [N, K]
-    dx = jnp.dot(g2, w_hat, preferred_element_type=jnp.float32)
-    dw = jnp.dot(g2.T, x2, preferred_element_type=jnp.float32)
-    dx = dx.reshape(*g.shape[:-1], k).astype(cfg.x_dtype)
+    w_hat = dequantize(w_q, BACKWARD_DTYPE)
+    if cfg.conv is not None:  # [R, S, K, C] -> the master HWIO layout
+        w_hat = jnp.transpose(w_hat, (0, 1, 3, 2))
+    _, vjp = jax.vjp(lambda x, w: _float_op(x, w, cfg), x_hat, w_hat)
+    dx, dw = vjp(g.astype(BACKWARD_DTYPE).astype(jnp.float32))
     dbias = None
     if cfg.bias_dtype is not None:
-        dbias = jnp.sum(g.reshape(g2.shape).astype(jnp.float32), axis=0).astype(cfg.bias_dtype)
+        dbias = jnp.sum(g.astype(jnp.float32), axis=tuple(range(g.ndim - 1)))
+        dbias = dbias.astype(cfg.bias_dtype)
     d_s_enc = None if act_s_enc is None else jnp.zeros_like(act_s_enc)
-    return dx, dw.astype(cfg.w_dtype), dbias, d_s_enc
+    return dx.astype(cfg.x_dtype), dw.astype(cfg.w_dtype), dbias, d_s_enc
 
 
-_ste_matmul.defvjp(_ste_fwd, _ste_bwd)
+_ste.defvjp(_ste_fwd, _ste_bwd)

@@ -1,0 +1,174 @@
+"""NVFP4 matmul on one GPU beside its peers: bf16 jnp.dot, fp8 e4m3 dot, jax.nn.scaled_matmul
+(nvfp4) and XLA dequantize + dot, on the Llama-3-8B projection shapes.
+
+    python bench/bench_matmul.py --out DIR [--quick]
+
+Each op runs many times inside one jitted lax.fori_loop (its operands pass through an
+optimization barrier every iteration, so XLA can neither hoist nor merge the calls); the time per
+call is the median over repeats divided by the iteration count, free of host dispatch.
+Writes DIR/matmul_bench.md (table), DIR/matmul_bench.csv and DIR/matmul_speedup.png."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import statistics
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import jax_nvfp4 as jn
+
+SHAPES_NK = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336)]
+MS = [1, 4, 16, 64, 256, 1024, 4096, 8192]
+QUICK_NK = [(14336, 4096), (4096, 4096)]
+QUICK_MS = [1, 16, 256, 4096]
+TARGET_S = 0.03  # wall time of one timed loop
+
+
+def loop_time(fn, args) -> float:
+    """Seconds per call of fn(*args), timed inside a jitted fori_loop."""
+
+    def make(n):
+        @jax.jit
+        def run(args):
+            def body(_, carry):
+                a, acc = lax.optimization_barrier(carry)
+                y = fn(*a)
+                return a, acc + y.reshape(-1)[0].astype(jnp.float32)
+            return lax.fori_loop(0, n, body, (args, jnp.float32(0)))[1]
+        return run
+
+    def timed(run, reps):
+        run(args).block_until_ready()
+        out = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            run(args).block_until_ready()
+            out.append(time.perf_counter() - t0)
+        return statistics.median(out)
+
+    probe = timed(make(4), 1) / 4
+    n = int(min(2000, max(8, TARGET_S / max(probe, 1e-7))))
+    return timed(make(n), 5) / n
+
+
+def hbm_bandwidth() -> float:
+    """Bytes/s of a large read + write (x + 1 on 1 GiB of float32)."""
+    x = jnp.ones((256 * 1024 * 1024,), jnp.float32)
+    t = loop_time(lambda a: a + 1.0, (x,))
+    return 2 * x.nbytes / t
+
+
+def variants(m, n, k, key):
+    kx, kw = jax.random.split(key)
+    x32 = jax.random.normal(kx, (m, k), jnp.float32)
+    w32 = jax.random.normal(kw, (n, k), jnp.float32) * 0.05
+    x = x32.astype(jnp.bfloat16)
+    wq, xq = jn.quantize(w32), jn.quantize(x32)
+    wb = w32.astype(jnp.bfloat16)
+    x8, w8 = x32.astype(jnp.float8_e4m3fn), w32.astype(jnp.float8_e4m3fn)
+    dims = (((1,), (1,)), ((), ()))
+
+    def scaled(xc, xs, wc, ws):
+        return jax.nn.scaled_matmul(xc[None], wc[None], xs[None], ws[None],
+                                    preferred_element_type=jnp.bfloat16)[0]
+
+    return {
+        "ours_w4a16": (lambda a, w: jn.matmul(a, w), (x, wq)),
+        "ours_w4a4": (lambda a, w: jn.matmul(a, w), (xq, wq)),
+        "bf16_dot": (lambda a, w: lax.dot_general(a, w, dims), (x, wb)),
+        "fp8_dot": (lambda a, w: lax.dot_general(a, w, dims, preferred_element_type=jnp.float32),
+                    (x8, w8)),
+        "scaled_matmul_nvfp4": (scaled, (xq.codes, xq.plain_scales(), wq.codes, wq.plain_scales())),
+        "xla_dequant_dot": (lambda a, w: lax.dot_general(a, w.dequantize(jnp.bfloat16), dims),
+                            (x, wq)),
+    }
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (n, k) in sorted({(r["N"], r["K"]) for r in rows}):
+        pts = [(r["M"], r["bf16_dot"] / r["ours_w4a16"]) for r in rows
+               if (r["N"], r["K"]) == (n, k) and np.isfinite(r["ours_w4a16"])]
+        ax.plot(*zip(*pts), marker="o", label=f"N={n}, K={k}")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("M (tokens)")
+    ax.set_ylabel("speedup over bf16 jnp.dot")
+    ax.set_title("jax_nvfp4.matmul W4A16 on " + jax.devices()[0].device_kind)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=Path("bench_out"))
+    ap.add_argument("--quick", action="store_true", help="a few shapes only")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    device = jax.devices()[0].device_kind
+    bw = hbm_bandwidth()
+    print(f"{device}: HBM read+write {bw / 1e12:.2f} TB/s", flush=True)
+    names = list(variants(1, 16, 16, jax.random.key(0)))
+    rows = []
+    for n, k in (QUICK_NK if args.quick else SHAPES_NK):
+        for m in (QUICK_MS if args.quick else MS):
+            row = {"M": m, "N": n, "K": k}
+            for name, (fn, ops) in variants(m, n, k, jax.random.key(m + n + k)).items():
+                try:
+                    row[name] = loop_time(fn, ops) * 1e6
+                except Exception as e:  # a peer XLA cannot run at this size is reported, not fatal
+                    print(f"  {name} M={m} N={n} K={k}: {type(e).__name__}: {str(e)[:200]}")
+                    row[name] = float("nan")
+            flops = 2.0 * m * n * k
+            weight_bytes = n * k * 0.5625 + m * k * 2 + m * n * 2
+            t = row["ours_w4a16"] * 1e-6
+            row["ours_tflops"] = flops / t / 1e12
+            row["ours_hbm_pct"] = 100 * weight_bytes / t / bw
+            rows.append(row)
+            print(f"M={m:5d} N={n:5d} K={k:5d} " + " ".join(f"{nm}={row[nm]:.1f}us" for nm in names),
+                  flush=True)
+    mma_peak = max(2.0 * r["M"] * r["N"] * r["K"] / (r["bf16_dot"] * 1e-6) for r in rows
+                   if np.isfinite(r["bf16_dot"]))
+    for r in rows:
+        r["ours_mma_pct"] = 100 * r["ours_tflops"] * 1e12 / mma_peak
+
+    with open(args.out / "matmul_bench.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    date = datetime.date.today().isoformat()
+    lines = [f"# jax_nvfp4.matmul on {device} ({date}, jax {jax.__version__})", "",
+             f"Times in us per call (median, jitted fori_loop). HBM read+write {bw / 1e12:.2f} TB/s; "
+             f"MMA ceiling = fastest bf16 jnp.dot here, {mma_peak / 1e12:.0f} TFLOP/s. "
+             "%HBM: (NVFP4 weight + bf16 x/out bytes) / time / HBM; %MMA: flops / time / MMA ceiling.",
+             "", "| M | N | K | ours W4A16 | ours W4A4 | bf16 dot | fp8 dot | scaled_matmul nvfp4 | "
+             "XLA dequant+dot | vs bf16 | vs fp8 | vs scaled_mm | vs dequant+dot | TFLOP/s | %HBM | %MMA |",
+             "|" + "---|" * 17]
+    for r in rows:
+        o = r["ours_w4a16"]
+        lines.append(
+            f"| {r['M']} | {r['N']} | {r['K']} | {o:.1f} | {r['ours_w4a4']:.1f} | {r['bf16_dot']:.1f} | "
+            f"{r['fp8_dot']:.1f} | {r['scaled_matmul_nvfp4']:.1f} | {r['xla_dequant_dot']:.1f} | "
+            f"{r['bf16_dot'] / o:.2f}x | {r['fp8_dot'] / o:.2f}x | {r['scaled_matmul_nvfp4'] / o:.2f}x | "
+            f"{r['xla_dequant_dot'] / o:.2f}x | {r['ours_tflops']:.0f} | {r['ours_hbm_pct']:.0f} | "
+            f"{r['ours_mma_pct']:.0f} |")
+    (args.out / "matmul_bench.md").write_text("\n".join(lines) + "\n")
+    plot(rows, args.out / "matmul_speedup.png")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""jax_nvfp4.matmul on a CUDA GPU (skips without one) against the float64 NumPy oracle.
+
+Each case runs through both sm_90a kernel families where they exist: JAX_NVFP4_GEMM_SM90_PATH
+forces the decode or prefill path (read by the FFI handler at every call). Before each call the
+allocator is handed a NaN-filled buffer of the output's size and gets it back, so an output
+element the kernel fails to write shows up as NaN or garbage instead of a lucky zero."""
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_nvfp4 as jn
+from jax_nvfp4 import _extension
+from jax_nvfp4.primitives.matmul import GEMM_NVFP4_OUT_TARGET, GEMM_TARGET
+
+HERE = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("matmul_cases", HERE / "matmul_cases.py")
+mc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mc)
+
+PATHS = ["auto", "decode", "prefill"]
+
+
+@pytest.fixture
+def kernels(gpu):
+    for target in (GEMM_TARGET, GEMM_NVFP4_OUT_TARGET):
+        if not _extension.kernel_available(target):
+            pytest.skip(f"{target} is not built for {gpu.device_kind}")
+    return gpu
+
+
+@contextlib.contextmanager
+def forced_path(path):
+    old = os.environ.get("JAX_NVFP4_GEMM_SM90_PATH")
+    if path == "auto":
+        os.environ.pop("JAX_NVFP4_GEMM_SM90_PATH", None)
+    else:
+        os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("JAX_NVFP4_GEMM_SM90_PATH", None)
+        else:
+            os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = old
+
+
+def poison(nbytes):
+    jnp.full((max(nbytes // 4, 1),), jnp.nan, jnp.float32).block_until_ready().delete()
+
+
+def run(path, x, w, **kw):
+    m = int(np.prod(x.shape[:-1]))
+    poison(m * w.shape[0] * 4)
+    with forced_path(path):
+        y = jn.matmul(x, w, **kw)
+        jax.block_until_ready(y)
+    return y
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("m", [1, 3, 8, 17, 32, 255, 300])
+@pytest.mark.parametrize("n,k", [(200, 272), (64, 4096), (1000, 1040)])
+def test_w4a16_bf16(kernels, path, m, n, k):
+    x = mc.random_float((m, k), jnp.bfloat16, seed=m * 7 + k)
+    w = mc.random_weight(n, k, seed=n)
+    want = mc.oracle(x, w)
+    mc.assert_close(run(path, x, w, out_dtype=jnp.float32), want, 1e-5)
+    mc.assert_close(run(path, x, w, out_dtype=jnp.bfloat16), want, 1e-2)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("x_dtype", [jnp.float32, jnp.float16])
+@pytest.mark.parametrize("m", [2, 20, 130])
+def test_w4a16_f32_and_f16_x(kernels, path, x_dtype, m):
+    n, k = 136, 336
+    x = mc.random_float((m, k), x_dtype, seed=m)
+    w = mc.random_weight(n, k, seed=3)
+    want = mc.oracle(x, w)
+    mc.assert_close(run(path, x, w, out_dtype=jnp.float32), want, 1e-5)
+    mc.assert_close(run(path, x, w, out_dtype=jnp.float16), want, 2e-3)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("m", [1, 16, 129])
+def test_w4a4(kernels, path, m):
+    n, k = 264, 528
+    xq = jn.quantize(mc.random_float((m, k), jnp.float32, seed=m))
+    w = mc.random_weight(n, k, seed=4)
+    mc.assert_close(run(path, xq, w, out_dtype=jnp.float32), mc.oracle(xq, w), 1e-5)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_bias_and_batched_x(kernels, path):
+    x = mc.random_float((3, 7, 256), jnp.bfloat16, 5)
+    w = mc.random_weight(100, 256, 6)
+    bias = mc.random_float((100,), jnp.bfloat16, 7)
+    y = run(path, x, w, bias=bias, out_dtype=jnp.float32)
+    assert y.shape == (3, 7, 100)
+    mc.assert_close(y.reshape(21, 100), mc.oracle(x.reshape(21, 256), w, bias), 1e-5)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("m", [4, 200])
+def test_nvfp4_output(kernels, path, m):
+    n, k = 96, 320
+    x = mc.random_float((m, k), jnp.bfloat16, 8)
+    w = mc.random_weight(n, k, 9)
+    y = run(path, x, w, out_dtype=jnp.float32)
+    q = run(path, x, w, out_s_enc=np.float32(900.0))
+    codes, scales, s_dec = mc.quantize_reference_bytes(np.asarray(y), 900.0)
+    got = np.asarray(jax.lax.bitcast_convert_type(q.codes, jnp.uint4)).astype(np.uint8)
+    np.testing.assert_array_equal(got, codes)
+    np.testing.assert_array_equal(np.asarray(q.scales).view(np.uint8), scales)
+    np.testing.assert_array_equal(np.asarray(q.s_dec), s_dec)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_nan_propagation(kernels, path):
+    m, n, k = 40, 64, 256
+    x = np.array(mc.random_float((m, k), jnp.float32, 10))
+    x[3, 17] = np.nan
+    wf = np.array(mc.random_float((n, k), jnp.float32, 11))
+    wf[9, 200] = np.inf  # its block gets the NaN scale
+    y = np.asarray(run(path, jnp.asarray(x, jnp.bfloat16), jn.quantize(jnp.asarray(wf)),
+                       out_dtype=jnp.float32))
+    nan = np.isnan(y)
+    assert nan[3].all() and nan[:, 9].all()
+    assert not np.delete(np.delete(nan, 3, axis=0), 9, axis=1).any()
+
+
+def test_jit_and_vmap(kernels):
+    xs = mc.random_float((4, 6, 128), jnp.bfloat16, 12)
+    w = mc.random_weight(48, 128, 13)
+    f = jax.jit(jax.vmap(lambda a: jn.matmul(a, w, out_dtype=jnp.float32)))
+    mc.assert_close(f(xs).reshape(24, 48), mc.oracle(xs.reshape(24, 128), w), 1e-5)
+
+
+def test_deterministic(kernels):
+    x = mc.random_float((8, 4096), jnp.bfloat16, 14)
+    w = mc.random_weight(512, 4096, 15)
+    a = np.asarray(run("decode", x, w, out_dtype=jnp.float32))
+    b = np.asarray(run("decode", x, w, out_dtype=jnp.float32))
+    np.testing.assert_array_equal(a, b)
+
+
+MEMCHECK_SCRIPT = textwrap.dedent("""
+    import os
+    import jax, jax.numpy as jnp, numpy as np
+    import jax_nvfp4 as jn
+    rng = np.random.default_rng(0)
+    for path in ("decode", "prefill"):
+        os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = path
+        for m, n, k, xd in ((3, 37, 208, jnp.bfloat16), (37, 70, 48, jnp.float32), (130, 13, 16, jnp.float16)):
+            x = jnp.asarray(rng.standard_normal((m, k)), xd)
+            w = jn.quantize(jnp.asarray(rng.standard_normal((n, k)), jnp.float32))
+            jn.matmul(x, w, bias=jnp.ones((n,)), out_dtype=jnp.bfloat16).block_until_ready()
+            jn.matmul(jn.quantize(x.astype(jnp.float32)), w, out_dtype=jnp.float32).block_until_ready()
+        jn.matmul(x, jn.quantize(jnp.ones((32, 16))), out_s_enc=1.0).codes.block_until_ready()
+    print("memcheck-done")
+""")
+
+
+def test_compute_sanitizer_memcheck_tail_shapes(kernels, tmp_path):
+    tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+    if not Path(tool).exists():
+        pytest.skip("compute-sanitizer not installed")
+    script = tmp_path / "memcheck_matmul.py"
+    script.write_text(MEMCHECK_SCRIPT)
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    proc = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable,
+                           str(script)], capture_output=True, text=True, env=env, timeout=420)
+    report = proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.returncode == 0 and "memcheck-done" in proc.stdout, report
+    assert "ERROR SUMMARY: 0 errors" in proc.stdout + proc.stderr, report

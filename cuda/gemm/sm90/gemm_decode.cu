@@ -352,8 +352,12 @@ template <XKind XK>
 cudaError_t launch_for_m(const GemmProblem& p, cudaStream_t stream) {
   if (p.m <= 8) return launch<1, XK>(p, stream);
   // Split activations (two MMAs, twice the registers) stop at 16 rows a tile.
-  if (p.m <= 16 || x_split<XK>()) return launch<2, XK>(p, stream);
-  return launch<4, XK>(p, stream);
+  if constexpr (x_split<XK>()) {
+    return launch<2, XK>(p, stream);
+  } else {
+    if (p.m <= 16) return launch<2, XK>(p, stream);
+    return launch<4, XK>(p, stream);
+  }
 }
 
 }  // namespace

@@ -47,8 +47,8 @@ class Config:
     eps: float = 1e-5
 
 
-SMALL = Config(hidden=1024, intermediate=1024, heads=8, kv_heads=8, head_dim=128, layers=2,
-               context=128, prefill=128, decode_batches=(1, 16))
+SMALL = Config(hidden=1024, intermediate=1024, heads=8, kv_heads=8, head_dim=128, layers=1,
+               context=64, prefill=64, decode_batches=(1, 16))
 
 COLUMN = ("wq", "wk", "wv", "wg", "wu")  # output features split
 ROW = ("wo", "wd")  # input features split

@@ -111,7 +111,7 @@ def test_compute_sanitizer_memcheck_tail_heavy_shape(gpu, tmp_path):
     script = tmp_path / "memcheck_conv.py"
     script.write_text(MEMCHECK_PROGRAM)
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    res = subprocess.run([sanitizer, "--tool", "memcheck", "--kernel-name", "regex:conv_sm90",
+    res = subprocess.run([sanitizer, "--tool", "memcheck", "--kernel-name", "kns=conv_sm90",
                           "--error-exitcode", "3", sys.executable, "-P", str(script)],
                          capture_output=True, text=True, env=env, timeout=400)
     assert "MEMCHECK-DONE" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]

@@ -210,41 +210,51 @@ struct Kernel {
     a[3] = decode_pair((w1[2 * kk + 1] >> shift) & 0xFF, s1);
   }
 
+  // Dequantizes the 4 A fragments (64 channels) of tap s into `frag`, then issues the tap's 4
+  // wgmmas back to back as one commit group.
+  static __device__ __forceinline__ void issue_tap(const ConvProblem& pb, const Geometry& g, int s,
+                                                   const uint8_t* codes, const uint8_t* scales,
+                                                   uint32_t act, int row0, int tr0, int t,
+                                                   uint32_t (&frag)[4][4], float (&acc)[kAcc]) {
+    const int row1 = row0 + 8, tr1 = tr0 + 8;
+    const uint4* p0 = reinterpret_cast<const uint4*>(codes + (s * kBM + row0) * kCodeRowBytes);
+    const uint4* p1 = reinterpret_cast<const uint4*>(codes + (s * kBM + row1) * kCodeRowBytes);
+    const uint4 c0[2] = {p0[0], p0[1]}, c1[2] = {p1[0], p1[1]};
+    const uint32_t sc0 = *reinterpret_cast<const uint32_t*>(scales + s * kTileBytes + (tr0 % 32) * 16 + (tr0 / 32) * 4);
+    const uint32_t sc1 = *reinterpret_cast<const uint32_t*>(scales + s * kTileBytes + (tr1 % 32) * 16 + (tr1 / 32) * 4);
+#pragma unroll
+    for (int kk = 0; kk < kChunkC / 16; ++kk) {
+      a_fragment(frag[kk], c0, c1, e4m3_to_float((sc0 >> (8 * kk)) & 0xFF),
+                 e4m3_to_float((sc1 >> (8 * kk)) & 0xFF), kk, t);
+    }
+    const Tap tap = tap_of(pb, s);
+    const uint32_t lead = g.slots * 16;  // next 8-channel column (K direction)
+    const uint32_t b_tap = act + ((tap.phase * (kChunkC / 8)) * g.slots + tap.shift) * 16;
+    wgmma_fence();
+    fence_accumulators(acc);
+#pragma unroll
+    for (int kk = 0; kk < kChunkC / 16; ++kk) {
+      WgmmaRS<kBN>::run(acc, frag[kk], smem_descriptor(b_tap + 2 * kk * lead, lead, 128));
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // the previous tap's group is done: its fragment buffer may be rewritten
+    fence_accumulators(acc);
+  }
+
   static __device__ void compute_stage(const ConvProblem& pb, const Geometry& g, int64_t k0,
                                        const uint8_t* smem, const StageLayout& L,
                                        float (&acc)[kAcc]) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int g8 = lane / 4, t = lane % 4;
-    const int row0 = (warp / 4) * 64 + (warp % 4) * 16 + g8, row1 = row0 + 8;  // rows in the tile
-    const int tr0 = static_cast<int>(k0 % kTileRows) + row0, tr1 = tr0 + 8;    // rows in the scale tile
+    const int row0 = (warp / 4) * 64 + (warp % 4) * 16 + lane / 4;  // row in the tile
+    const int tr0 = static_cast<int>(k0 % kTileRows) + row0;         // row in the scale tile
     const uint8_t* codes = smem + L.act_bytes;
     const uint8_t* scales = codes + L.code_bytes;
     const uint32_t act = smem_addr(smem);
-    const uint32_t lead = g.slots * 16;  // next 8-channel column (K direction)
-    uint32_t a[2][4];
-    int step = 0;
-    for (int s = 0; s < pb.s; ++s) {
-      const Tap tap = tap_of(pb, s);
-      uint4 c0[2], c1[2];
-      const uint4* p0 = reinterpret_cast<const uint4*>(codes + (s * kBM + row0) * kCodeRowBytes);
-      const uint4* p1 = reinterpret_cast<const uint4*>(codes + (s * kBM + row1) * kCodeRowBytes);
-      c0[0] = p0[0]; c0[1] = p0[1]; c1[0] = p1[0]; c1[1] = p1[1];
-      const uint32_t sc0 = *reinterpret_cast<const uint32_t*>(scales + s * kTileBytes + (tr0 % 32) * 16 + (tr0 / 32) * 4);
-      const uint32_t sc1 = *reinterpret_cast<const uint32_t*>(scales + s * kTileBytes + (tr1 % 32) * 16 + (tr1 / 32) * 4);
-      const uint32_t b_tap = act + ((tap.phase * (kChunkC / 8)) * g.slots + tap.shift) * 16;
-#pragma unroll
-      for (int kk = 0; kk < kChunkC / 16; ++kk, ++step) {
-        uint32_t(&frag)[4] = a[step & 1];
-        a_fragment(frag, c0, c1, e4m3_to_float((sc0 >> (8 * kk)) & 0xFF),
-                   e4m3_to_float((sc1 >> (8 * kk)) & 0xFF), kk, t);
-        const uint64_t desc = smem_descriptor(b_tap + 2 * kk * lead, lead, 128);
-        wgmma_fence();
-        fence_accumulators(acc);
-        WgmmaRS<kBN>::run(acc, frag, desc);
-        wgmma_commit();
-        wgmma_wait<1>();  // the fragment buffer written next is free
-        fence_accumulators(acc);
-      }
+    // Two fragment buffers, alternating between taps, so decoding tap s+1 overlaps tap s's MMAs.
+    uint32_t frag_a[4][4], frag_b[4][4];
+    for (int s = 0; s < pb.s; s += 2) {
+      issue_tap(pb, g, s, codes, scales, act, row0, tr0, lane % 4, frag_a, acc);
+      if (s + 1 < pb.s) issue_tap(pb, g, s + 1, codes, scales, act, row0, tr0, lane % 4, frag_b, acc);
     }
   }
 
@@ -344,7 +354,9 @@ cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream) {
   if (p.n * p.p * p.q == 0 || p.k == 0) return cudaSuccess;
   const int max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
-  const bool narrow = p.k <= 64;  // one warpgroup: no half-empty 128-channel tiles
+  // One warpgroup per CTA when K fits in 64 channels, or when 128-channel tiles would give fewer
+  // CTAs than two per SM (more, smaller CTAs keep every SM busy).
+  const bool narrow = p.k <= 64 || make_geometry(p, 128).pixel_tiles * ceil_div(p.k, 128) < 2 * sms;
   if (p.x_is_nvfp4) {
     return narrow ? launch<ActKind::kNvfp4, 128, 1>(p, stream, max_smem)
                   : launch<ActKind::kNvfp4, 128, 2>(p, stream, max_smem);

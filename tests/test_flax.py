@@ -82,7 +82,7 @@ def test_linen_dense_general_matches_reshaped_dense():
     params = float_model.init(jax.random.key(0), x)
     kernel = params["params"]["kernel"]
     assert kernel.shape == (4, 16, 4, 8)
-    q = convert.quantize_params(params, in_ndim=lambda path, k: 2)
+    q = convert.quantize_params(params, conv=lambda path, k: False, in_ndim=lambda path, k: 2)
     y = nvlinen.DenseGeneral((4, 8), axis=(2, 1)).apply(q, x)  # axis order as Flax: sorted
     x2 = jnp.moveaxis(x, (1, 2), (2, 3)).reshape(2, 3, 64)
     ref = _reference(x2, kernel.reshape(64, 32), params["params"]["bias"].reshape(32))
@@ -218,7 +218,7 @@ def test_quantize_params_keeps_structure_and_honours_predicate():
     assert cos > 0.99
 
 
-def test_quantize_params_default_skips_ineligible_kernels():
+def test_quantize_params_keeps_kernels_nvfp4_cannot_hold():
     params = {"a": {"kernel": jnp.ones((24, 8))}, "b": {"kernel": jnp.ones((32, 8))}}
     q = convert.quantize_params(params)
     assert not isinstance(q["a"]["kernel"], jn.NVFP4Array)

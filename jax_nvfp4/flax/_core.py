@@ -7,9 +7,11 @@ import math
 
 import jax.numpy as jnp
 
+from jax_nvfp4.convolution import conv as nvfp4_conv
+from jax_nvfp4.convolution import quantize_conv_weight
 from jax_nvfp4.format import BLOCK, NVFP4Array, check_float_dtype
 from jax_nvfp4.gemm import matmul
-from jax_nvfp4.primitives.autodiff import qat_matmul
+from jax_nvfp4.primitives.autodiff import qat_conv, qat_matmul
 from jax_nvfp4.quantization import quantize
 
 
@@ -44,9 +46,25 @@ def activation_s_enc(samples) -> float:
     return float(encode_scale_from_amax(tensor_amax(jnp.asarray(samples))))
 
 
-def quantize_kernel(kernel) -> NVFP4Array:
-    """A Flax float kernel [in, out] -> the NVFP4 weight [N=out, K=in] (K blocked by 16)."""
-    return quantize(jnp.asarray(kernel).T)
+def quantize_kernel(kernel, *, conv: bool = False) -> NVFP4Array:
+    """A Flax float kernel -> its NVFP4 weight: dense [in, out] -> [out, in]; conv (HWIO)
+    [R, S, in, out] -> [R, S, out, in]. The input axis, blocked by 16, goes last."""
+    kernel = jnp.asarray(kernel)
+    return quantize_conv_weight(kernel) if conv else quantize(kernel.T)
+
+
+def _input(x, dtype, param_dtype, in_features, min_ndim, layer):
+    """Checks a layer input [..., in_features]; returns it cast to `dtype` and the output dtype
+    (`dtype`, else that Flax would give: x's promoted with param_dtype)."""
+    x = jnp.asarray(x)
+    check_float_dtype(x.dtype, f"{layer}: input")
+    if x.ndim < min_ndim or x.shape[-1] != in_features:
+        raise ValueError(f"{layer}: input of shape {tuple(x.shape)} does not end in "
+                         f"in_features={in_features}" + (f" (needs rank >= {min_ndim})"
+                                                          if x.ndim < min_ndim else ""))
+    if dtype is not None:
+        return x.astype(dtype), jnp.dtype(dtype)
+    return x, jnp.result_type(x.dtype, param_dtype)
 
 
 def dense(x, kernel, bias, *, in_features: int, dtype, param_dtype, act_quant: bool, act_s_enc,
@@ -57,21 +75,56 @@ def dense(x, kernel, bias, *, in_features: int, dtype, param_dtype, act_quant: b
     (quantization-aware training: quantized here, straight-through gradients).
     The output dtype is `dtype`, else that Flax's Dense would give: x's promoted with
     param_dtype. With `dtype` given, x is cast to it first."""
-    x = jnp.asarray(x)
-    check_float_dtype(x.dtype, f"{layer}: input")
-    if x.ndim < 1 or x.shape[-1] != in_features:
-        raise ValueError(f"{layer}: input of shape {tuple(x.shape)} does not end in "
-                         f"in_features={in_features}")
-    if dtype is not None:
-        x = x.astype(dtype)
-        out_dtype = jnp.dtype(dtype)
-    else:
-        out_dtype = jnp.result_type(x.dtype, param_dtype)
+    x, out_dtype = _input(x, dtype, param_dtype, in_features, 1, layer)
     if isinstance(kernel, NVFP4Array):
         x_in = quantize(x, s_enc=act_s_enc) if act_quant else x
         return matmul(x_in, kernel, bias=bias, out_dtype=out_dtype)
     return qat_matmul(x, kernel.T, bias, quantize_activations=act_quant, act_s_enc=act_s_enc,
                       out_dtype=out_dtype)
+
+
+def pair(value, name: str, layer: str) -> tuple[int, int]:
+    """An int or a pair of positive ints (Flax's kernel_size/strides/dilation) -> a pair."""
+    pair_ = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair_) != 2 or not all(isinstance(v, int) and v > 0 for v in pair_):
+        raise ValueError(f"{layer}: {name}={value!r} must be a positive int or a pair of them "
+                         "(2-D convolutions only)")
+    return pair_
+
+
+def conv_padding(padding, layer: str):
+    """Flax's padding forms -> those jax_nvfp4.conv takes ('SAME', 'SAME_LOWER', 'VALID', or
+    ((lo, hi), (lo, hi))): an int p pads p on every side, a pair of ints (p_h, p_w) both sides."""
+    if isinstance(padding, str):
+        if padding.upper() not in ("SAME", "SAME_LOWER", "VALID"):
+            raise ValueError(f"{layer}: padding={padding!r} is not supported (use 'SAME', "
+                             "'SAME_LOWER', 'VALID', an int or explicit pairs)")
+        return padding.upper()
+    if isinstance(padding, int):
+        return ((padding, padding), (padding, padding))
+    pads = tuple((p, p) if isinstance(p, int) else tuple(p) for p in padding)
+    if len(pads) != 2 or any(len(p) != 2 for p in pads):
+        raise ValueError(f"{layer}: padding={padding!r} must give the 2 spatial dims")
+    return pads
+
+
+def conv(x, kernel, bias, *, in_features: int, strides, padding, dilation, dtype, param_dtype,
+         act_quant: bool, act_s_enc, layer: str):
+    """2-D NHWC convolution for x [..., H, W, in_features] (any number of batch dims, or none).
+
+    kernel: an NVFP4Array [R, S, out, in] (inference) or a float HWIO array [R, S, in, out]
+    in Flax's layout (quantization-aware training). dtype rules as `dense`."""
+    x, out_dtype = _input(x, dtype, param_dtype, in_features, 3, layer)
+    lead = x.shape[:-3]
+    x4 = x.reshape(-1, *x.shape[-3:])
+    kw = dict(window_strides=strides, padding=padding, rhs_dilation=dilation)
+    if isinstance(kernel, NVFP4Array):
+        x_in = quantize(x4, s_enc=act_s_enc) if act_quant else x4
+        y = nvfp4_conv(x_in, kernel, bias=bias, out_dtype=out_dtype, **kw)
+    else:
+        y = qat_conv(x4, kernel, bias, quantize_activations=act_quant, act_s_enc=act_s_enc,
+                     out_dtype=out_dtype, **kw)
+    return y.reshape(*lead, *y.shape[1:])
 
 
 def group_axis_name(names, layer: str, what: str):
@@ -85,10 +138,21 @@ def group_axis_name(names, layer: str, what: str):
     return names[0] if names else None
 
 
-def nvfp4_field_names(in_name, out_name) -> dict:
+def nvfp4_field_names(in_name, out_name, lead=()) -> dict:
     """Sharding names of the NVFP4 fields of a weight whose Flax kernel axes are named
-    (in_name, out_name): codes [out, in]; tiled scales [out tiles, in tiles, 32, 4, 4], so a
-    split into whole 128-row / 64-column tiles follows the codes' split; s_dec is replicated."""
-    return {"codes": (out_name, in_name),
-            "scales": (out_name, in_name, None, None, None),
+    (*lead, in_name, out_name) (lead: a conv's spatial axes): codes [*lead, out, in]; tiled
+    scales [*lead, out tiles, in tiles, 32, 4, 4], so a split into whole 128-row / 64-column
+    tiles follows the codes' split; s_dec is replicated."""
+    lead = tuple(lead)
+    return {"codes": (*lead, out_name, in_name),
+            "scales": (*lead, out_name, in_name, None, None, None),
             "s_dec": ()}
+
+
+def split_kernel_names(names, layer: str):
+    """A dense [in, out] or conv [R, S, in, out] kernel's axis names -> (lead, in, out)."""
+    names = tuple(names)
+    if len(names) not in (2, 4):
+        raise ValueError(f"{layer}: kernel sharding names {names} must name the kernel's axes "
+                         "([in, out], or [R, S, in, out] for a convolution)")
+    return names[:-2], names[-2], names[-1]

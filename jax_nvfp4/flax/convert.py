@@ -1,17 +1,19 @@
 """Turning trained float Flax models into NVFP4 ones, and saving/restoring them with orbax.
 
 - `quantize_params(params, predicate=...)`: a float linen parameter tree (of a model built from
-  nn.Dense / nn.DenseGeneral) -> the tree jax_nvfp4.flax.linen layers expect: each selected
-  'kernel' [*in, *out] becomes an NVFP4Array [prod(out), prod(in)]; everything else is kept.
-- `quantize_model(model, predicate=...)`: an nnx model, in place: each selected `nnx.Linear`
-  (or QAT-mode `jax_nvfp4.flax.nnx.Linear`) becomes an inference-mode NVFP4 `Linear`.
+  nn.Dense / nn.DenseGeneral / nn.Conv) -> the tree jax_nvfp4.flax.linen layers expect: each
+  selected 'kernel' becomes an NVFP4Array (dense [*in, *out] -> [prod(out), prod(in)], conv
+  HWIO -> [R, S, out, in]); everything else is kept.
+- `quantize_model(model, predicate=...)`: an nnx model, in place: each selected `nnx.Linear` /
+  `nnx.Conv` (or QAT-mode NVFP4 layer) becomes an inference-mode NVFP4 `Linear` / `Conv`.
 - `save(directory, tree)` / `restore(directory, like)`: orbax checkpoints of either (an nnx
   model's `nnx.state(model)`, or a linen parameter tree).
 
 A predicate is called as predicate(path, kernel) with the layer's path (a tuple of names /
-indices) and its float kernel in Flax's [*in, *out] layout; `eligible` (the default) accepts
-every kernel whose input size is a multiple of 16, `skip(*names)` also rejects the layers whose
-path holds one of `names` (e.g. the embedding and the LM head).
+indices) and its float kernel in Flax's layout; `quantize_all` is the default, `skip(*names)`
+rejects the layers whose path holds one of `names` (e.g. the embedding and the LM head).
+Layers NVFP4 cannot hold (an input size, or a conv's input channels, not a multiple of 16) stay
+float whatever the predicate says.
 """
 
 from __future__ import annotations
@@ -33,19 +35,26 @@ from jax_nvfp4.format import BLOCK
 Predicate = Callable[[tuple, Any], bool]
 
 
-def eligible(path: tuple, kernel) -> bool:
-    """True when `kernel` [..., in, out] contracts a multiple of 16 (one output axis)."""
-    del path
-    return kernel.ndim >= 2 and math.prod(kernel.shape[:-1]) % BLOCK == 0
+def quantize_all(path: tuple, kernel) -> bool:
+    """The default predicate: every layer NVFP4 can hold."""
+    del path, kernel
+    return True
 
 
 def skip(*names: str) -> Predicate:
-    """A predicate: `eligible`, except for layers whose path contains one of `names`."""
+    """A predicate rejecting the layers whose path contains one of `names`."""
 
     def predicate(path: tuple, kernel) -> bool:
-        return eligible(path, kernel) and not any(p in names for p in path)
+        del kernel
+        return not any(p in names for p in path)
 
     return predicate
+
+
+def is_conv(path: tuple, kernel) -> bool:
+    """The default rule telling conv kernels from dense ones in a linen tree: rank 4 (HWIO)."""
+    del path
+    return kernel.ndim == 4
 
 
 def _unboxed(leaf):
@@ -58,15 +67,31 @@ def _is_float_kernel(leaf) -> bool:
             and jnp.issubdtype(value.dtype, jnp.floating))
 
 
-def quantize_params(params, *, predicate: Predicate = eligible,
+def quantize_params(params, *, predicate: Predicate = quantize_all, conv: Predicate = is_conv,
                     in_ndim: Callable[[tuple, Any], int] | None = None):
     """The NVFP4 counterpart of a float linen parameter tree (see the module docstring).
 
-    Each mapping holding a float 'kernel' of rank >= 2 is a dense layer; if
-    predicate(path, kernel) accepts it, the kernel is quantized to an NVFP4Array and its sharding
-    box (nn.with_partitioning / nn.with_logical_partitioning) is carried over. A rank-2 kernel
-    is [in, out]; for a rank > 2 kernel (nn.DenseGeneral) `in_ndim(path, kernel)` says how many
+    Each mapping holding a float 'kernel' of rank >= 2 is a layer; if predicate(path, kernel)
+    accepts it, the kernel is quantized to an NVFP4Array and its sharding box
+    (nn.with_partitioning / nn.with_logical_partitioning) is carried over. conv(path, kernel)
+    tells an nn.Conv kernel (HWIO; default: rank 4) from a dense one. A dense kernel of rank 2
+    is [in, out]; for a rank > 2 one (nn.DenseGeneral) `in_ndim(path, kernel)` says how many
     leading axes are inputs (default: all but the last). The input tree is not modified."""
+
+    def quantized(kernel, path):
+        where = "/".join(map(str, path))
+        value = _unboxed(kernel)
+        if conv(path, value):
+            if value.shape[2] % BLOCK:
+                return kernel
+            return nvfp4_linen.quantize_kernel(kernel, where, conv=True)
+        n_in = in_ndim(path, value) if in_ndim else value.ndim - 1
+        if not 1 <= n_in < value.ndim:
+            raise ValueError(f"quantize_params: in_ndim={n_in} for the kernel of shape "
+                             f"{value.shape} at {where}")
+        if math.prod(value.shape[:n_in]) % BLOCK:
+            return kernel
+        return nvfp4_linen.quantize_kernel(kernel, where, in_ndim=n_in)
 
     def convert(node, path):
         if not isinstance(node, Mapping):
@@ -74,42 +99,58 @@ def quantize_params(params, *, predicate: Predicate = eligible,
         out = {key: convert(value, path + (key,)) for key, value in node.items()}
         kernel = node.get("kernel")
         if _is_float_kernel(kernel) and predicate(path, _unboxed(kernel)):
-            n_in = in_ndim(path, _unboxed(kernel)) if in_ndim else _unboxed(kernel).ndim - 1
-            if not 1 <= n_in < _unboxed(kernel).ndim:
-                raise ValueError(f"quantize_params: in_ndim={n_in} for the kernel of shape "
-                                 f"{_unboxed(kernel).shape} at {'/'.join(map(str, path))}")
-            out["kernel"] = nvfp4_linen.quantize_kernel(kernel, n_in, "/".join(map(str, path)))
+            out["kernel"] = quantized(kernel, path)
         return type(node)(out) if isinstance(node, nn.FrozenDict) else out
 
     return convert(params, ())
 
 
-def _float_linear(module) -> bool:
-    """An nnx layer quantize_model converts: a float nnx.Linear or a QAT-mode NVFP4 Linear."""
-    if isinstance(module, nvfp4_nnx.Linear):
+def _ones(value) -> bool:
+    return all(v == 1 for v in ((value,) if isinstance(value, int) else value))
+
+
+def _convertible(module) -> bool:
+    """An nnx layer quantize_model converts: a QAT-mode NVFP4 layer, a float nnx.Linear with a
+    multiple of 16 inputs, or a float 2-D nnx.Conv NVFP4 can represent (a multiple of 16 input
+    channels; no feature groups, input dilation, mask or circular padding)."""
+    if isinstance(module, (nvfp4_nnx.Linear, nvfp4_nnx.Conv)):
         return module.qat
-    return type(module) is nnx.Linear
+    if type(module) not in (nnx.Linear, nnx.Conv) or module.kernel[...].shape[-2] % BLOCK:
+        return False
+    if type(module) is nnx.Linear:
+        return True
+    return (module.kernel[...].ndim == 4 and module.feature_group_count == 1
+            and module.mask is None and _ones(module.input_dilation)
+            and not (isinstance(module.padding, str) and module.padding.upper() == "CIRCULAR"))
 
 
 def _to_nvfp4(module, act_quant: bool, act_s_enc):
-    if isinstance(module, nvfp4_nnx.Linear):  # QAT -> inference, same options
+    if isinstance(module, (nvfp4_nnx.Linear, nvfp4_nnx.Conv)):  # QAT -> inference, same options
         act_quant, act_s_enc = module.act_quant, module.act_s_enc
+    kwargs = dict(dtype=module.dtype, act_quant=act_quant, act_s_enc=act_s_enc)
+    if isinstance(module, (nnx.Conv, nvfp4_nnx.Conv)):
+        cls = nvfp4_nnx.Conv
+        kwargs.update(strides=module.strides, padding=module.padding,
+                      kernel_dilation=module.kernel_dilation)
+    else:
+        cls = nvfp4_nnx.Linear
     bias = module.bias[...] if module.bias is not None else None
-    return nvfp4_nnx.Linear.from_float(
+    return cls.from_float(
         module.kernel[...], bias, kernel_metadata=module.kernel.get_metadata(),
-        bias_metadata={} if module.bias is None else module.bias.get_metadata(),
-        dtype=module.dtype, act_quant=act_quant, act_s_enc=act_s_enc)
+        bias_metadata={} if module.bias is None else module.bias.get_metadata(), **kwargs)
 
 
-def quantize_model(model, *, predicate: Predicate = eligible, act_quant: bool = False,
+def quantize_model(model, *, predicate: Predicate = quantize_all, act_quant: bool = False,
                    act_s_enc: float | None = None):
-    """Converts an nnx model's float `nnx.Linear` layers (and QAT-mode NVFP4 `Linear`s, which keep
-    their activation options) accepted by predicate(path, kernel) into inference-mode NVFP4
-    `Linear`s, in place; returns the model (the new layer itself when `model` is one layer).
-    `act_quant`/`act_s_enc` set W4A4 on the converted nnx.Linear layers.
+    """Converts an nnx model's float `nnx.Linear` / `nnx.Conv` layers (and QAT-mode NVFP4 layers,
+    which keep their activation options) accepted by predicate(path, kernel) into inference-mode
+    NVFP4 `Linear` / `Conv` layers, in place; returns the model (the new layer itself when
+    `model` is one layer). Convolutions NVFP4 cannot represent (feature groups, input dilation,
+    masks, circular padding) stay float. `act_quant`/`act_s_enc` set W4A4 on the converted
+    float layers.
     Keep the float model with `nnx.clone(model)` first if you still need it."""
     selected = [(path, m) for path, m in nnx.iter_modules(model)
-                if _float_linear(m) and predicate(path, m.kernel[...])]
+                if _convertible(m) and predicate(path, m.kernel[...])]
     for path, module in selected:
         new = _to_nvfp4(module, act_quant, act_s_enc)
         if not path:

@@ -1,17 +1,17 @@
-"""Flax linen layers with NVFP4 weights: `Dense` and `DenseGeneral`.
+"""Flax linen layers with NVFP4 weights: `Dense`, `DenseGeneral` and `Conv`.
 
 The attributes follow flax.linen's (features, use_bias, dtype, param_dtype, kernel_init,
-bias_init; DenseGeneral's axis) plus:
-- `qat`: keep a float master 'kernel' param (Flax's layout, [*in, *out]) quantized in every
-  forward pass with straight-through gradients; otherwise (inference) the 'kernel' param is an
-  `NVFP4Array` [N = prod(out), K = prod(in)];
+bias_init; DenseGeneral's axis; Conv's kernel_size, strides, padding, kernel_dilation) plus:
+- `qat`: keep a float master 'kernel' param (Flax's layout, [*in, *out] or HWIO) quantized in
+  every forward pass with straight-through gradients; otherwise (inference) the 'kernel' param
+  is an `NVFP4Array` ([N = prod(out), K = prod(in)], or [R, S, out, in] for Conv);
 - `act_quant` / `act_s_enc`: W4A4 (quantize activations per call, or with a calibrated static
   encode scale) instead of the default W4A16.
 
 Sharding: wrap `kernel_init` with `nn.with_logical_partitioning(init, names)` (or
-`nn.with_partitioning`) in Flax's [*in, *out] order, as for nn.Dense. The NVFP4 fields are boxed
-with the names transposed to [out, in] (scales: [out tiles, in tiles, 32, 4, 4]); when several
-axes are flattened into N or K, the outermost one's name is kept.
+`nn.with_partitioning`) in Flax's order, as for nn.Dense / nn.Conv. The NVFP4 fields are boxed
+with the names moved to [..., out, in] (scales: [..., out tiles, in tiles, 32, 4, 4]); when
+several axes are flattened into N or K, the outermost one's name is kept.
 """
 
 from __future__ import annotations
@@ -27,22 +27,30 @@ from jax_nvfp4.flax import _core
 from jax_nvfp4.format import NVFP4Array
 
 
-def quantize_kernel(kernel, in_ndim: int, layer: str) -> NVFP4Array:
-    """A float kernel [*in, *out] (possibly boxed in nn.Partitioned / nn.LogicallyPartitioned)
-    -> the NVFP4Array [prod(out), prod(in)], its codes and scales boxed with the mapped names."""
+def quantize_kernel(kernel, layer: str, *, in_ndim: int = 1, conv: bool = False) -> NVFP4Array:
+    """A float kernel, possibly boxed in nn.Partitioned / nn.LogicallyPartitioned -> its
+    NVFP4Array, the codes and scales boxed with the mapped names:
+    dense [*in, *out] (the first `in_ndim` axes are inputs) -> [prod(out), prod(in)];
+    conv (HWIO) [R, S, in, out] -> [R, S, out, in]."""
     box = kernel if isinstance(kernel, nn.Partitioned) else None
     if box is None and isinstance(kernel, nn.meta.AxisMetadata):
         raise TypeError(f"{layer}: kernel metadata {type(kernel).__name__} is not supported; "
                         "use nn.with_partitioning or nn.with_logical_partitioning")
     value = jnp.asarray(box.value if box is not None else kernel)
-    k = math.prod(value.shape[:in_ndim])
-    q = _core.quantize_kernel(value.reshape(k, -1))
+    if conv:
+        q = _core.quantize_kernel(value, conv=True)
+    else:
+        q = _core.quantize_kernel(value.reshape(math.prod(value.shape[:in_ndim]), -1))
     if box is None:
         return q
     names = tuple(box.names)
-    in_name = _core.group_axis_name(names[:in_ndim], layer, "input")
-    out_name = _core.group_axis_name(names[in_ndim:], layer, "output")
-    fields = _core.nvfp4_field_names(in_name, out_name)
+    if conv:
+        lead, in_name, out_name = _core.split_kernel_names(names, layer)
+    else:
+        lead = ()
+        in_name = _core.group_axis_name(names[:in_ndim], layer, "input")
+        out_name = _core.group_axis_name(names[in_ndim:], layer, "output")
+    fields = _core.nvfp4_field_names(in_name, out_name, lead)
     return NVFP4Array(box.replace(value=q.codes, names=fields["codes"]),
                       box.replace(value=q.scales, names=fields["scales"]), q.s_dec)
 
@@ -60,7 +68,8 @@ def _apply(module, x, in_shape: tuple[int, ...], out_shape: tuple[int, ...]):
         kernel = kernel.reshape(k, n)
     else:
         kernel = module.param("kernel", lambda rng: quantize_kernel(
-            module.kernel_init(rng, kernel_shape, module.param_dtype), len(in_shape), layer))
+            module.kernel_init(rng, kernel_shape, module.param_dtype), layer,
+            in_ndim=len(in_shape)))
     bias = None
     if module.use_bias:
         bias = module.param("bias", module.bias_init, out_shape, module.param_dtype).reshape(n)
@@ -128,3 +137,52 @@ class DenseGeneral(nn.Module):
         # Contracting axes last, in the kernel's input-axis order.
         x = jnp.moveaxis(x, norm, tuple(range(x.ndim - len(norm), x.ndim)))
         return _apply(self, x, tuple(x.shape[x.ndim - len(norm):]), features)
+
+
+class Conv(nn.Module):
+    """nn.Conv (2-D, NHWC) with an NVFP4 filter. The float kernel is Flax's HWIO
+    [R, S, in, out]; in inference mode the 'kernel' param is the NVFP4Array [R, S, out, in]
+    `jax_nvfp4.conv` takes. The input channel count must be a multiple of 16. Padding: 'SAME',
+    'SAME_LOWER', 'VALID', an int or ((lo, hi), (lo, hi)); feature groups, input dilation and
+    masks are not supported. Inputs are [..., H, W, C] (batch dims optional)."""
+
+    features: int
+    kernel_size: int | Sequence[int]
+    strides: int | Sequence[int] = 1
+    padding: Any = "SAME"
+    kernel_dilation: int | Sequence[int] = 1
+    use_bias: bool = True
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    kernel_init: Callable = default_kernel_init
+    bias_init: Callable = nn.initializers.zeros_init()
+    qat: bool = False
+    act_quant: bool = False
+    act_s_enc: float | None = None
+
+    @nn.compact
+    def __call__(self, x):
+        layer = f"Conv {self.name!r}"
+        _core.check_out_features(self.features, f"{layer}: features")
+        _core.check_act_quant(self.act_quant, self.act_s_enc, layer)
+        kernel_size = _core.pair(self.kernel_size, "kernel_size", layer)
+        x = jnp.asarray(x)
+        if x.ndim < 3:
+            raise ValueError(f"{layer}: input must be [..., H, W, C], got shape {tuple(x.shape)}")
+        in_features = x.shape[-1]
+        _core.check_in_features(in_features, f"{layer} (input channels)")
+        kernel_shape = (*kernel_size, in_features, self.features)
+        if self.qat:
+            kernel = self.param("kernel", self.kernel_init, kernel_shape, self.param_dtype)
+        else:
+            kernel = self.param("kernel", lambda rng: quantize_kernel(
+                self.kernel_init(rng, kernel_shape, self.param_dtype), layer, conv=True))
+        bias = None
+        if self.use_bias:
+            bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+        return _core.conv(x, kernel, bias, in_features=in_features,
+                          strides=_core.pair(self.strides, "strides", layer),
+                          padding=_core.conv_padding(self.padding, layer),
+                          dilation=_core.pair(self.kernel_dilation, "kernel_dilation", layer),
+                          dtype=self.dtype, param_dtype=self.param_dtype,
+                          act_quant=self.act_quant, act_s_enc=self.act_s_enc, layer=layer)

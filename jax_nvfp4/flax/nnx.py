@@ -1,19 +1,20 @@
 """Flax nnx layers with NVFP4 weights.
 
-`Linear` follows `flax.nnx.Linear`'s constructor (in_features, out_features, use_bias, dtype,
-param_dtype, kernel_init, bias_init, rngs, kernel_metadata, bias_metadata). Two modes:
+`Linear` and `Conv` follow the constructors of `flax.nnx.Linear` / `flax.nnx.Conv`
+(in_features, out_features, use_bias, dtype, param_dtype, kernel_init, bias_init, rngs,
+kernel_metadata, bias_metadata; Conv's kernel_size, strides, padding, kernel_dilation). Two modes:
 
 - inference (default): the weight is stored as NVFP4 in an `NVFP4Kernel` (codes, tiled scales and
   s_dec as `NVFP4Param` variables: saved and sharded with the model's state, never trained);
-- `qat=True`: a float master kernel `nnx.Param` [in, out] (the layout of nnx.Linear), quantized
-  in every forward pass with straight-through gradients (`qat_matmul`).
+- `qat=True`: a float master kernel `nnx.Param` in Flax's layout ([in, out], or HWIO), quantized
+  in every forward pass with straight-through gradients (`qat_matmul` / `qat_conv`).
 
 Activations stay float (W4A16) unless `act_quant=True` (W4A4), which quantizes them on each call
 with their own amax or with a calibrated static encode scale `act_s_enc`.
 
-Sharding: annotate the kernel as for nnx.Linear, in Flax's [in, out] order
+Sharding: annotate the kernel as for nnx.Linear / nnx.Conv, in Flax's order
 (`kernel_init=nnx.with_partitioning(init, ("embed", "mlp"))` or `kernel_metadata=`); the NVFP4
-fields get the names transposed to their [out, in] layout (see `_core.nvfp4_field_names`).
+fields get the names moved to their [..., out, in] layout (see `_core.nvfp4_field_names`).
 """
 
 from __future__ import annotations
@@ -45,24 +46,23 @@ def _unwrap(value) -> tuple[tp.Any, dict]:
 
 
 def _field_metadata(kernel_metadata: tp.Mapping, layer: str) -> dict[str, dict]:
-    """Metadata of a float [in, out] kernel -> that of each NVFP4 field."""
+    """Metadata of a float kernel ([in, out], or conv [R, S, in, out]) -> that of each NVFP4
+    field."""
     common = {k: v for k, v in kernel_metadata.items() if k not in _SHARDING_KEYS}
     fields = {f: dict(common) for f in ("codes", "scales", "s_dec")}
     for key in _SHARDING_KEYS:
         names = kernel_metadata.get(key)
         if not names:
             continue
-        if len(names) != 2:
-            raise ValueError(f"{layer}: kernel {key}={tuple(names)} must name the 2 axes "
-                             "[in, out] of the kernel")
-        for field, field_names in _core.nvfp4_field_names(*names).items():
+        lead, in_name, out_name = _core.split_kernel_names(names, f"{layer} ({key})")
+        for field, field_names in _core.nvfp4_field_names(in_name, out_name, lead).items():
             if field_names:  # s_dec is replicated: no sharding entry
                 fields[field][key] = field_names
     return fields
 
 
 class NVFP4Kernel(nnx.Module):
-    """An NVFP4 weight [out, in] held as three `NVFP4Param` variables with their own sharding
+    """An NVFP4 weight ([out, in], or [R, S, out, in] for a convolution) held as three `NVFP4Param` variables with their own sharding
     metadata. `.value` is the `NVFP4Array`."""
 
     def __init__(self, weight: NVFP4Array, metadata: tp.Mapping = MappingProxyType({}),
@@ -78,7 +78,40 @@ class NVFP4Kernel(nnx.Module):
         return NVFP4Array(self.codes[...], self.scales[...], self.s_dec[...])
 
 
-class Linear(nnx.Module):
+def _make_kernel(kernel, qat: bool, kernel_metadata, layer: str, conv: bool = False):
+    """The layer's kernel: the float master nnx.Param (QAT) or the quantized NVFP4Kernel."""
+    if qat:
+        return nnx.Param(kernel, **kernel_metadata)
+    value, metadata = _unwrap(kernel)
+    return NVFP4Kernel(_core.quantize_kernel(value, conv=conv), {**metadata, **kernel_metadata},
+                       layer=layer)
+
+
+def _make_bias(use_bias, bias_init, rngs, out_features, param_dtype, bias_metadata):
+    if not use_bias:
+        return nnx.data(None)
+    return nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype), **bias_metadata)
+
+
+class _NVFP4Layer(nnx.Module):
+    """What Linear and Conv share: the weight the forward pass uses."""
+
+    kernel: nnx.Param | NVFP4Kernel
+    bias: nnx.Param | None
+
+    @property
+    def weight(self):
+        """The weight the forward pass multiplies by: an NVFP4Array (inference) or the float
+        master kernel in Flax's layout (QAT)."""
+        if isinstance(self.kernel, NVFP4Kernel):
+            return self.kernel.value
+        return self.kernel[...]
+
+    def _bias(self):
+        return self.bias[...] if self.bias is not None else None
+
+
+class Linear(_NVFP4Layer):
     """y = x @ kernel + bias with an NVFP4 kernel (see the module docstring for the modes).
 
     Args beyond nnx.Linear's: `qat` (float master weights, straight-through gradients),
@@ -97,19 +130,9 @@ class Linear(nnx.Module):
         _core.check_out_features(out_features, layer)
         _core.check_act_quant(act_quant, act_s_enc, layer)
         kernel = kernel_init(rngs.params(), (in_features, out_features), param_dtype)
-        self.kernel: nnx.Param | NVFP4Kernel
-        if qat:
-            self.kernel = nnx.Param(kernel, **kernel_metadata)
-        else:
-            value, metadata = _unwrap(kernel)
-            self.kernel = NVFP4Kernel(_core.quantize_kernel(value),
-                                      {**metadata, **kernel_metadata}, layer=layer)
-        self.bias: nnx.Param | None
-        if use_bias:
-            self.bias = nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype),
-                                  **bias_metadata)
-        else:
-            self.bias = nnx.data(None)
+        self.kernel = _make_kernel(kernel, qat, kernel_metadata, layer)
+        self.bias = _make_bias(use_bias, bias_init, rngs, out_features, param_dtype,
+                               bias_metadata)
         self.in_features = in_features
         self.out_features = out_features
         self.use_bias = use_bias
@@ -135,16 +158,72 @@ class Linear(nnx.Module):
                    kernel_metadata=kernel_metadata, bias_metadata=bias_metadata,
                    rngs=nnx.Rngs(0), **kwargs)
 
-    @property
-    def weight(self):
-        """The weight the forward pass multiplies by: an NVFP4Array [out, in] (inference) or
-        the float master kernel [in, out] (QAT)."""
-        if isinstance(self.kernel, NVFP4Kernel):
-            return self.kernel.value
-        return self.kernel[...]
+    def __call__(self, x):
+        return _core.dense(x, self.weight, self._bias(), in_features=self.in_features,
+                           dtype=self.dtype, param_dtype=self.param_dtype,
+                           act_quant=self.act_quant, act_s_enc=self.act_s_enc,
+                           layer=type(self).__name__)
+
+
+class Conv(_NVFP4Layer):
+    """A 2-D NHWC convolution with an NVFP4 filter, following flax.nnx.Conv's constructor
+    (in_features, out_features, kernel_size, strides, padding, kernel_dilation, use_bias, dtype,
+    param_dtype, kernel_init, bias_init, rngs, kernel_metadata, bias_metadata) plus `qat`,
+    `act_quant` and `act_s_enc` as in `Linear`. The float kernel is Flax's HWIO
+    [R, S, in, out]; stored as NVFP4 it is [R, S, out, in] (see `jax_nvfp4.conv`).
+    `in_features` must be a multiple of 16. Padding: 'SAME', 'SAME_LOWER', 'VALID', an int or
+    ((lo, hi), (lo, hi)); feature groups, input dilation and masks are not supported.
+    Inputs are [..., H, W, in_features] (batch dims optional)."""
+
+    def __init__(self, in_features: int, out_features: int, kernel_size: int | tp.Sequence[int],
+                 strides: int | tp.Sequence[int] = 1, *, padding="SAME",
+                 kernel_dilation: int | tp.Sequence[int] = 1, use_bias: bool = True,
+                 dtype=None, param_dtype=jnp.float32, kernel_init=default_kernel_init,
+                 bias_init=default_bias_init, qat: bool = False, act_quant: bool = False,
+                 act_s_enc: float | None = None, rngs: nnx.Rngs,
+                 kernel_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({}),
+                 bias_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({})):
+        layer = type(self).__name__
+        _core.check_in_features(in_features, layer)
+        _core.check_out_features(out_features, layer)
+        _core.check_act_quant(act_quant, act_s_enc, layer)
+        self.kernel_size = _core.pair(kernel_size, "kernel_size", layer)
+        self.strides = _core.pair(strides, "strides", layer)
+        self.kernel_dilation = _core.pair(kernel_dilation, "kernel_dilation", layer)
+        self.padding = _core.conv_padding(padding, layer)
+        kernel = kernel_init(rngs.params(), (*self.kernel_size, in_features, out_features),
+                             param_dtype)
+        self.kernel = _make_kernel(kernel, qat, kernel_metadata, layer, conv=True)
+        self.bias = _make_bias(use_bias, bias_init, rngs, out_features, param_dtype,
+                               bias_metadata)
+        self.in_features = in_features
+        self.out_features = out_features
+        self.use_bias = use_bias
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.qat = qat
+        self.act_quant = act_quant
+        self.act_s_enc = act_s_enc
+
+    @classmethod
+    def from_float(cls, kernel, bias=None, *, kernel_metadata: tp.Mapping = MappingProxyType({}),
+                   bias_metadata: tp.Mapping = MappingProxyType({}), **kwargs) -> "Conv":
+        """An inference-mode layer from trained float weights: kernel HWIO [R, S, in, out],
+        bias [out] or None; other keyword arguments are the constructor's."""
+        kernel = jnp.asarray(kernel)
+        if kernel.ndim != 4:
+            raise ValueError(f"{cls.__name__}.from_float: kernel must be HWIO [R, S, in, out], "
+                             f"got shape {kernel.shape}")
+        r, s, c, k = kernel.shape
+        return cls(c, k, (r, s), use_bias=bias is not None, param_dtype=kernel.dtype,
+                   kernel_init=lambda *_: kernel,
+                   bias_init=lambda *_: jnp.asarray(bias, kernel.dtype),
+                   kernel_metadata=kernel_metadata, bias_metadata=bias_metadata,
+                   rngs=nnx.Rngs(0), **kwargs)
 
     def __call__(self, x):
-        bias = self.bias[...] if self.bias is not None else None
-        return _core.dense(x, self.weight, bias, in_features=self.in_features, dtype=self.dtype,
-                           param_dtype=self.param_dtype, act_quant=self.act_quant,
-                           act_s_enc=self.act_s_enc, layer=type(self).__name__)
+        return _core.conv(x, self.weight, self._bias(), in_features=self.in_features,
+                          strides=self.strides, padding=self.padding,
+                          dilation=self.kernel_dilation, dtype=self.dtype,
+                          param_dtype=self.param_dtype, act_quant=self.act_quant,
+                          act_s_enc=self.act_s_enc, layer=type(self).__name__)

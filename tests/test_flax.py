@@ -129,6 +129,87 @@ def test_grad_through_inference_layer(weights):
     assert np.linalg.norm(g - ref) / np.linalg.norm(ref) < 1e-2
 
 
+# ---- convolution --------------------------------------------------------------------------------
+
+CONV_X_SHAPE = (2, 6, 5, 32)
+
+
+@pytest.fixture
+def conv_weights():
+    k1, k2, k3 = jax.random.split(jax.random.key(4), 3)
+    kernel = jax.random.normal(k1, (3, 3, 32, 16), jnp.float32) / 8  # Flax HWIO
+    bias = jax.random.normal(k2, (16,), jnp.float32)
+    x = jax.random.normal(k3, CONV_X_SHAPE, jnp.float32)
+    return kernel, bias, x
+
+
+def _conv_reference(x, kernel, bias, **kw):
+    return jn.conv(x, jn.quantize_conv_weight(kernel), bias=bias, out_dtype=jnp.float32, **kw)
+
+
+def test_nnx_and_linen_conv_equal_reference(conv_weights):
+    kernel, bias, x = conv_weights
+    kw = dict(strides=(2, 1), padding=1, kernel_dilation=(1, 2))
+    ref = _conv_reference(x, kernel, bias, window_strides=(2, 1), padding=((1, 1), (1, 1)),
+                          rhs_dilation=(1, 2))
+    layer = nvnnx.Conv.from_float(kernel, bias, **kw)
+    assert layer.weight.shape == (3, 3, 16, 32)
+    np.testing.assert_array_equal(layer(x), ref)
+    np.testing.assert_array_equal(layer(x[0]), ref[0])  # an unbatched [H, W, C] input
+    params = convert.quantize_params({"params": {"kernel": kernel, "bias": bias}})
+    np.testing.assert_array_equal(nvlinen.Conv(16, (3, 3), **kw).apply(params, x), ref)
+
+
+def test_convert_float_conv_models(conv_weights):
+    _, _, x = conv_weights
+    float_conv = nn.Conv(16, (3, 3), padding="VALID")
+    params = float_conv.init(jax.random.key(0), x)
+    q = convert.quantize_params(params)
+    assert q["params"]["kernel"].shape == (3, 3, 16, 32)
+    np.testing.assert_array_equal(
+        nvlinen.Conv(16, (3, 3), padding="VALID").apply(q, x),
+        _conv_reference(x, params["params"]["kernel"], params["params"]["bias"],
+                        padding="VALID"))
+    model = nnx.Conv(32, 16, (3, 3), strides=2, rngs=nnx.Rngs(0))
+    grouped = nnx.Conv(32, 16, (3, 3), feature_group_count=2, rngs=nnx.Rngs(0))
+    converted = convert.quantize_model(model)
+    assert isinstance(converted, nvnnx.Conv)
+    np.testing.assert_array_equal(
+        converted(x), _conv_reference(x, model.kernel[...], model.bias[...], window_strides=(2, 2)))
+    assert convert.quantize_model(grouped) is grouped  # NVFP4 conv has no feature groups
+
+
+def test_conv_qat_gradients_reach_the_master_filter(conv_weights):
+    kernel, bias, x = conv_weights
+    layer = nvnnx.Conv(32, 16, (3, 3), qat=True, rngs=nnx.Rngs(0))
+    grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
+    assert grads["kernel"][...].shape == (3, 3, 32, 16)
+    assert float(jnp.linalg.norm(grads["kernel"][...])) > 0
+    np.testing.assert_array_equal(convert.quantize_model(layer)(x), layer(x))
+
+
+def test_conv_sharding_names_follow_the_nvfp4_layout(conv_weights):
+    _, _, x = conv_weights
+    init = nn.with_logical_partitioning(nn.initializers.lecun_normal(),
+                                        (None, None, "embed", "mlp"))
+    params = nvlinen.Conv(16, (3, 3), kernel_init=init).init(jax.random.key(0), x)
+    specs = nn.get_partition_spec(params)["params"]["kernel"]
+    assert specs.codes == P(None, None, "mlp", "embed")
+    assert specs.scales == P(None, None, "mlp", "embed", None, None, None)
+
+
+def test_conv_rejects_bad_arguments(conv_weights):
+    _, _, x = conv_weights
+    with pytest.raises(ValueError, match="in_features=24"):
+        nvnnx.Conv(24, 16, 3, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="kernel_size=\\(3, 3, 3\\)"):
+        nvnnx.Conv(32, 16, (3, 3, 3), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="CIRCULAR"):
+        nvnnx.Conv(32, 16, 3, padding="CIRCULAR", rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"\[\.\.\., H, W, C\]"):
+        nvlinen.Conv(16, 3).init(jax.random.key(0), jnp.ones((5, 32)))
+
+
 # ---- quantization-aware training ----------------------------------------------------------------
 
 def _regression_problem():

@@ -6,7 +6,8 @@ split of R or K is resharded to replicated before the op (explicitly, by the par
 
 Dynamic quantization (no s_enc) gives the bytes of a one-device run: each shard takes the amax
 of its elements, the amax is all-reduced (max) over the mesh axes that split the tensor, and
-the shard is quantized with the S_enc of the global amax."""
+the shard is quantized with the S_enc of the global amax (divided exactly as the kernel does:
+see _encode_scale)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from jax_nvfp4 import reference
 from jax_nvfp4.format import TILE_ROWS, rows_and_lead
 from jax_nvfp4.primitives._base import batch_size, to_front
 from jax_nvfp4.primitives.quantize import dequantize_p, quantize_p
+from jax_nvfp4.sharding._encode_scale import encode_scale
 from jax_nvfp4.sharding._partitioned import Plan, define_partitioned_primitive, register_batcher
 from jax_nvfp4.sharding._rules import RuleBuilder
 from jax_nvfp4.sharding._specs import (REPLICATED, TILE_K, even_split, k_axes, row_axes,
@@ -74,7 +76,7 @@ class _QuantizeOp:
         else:
             def body(x):
                 amax = lax.pmax(reference.tensor_amax(x), split_axes)
-                return tuple(quantize_p.bind(x, reference.encode_scale_from_amax(amax)))
+                return tuple(quantize_p.bind(x, encode_scale(amax)))
         operands = [codes, group] if has_s_enc else [codes]
         return Plan(operands, [codes, scales, group], body)
 
@@ -124,7 +126,7 @@ def _quantize_batch(args, dims):
     if len(args) == 2:
         s_enc = to_front(args[1], dims[1], size)
     else:
-        s_enc = reference.encode_scale_from_amax(reference.tensor_amax(x, group_ndim=1))
+        s_enc = encode_scale(reference.tensor_amax(x, group_ndim=1))
     rank1 = x.ndim == 2  # a batch of [K] vectors: give each its own row axis
     codes, scales, s_dec = partitioned_quantize_p.bind(x[:, None, :] if rank1 else x, s_enc)
     return (codes[:, 0, :] if rank1 else codes, scales, s_dec), (0, 0, 0)

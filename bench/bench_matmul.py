@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import os
 import statistics
 import time
 from pathlib import Path
@@ -116,6 +117,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("bench_out"))
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
+    ap.add_argument("--paths", action="store_true",
+                    help="also time the sm90 decode and prefill paths forced, for M <= 1024")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     device = jax.devices()[0].device_kind
@@ -132,6 +135,14 @@ def main():
                 except Exception as e:  # a peer XLA cannot run at this size is reported, not fatal
                     print(f"  {name} M={m} N={n} K={k}: {type(e).__name__}: {str(e)[:200]}")
                     row[name] = float("nan")
+            if args.paths and m <= 1024:
+                fn, ops = variants(m, n, k, jax.random.key(1))["ours_w4a16"]
+                for path in ("decode", "prefill"):
+                    os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = path
+                    row[f"forced_{path}"] = loop_time(fn, ops) * 1e6
+                    os.environ.pop("JAX_NVFP4_GEMM_SM90_PATH")
+                print(f"  forced paths M={m}: decode {row['forced_decode']:.1f}us, "
+                      f"prefill {row['forced_prefill']:.1f}us", flush=True)
             flops = 2.0 * m * n * k
             weight_bytes = n * k * 0.5625 + m * k * 2 + m * n * 2
             t = row["ours_w4a16"] * 1e-6
@@ -146,7 +157,7 @@ def main():
         r["ours_mma_pct"] = 100 * r["ours_tflops"] * 1e12 / mma_peak
 
     with open(args.out / "matmul_bench.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=list(max(rows, key=len)), restval="")
         w.writeheader()
         w.writerows(rows)
     date = datetime.date.today().isoformat()

@@ -4,6 +4,8 @@ The oracle is `recipe` below: DESIGN.md §2 written independently in float32 Num
 (it imports nothing from the library). On a GPU the same tests exercise the CUDA kernels.
 """
 
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -298,3 +300,30 @@ def test_dequantize_rejects_bad_input():
     bad = NVFP4Array(q.codes, q.scales[..., :2, :], q.s_dec)
     with pytest.raises(ValueError, match="need tiled scales"):
         jax_nvfp4.dequantize(bad)
+
+
+def _e2m1_probe_values():
+    """Every rounding boundary of E2M1 and its float32 neighbours, both signs, subnormals,
+    infinities, and random floats across the binades around [0, 8]."""
+    bounds = np.array([0, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8],
+                      F32)
+    near = [np.nextafter(bounds, F32(-1)), bounds, np.nextafter(bounds, F32(10))]
+    special = np.array([np.inf, 1e-45, 3e-39, TINY, 1e30, FLT_MAX], F32)
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0x30000000, 0x41200000, 200_000, dtype=np.uint32)  # ~5e-10 .. 10
+    vals = np.concatenate(near + [special, bits.view(F32)]).astype(F32)
+    return np.concatenate([vals, -vals])
+
+
+def test_software_e2m1_encoder_matches_ml_dtypes(host_program, tmp_path):
+    """The sm_90a kernels' E2M1 rounding (cuda/quantize/nvfp4_encode.h), run on the host."""
+    values = _e2m1_probe_values()
+    path = tmp_path / "values.bin"
+    values.tofile(path)
+    out = host_program(Path(__file__).parent / "host" / "e2m1_encode.cc", args=[path]).strip()
+    got = np.array([int(c, 16) for c in out], np.uint8)
+    expected = np.clip(values, -6, 6).astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0xF
+    mismatch = np.flatnonzero(got != expected)
+    assert got.size == values.size
+    assert mismatch.size == 0, [(float(values[i]), int(got[i]), int(expected[i]))
+                                for i in mismatch[:10]]

@@ -2,6 +2,7 @@
 // (DESIGN.md §2). Host-callable so the software E2M1 rounding is tested exhaustively on the CPU.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -36,18 +37,19 @@ NVFP4_HD float bits_as_float(uint32_t u) {
 // E2M1 code of float `y`, rounded to nearest with ties to even and saturated at +-6 (the
 // semantics of cvt.rn.satfinite.e2m1x2.f32 and of XLA's convert). The sign of a value that
 // rounds to zero is kept (-0.1 -> 0x8). `y` must not be NaN.
+//
+// E2M1's grid has spacing 0.5 below 2, 1 in [2, 4) and 2 in [4, 6]. Adding the magic number
+// M = spacing * 2^23 to |y| makes one float32 ulp equal that spacing, so the FPU's own
+// round-to-nearest-even rounds |y| onto the grid; bits(|y| + M) - bits(M) counts grid steps.
+// M's exponent is |y|'s exponent (at least that of 1.0) plus 22, and the step count becomes a
+// code by adding 2 per binade above [1, 2): codes 4, 6 start the binades [2, 4) and [4, 6].
 NVFP4_HD uint32_t e2m1_encode_software(float y) {
-  const uint32_t bits = float_to_bits(y);
-  uint32_t mag = bits & 0x7FFFFFFFu;
-  mag = mag < 0x40C00000u ? mag : 0x40C00000u;  // |y| saturated at 6.0 (Inf included)
-  // |y| >= 1, E2M1's normals: round the float32 mantissa to one bit, to nearest even, in
-  // integers; the exponent then carries into place. 1.0 (bits 0x3F800000) has code 2.
-  const uint32_t rounded = mag + 0x1FFFFFu + ((mag >> 22) & 1u);
-  const uint32_t normal = (rounded >> 22) - 0xFCu;
-  // |y| < 1, multiples of 0.5: in 2^22 + |y| one ulp is 0.5, so the float addition rounds
-  // |y| to nearest even and leaves the code (0, 1, or 2 for a round-up to 1.0) in the low bits.
-  const uint32_t subnormal = float_to_bits(bits_as_float(mag) + 4194304.0f) - 0x4A800000u;
-  return (mag >= 0x3F800000u ? normal : subnormal) | ((bits >> 28) & 8u);
+  const float mag = fminf(fabsf(y), kE2m1Max);
+  const uint32_t exp_bits = float_to_bits(mag) & 0x7F800000u;
+  const uint32_t magic = (exp_bits > 0x3F800000u ? exp_bits : 0x3F800000u) + (22u << 23);
+  const uint32_t steps = float_to_bits(mag + bits_as_float(magic)) - magic;
+  const uint32_t binade_offset = ((magic >> 23) - (127u + 22u)) * 2u;
+  return (steps + binade_offset) | ((float_to_bits(y) >> 28) & 8u);
 }
 
 }  // namespace jax_nvfp4

@@ -144,19 +144,25 @@ __device__ __forceinline__ uint4 pack_vector(const float* f) {
 template <typename T>
 constexpr int kVectorsPerBlock = kBlockSize * static_cast<int>(sizeof(T)) / 16;
 
-// Loads the 16 elements of block (row, k_block) as float32. All loads are issued first.
+// The raw 16-byte vectors of one block of 16 elements.
 template <typename T>
-__device__ __forceinline__ void load_block(const T* __restrict__ x, int64_t k, int64_t row,
-                                           int64_t k_block, float* f) {
-  const uint4* src = reinterpret_cast<const uint4*>(x + row * k + k_block * kBlockSize);
+struct RawBlock {
   uint4 v[kVectorsPerBlock<T>];
+
+  __device__ __forceinline__ void load(const T* __restrict__ x, int64_t k, int64_t row,
+                                       int64_t k_block) {
+    const uint4* src = reinterpret_cast<const uint4*>(x + row * k + k_block * kBlockSize);
 #pragma unroll
-  for (int q = 0; q < kVectorsPerBlock<T>; ++q) v[q] = src[q];
-#pragma unroll
-  for (int q = 0; q < kVectorsPerBlock<T>; ++q) {
-    unpack_vector<T>(v[q], f + q * Elem<T>::kPerVector);
+    for (int q = 0; q < kVectorsPerBlock<T>; ++q) v[q] = src[q];
   }
-}
+
+  __device__ __forceinline__ void to_float(float* f) const {
+#pragma unroll
+    for (int q = 0; q < kVectorsPerBlock<T>; ++q) {
+      unpack_vector<T>(v[q], f + q * Elem<T>::kPerVector);
+    }
+  }
+};
 
 // ---- numerics -------------------------------------------------------------------------------
 
@@ -165,6 +171,19 @@ __device__ __forceinline__ uint32_t e4m3_encode(float s) {
   uint16_t pair;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(s));
   return pair & 0xFFu;
+}
+
+__device__ __forceinline__ float max_propagate_nan(float a, float b) {
+  float m;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
+  return m;
+}
+
+// Float value of E4M3 bits, exactly, in hardware (via f16, which holds every E4M3 value).
+__device__ __forceinline__ float e4m3_decode(uint32_t bits) {
+  uint32_t halves;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(static_cast<uint16_t>(bits)));
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(halves & 0xFFFFu)));
 }
 
 // S_enc from the tensor's amax: 6*448/amax, or 1 where that is not a finite positive number.
@@ -185,20 +204,18 @@ struct EncodeScales {
 template <typename Encoder>
 __device__ __forceinline__ uint32_t quantize_block(const float* f, float s_enc, float s_dec,
                                                    uint2* codes) {
-  // Finiteness of the whole block: v * 0 is NaN exactly when v is NaN or +-Inf.
-  float poison = 0.0f, block_amax = 0.0f;
+  // max.NaN propagates NaN and Inf is the largest magnitude, so the block is finite exactly
+  // when its amax is.
+  float block_amax = 0.0f;
 #pragma unroll
-  for (int e = 0; e < kBlockSize; ++e) {
-    poison = __fmaf_rn(f[e], 0.0f, poison);
-    block_amax = fmaxf(block_amax, fabsf(f[e]));
-  }
-  if (poison != 0.0f) {  // NaN: a non-finite block gets the NaN scale and zero codes
+  for (int e = 0; e < kBlockSize; ++e) block_amax = max_propagate_nan(block_amax, fabsf(f[e]));
+  if (!(block_amax <= FLT_MAX)) {  // a non-finite block gets the NaN scale and zero codes
     *codes = make_uint2(0u, 0u);
     return kE4m3NanBits;
   }
   const float sb_f32 = __fmul_rn(block_amax, __fmul_rn(s_enc, 1.0f / 6.0f));
   const uint32_t sb = e4m3_encode(sb_f32);
-  const float mult = fminf(__frcp_rn(__fmul_rn(e4m3_to_float(sb), s_dec)), FLT_MAX);
+  const float mult = fminf(__frcp_rn(__fmul_rn(e4m3_decode(sb), s_dec)), FLT_MAX);
   float y[kBlockSize];
 #pragma unroll
   for (int e = 0; e < kBlockSize; ++e) y[e] = __fmul_rn(f[e], mult);
@@ -259,12 +276,23 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
   for (int64_t g = first; g < groups; g += static_cast<int64_t>(gridDim.x) * kThreads) {
     s_dec[g] = per_group ? __frcp_rn(enc.given[g]) : tensor_s_dec;
   }
-  for (uint32_t h = blockIdx.x; h < grid.half_tiles; h += gridDim.x) {
-    const BlockRef b = block_of(grid, h);
+  // Software pipelining: the next half-tile's loads are issued before this one is quantized,
+  // so every thread keeps a block's bytes in flight through its arithmetic.
+  uint32_t h = blockIdx.x;
+  BlockRef next = block_of(grid, h);
+  RawBlock<T> next_raw;
+  if (h < grid.half_tiles && next.valid) next_raw.load(x, k, next.row, next.k_block);
+  for (; h < grid.half_tiles; h += gridDim.x) {
+    const BlockRef b = next;
+    const RawBlock<T> raw = next_raw;
+    if (h + gridDim.x < grid.half_tiles) {
+      next = block_of(grid, h + gridDim.x);
+      if (next.valid) next_raw.load(x, k, next.row, next.k_block);
+    }
     uint32_t sb = 0;  // padding entries of the tile are zero
     if (b.valid) {
       float f[kBlockSize];
-      load_block<T>(x, k, b.row, b.k_block, f);
+      raw.to_float(f);
       float s_enc = tensor_s_enc, s_dec_row = tensor_s_dec;
       if (per_group) {
         s_enc = enc.given[b.row / enc.rows_per_group];
@@ -286,7 +314,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(
     const BlockRef b = block_of(grid, h);
     if (!b.valid) continue;
     const uint2 c = codes[b.row * (k / kBlockSize) + b.k_block];
-    const float sb = e4m3_to_float(scales[b.scale_offset]);
+    const float sb = e4m3_decode(scales[b.scale_offset]);
     const float sd = s_dec[b.row / rows_per_group];
     float f[kBlockSize];
 #pragma unroll

@@ -448,3 +448,19 @@ def test_bad_inputs_are_rejected(weights):
         nvnnx.Linear(IN, OUT, act_s_enc=100.0, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="finite positive"):
         nvlinen.Dense(OUT, act_quant=True, act_s_enc=-1.0).init(jax.random.key(0), x)
+
+
+# ---- demo section -------------------------------------------------------------------------------
+
+def test_demo_section_reports_accuracy_and_memory():
+    from jax_nvfp4.flax import demo
+
+    lines = []
+    figures = demo.run(lines.append, d_model=64, d_ff=128, vocab=32, tokens=4)
+    assert figures["cosine"] > 0.99
+    assert figures["max_abs_error"] < 0.1 * figures["max_abs_output"]
+    # up [128, 64] and down [64, 128]: bf16 weights -> 4-bit codes, 1 and 2 tiles of 512 E4M3
+    # scales, a float32 s_dec each
+    saved = 2 * 64 * 128 * 2 - (2 * 64 * 128 // 2 + 3 * 512 + 2 * 4)
+    assert figures["bytes_float"] - figures["bytes_nvfp4"] == saved
+    assert any("cosine similarity" in line for line in lines)

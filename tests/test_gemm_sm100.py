@@ -5,6 +5,8 @@ No Blackwell GPU exists here, so the path is checked without running it:
   evaluated on the host with cute (tests/host/scale_layout_cutlass.cc);
 - the launch plan and CUTLASS arguments of cuda/gemm/sm100/gemm_sm100_args.h (the header the
   launcher uses) match expectations computed here independently (tests/host/gemm_sm100_args.cc);
+- CUTLASS's own Gemm::can_implement accepts every planned problem (and rejects the unpadded
+  ones), evaluated on the host (tests/host/gemm_sm100_can_implement.cu);
 - the compiled kernels hold the block-scaled NVFP4 tcgen05 MMA, the shared->TMEM scale copy
   and TMA loads in their SASS.
 On a Blackwell GPU the last tests run the path against the float64 oracle (its first execution).
@@ -12,6 +14,8 @@ On a Blackwell GPU the last tests run the path against the float64 oracle (its f
 
 import importlib.util
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import jax
@@ -98,7 +102,9 @@ SHAPES = [
     (1, 4096, 4096, True, "bf16", "none"),       # decode, aligned: no copies at all
     (1, 4096, 4096, False, "bf16", "bf16"),      # W4A16 decode: quantize A, bias -> f32
     (4096, 14336, 4096, True, "f32", "f32"),     # prefill: 2-SM tiles, f32 bias used in place
-    (300, 200, 80, True, "bf16", "f32"),         # K tail (80 -> 96), N tail (200 -> 208)
+    (300, 200, 80, True, "bf16", "f32"),         # K tail (80 -> 96); 200 is bf16-aligned
+    (300, 200, 80, True, "f32", "f32"),          # ... and f32-aligned
+    (7, 100, 64, True, "bf16", "f32"),           # N tail for bf16 (100 -> 104): f32 bias padded
     (129, 100, 16, False, "f16", "none"),        # f16 via staged f32, N 100 -> 104, K 16 -> 32
     (384, 208, 48, False, "nvfp4", "bf16"),      # NVFP4 out: codes staged (208 -> 224)
     (512, 2048, 1024, True, "nvfp4", "none"),    # NVFP4 out, aligned
@@ -163,6 +169,55 @@ def test_two_sm_rule_follows_sm_count(host_program):
 ])
 def test_unsupported_problems_are_named(host_program, m, n, k, out, reason):
     assert _plan(host_program, m, n, k, True, out, "none")["unsupported"] == reason
+
+
+@pytest.fixture(scope="module")
+def can_implement(tmp_path_factory):
+    """can_implement(mode, *problems) -> rows of gemm_sm100_can_implement's output. Built with
+    nvcc as PTX only (the check is host code; about 30 s of CPU)."""
+    nvcc = shutil.which("nvcc")
+    try:
+        import cutlass_library
+    except ImportError:
+        cutlass_library = None
+    if nvcc is None or cutlass_library is None:
+        pytest.skip("needs nvcc and the nvidia-cutlass headers")
+    inc = Path(cutlass_library.__file__).parent / "source" / "include"
+    exe = tmp_path_factory.mktemp("sm100_can_implement") / "can_implement"
+    subprocess.run([nvcc, "-std=c++17", "--expt-relaxed-constexpr", "-I", str(HOST.parent.parent / "cuda"),
+                    "-isystem", str(inc), "-gencode=arch=compute_100a,code=compute_100a",
+                    str(HOST / "gemm_sm100_can_implement.cu"), "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+
+    def run(mode, *problems):
+        out = subprocess.run([str(exe), mode, *problems], check=True, capture_output=True,
+                             text=True).stdout
+        return [line.split() for line in out.splitlines()]
+
+    return run
+
+
+CUTLASS_PROBLEMS = ["1,4096,4096,bf16", "3,208,80,f32", "129,100,16,bf16", "300,200,96,f32",
+                    "4096,14336,4096,bf16", "255,8,48,f32", "1,1,16,bf16", "7,16,32,nvfp4",
+                    "384,208,48,nvfp4", "512,2048,1024,nvfp4"]
+
+
+def test_cutlass_accepts_every_planned_problem(can_implement):
+    rows = can_implement("planned", *CUTLASS_PROBLEMS)
+    assert len(rows) == len(CUTLASS_PROBLEMS)
+    for m, n, k, out, one_sm, two_sm in rows:
+        assert (one_sm, two_sm) == ("1", "1"), (m, n, k, out)
+
+
+def test_cutlass_rejects_the_problems_the_planner_pads(can_implement):
+    # Without the planner's padding CUTLASS refuses K % 32 != 0 and unaligned N: the padding
+    # is needed, and the check above is not vacuous.
+    for m, n, k, out, one_sm, two_sm in can_implement("unpadded_k", "300,200,80,bf16",
+                                                      "5,64,16,nvfp4"):
+        assert (one_sm, two_sm) == ("0", "0"), (m, n, k, out)
+    for m, n, k, out, one_sm, two_sm in can_implement("unpadded_n", "300,100,64,bf16",
+                                                      "5,6,64,f32", "5,48,64,nvfp4"):
+        assert (one_sm, two_sm) == ("0", "0"), (m, n, k, out)
 
 
 def test_sass_holds_block_scaled_tcgen05_mma(kernel_sass):

@@ -12,6 +12,13 @@ OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 
+# Build requirements the device machine lacks (the nvidia-cutlass wheel for CUTLASS/CuTe headers)
+# travel in .whl/ (carry it): see docs/development.md.
+if ls .whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv \
   | tee "$OUT/gpu.txt"
 "$PY" -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$OUT/gpu.txt"

@@ -13,6 +13,7 @@ from jax_nvfp4.format import BLOCK, NVFP4Array, check_float_dtype
 from jax_nvfp4.gemm import matmul
 from jax_nvfp4.primitives.autodiff import qat_conv, qat_matmul
 from jax_nvfp4.quantization import quantize
+from jax_nvfp4.reference import encode_scale_from_amax, tensor_amax
 
 
 def check_in_features(in_features, layer: str) -> None:
@@ -41,8 +42,6 @@ def check_act_quant(act_quant: bool, act_s_enc, layer: str) -> None:
 def activation_s_enc(samples) -> float:
     """A static activation encode scale calibrated on `samples`: 6*448 / max|samples|, the
     scale dynamic W4A4 would derive from them (pass it as a layer's `act_s_enc`)."""
-    from jax_nvfp4.reference import encode_scale_from_amax, tensor_amax
-
     return float(encode_scale_from_amax(tensor_amax(jnp.asarray(samples))))
 
 

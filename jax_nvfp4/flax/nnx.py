@@ -62,8 +62,8 @@ def _field_metadata(kernel_metadata: tp.Mapping, layer: str) -> dict[str, dict]:
 
 
 class NVFP4Kernel(nnx.Module):
-    """An NVFP4 weight ([out, in], or [R, S, out, in] for a convolution) held as three `NVFP4Param` variables with their own sharding
-    metadata. `.value` is the `NVFP4Array`."""
+    """An NVFP4 weight ([out, in], or [R, S, out, in] for a convolution) held as three
+    `NVFP4Param` variables with their own sharding metadata. `.value` is the `NVFP4Array`."""
 
     def __init__(self, weight: NVFP4Array, metadata: tp.Mapping = MappingProxyType({}),
                  *, layer: str = "NVFP4Kernel"):

@@ -11,7 +11,8 @@ Importing this module registers JVP and transpose rules for `matmul_p` and `conv
   lost against a float32 backward, and the kernels' K-major layouts do not fit a product over N.
 - NVFP4 operands (the weight, or an NVFP4 activation) are constants: codes and block scales are
   rounded values with no useful derivative, so their tangents are ignored and they get no
-  cotangent. Train NVFP4 weights through `qat_matmul`/`qat_conv` (float master weights, straight-through).
+  cotangent. Train NVFP4 weights through `qat_matmul` / `qat_conv` (float master weights,
+  straight-through gradients).
 - An NVFP4 *output* (`out_s_enc`) is a rounding step: differentiating through it is rejected.
 
 `qat_matmul` / `qat_conv` are quantization-aware training: float master weights quantized in the

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_nvfp4.format import BLOCK, NVFP4Array, check_float_dtype
-from jax_nvfp4.primitives.conv import conv_p, output_spatial
+from jax_nvfp4.primitives.conv import output_spatial
+from jax_nvfp4.sharding.conv import partitioned_conv_p as conv_p
 from jax_nvfp4.quantization import quantize
 
 

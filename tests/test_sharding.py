@@ -235,6 +235,30 @@ def test_gspmd_callbacks(mesh, operands):
         jax.config.update("jax_use_shardy_partitioner", True)
 
 
+# ------------------------------------------------------------------------------ conv
+
+
+@multidevice
+@pytest.mark.parametrize("x_spec,w_spec", [(P(ALL), P()), (P(), P(None, None, "y")),
+                                           (P("x"), P(None, None, "y"))],
+                         ids=["batch", "out_channels", "batch+out_channels"])
+def test_conv_batch_and_output_channel_parallel(mesh, x_spec, w_spec):
+    keys = jax.random.split(jax.random.key(7), 3)
+    x = jax.random.normal(keys[0], (8, 8, 8, 64), jnp.float32)
+    w = nv.quantize_conv_weight(jax.random.normal(keys[1], (3, 3, 64, 512), jnp.float32))
+    bias = jax.random.normal(keys[2], (512,), jnp.float32)
+    f = jax.jit(lambda a, b, c: nv.conv(a, b, bias=c, out_dtype=jnp.float32))
+    args = (put(x, mesh, x_spec), shard_nvfp4(w, mesh, w_spec),
+            put(bias, mesh, P(*w_spec[2:3])))
+    out = f(*args)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(f(x, w, bias)), rtol=1e-5, atol=1e-4)
+    text = hlo(f, *args)
+    assert "all-gather" not in text and "all-reduce" not in text
+    spec = tuple(out.sharding.spec) + (None,) * 4
+    assert spec[0] == (x_spec[0] if x_spec else None)
+    assert spec[3] == (w_spec[2] if len(w_spec) > 2 else None)
+
+
 # ------------------------------------------------------------------------------ S_enc
 
 

@@ -9,6 +9,7 @@ from jax_nvfp4.format import NVFP4Array
 from jax_nvfp4.gemm import matmul
 from jax_nvfp4.primitives import autodiff as _autodiff  # noqa: F401  (registers grad rules)
 from jax_nvfp4.quantization import dequantize, quantize
+from jax_nvfp4.selftest import selftest
 
 __version__ = "0.1.0"
 

@@ -4,6 +4,7 @@ The oracle is `recipe` below: DESIGN.md §2 written independently in float32 Num
 (it imports nothing from the library). On a GPU the same tests exercise the CUDA kernels.
 """
 
+import importlib
 from pathlib import Path
 
 import jax
@@ -327,3 +328,46 @@ def test_software_e2m1_encoder_matches_ml_dtypes(host_program, tmp_path):
     assert got.size == values.size
     assert mismatch.size == 0, [(float(values[i]), int(got[i]), int(expected[i]))
                                 for i in mismatch[:10]]
+
+
+def test_selftest_checks_pass_on_the_reference_and_catch_a_broken_op(monkeypatch):
+    from jax_nvfp4 import quantization
+
+    selftest_module = importlib.import_module("jax_nvfp4.selftest")  # the attribute is the function
+
+    cpu = jax.devices("cpu")[0]
+    assert "bytes equal" in selftest_module.check_quantize(cpu)
+    assert "values equal" in selftest_module.check_dequantize(cpu)
+    real = quantization.quantize
+
+    def off_by_one_scale(x, *, s_enc=None):
+        q = real(x, s_enc=s_enc)
+        return NVFP4Array(q.codes, q.scales, q.s_dec * 2)
+
+    monkeypatch.setattr(quantization, "quantize", off_by_one_scale)
+    with pytest.raises(AssertionError, match="s_dec differ"):
+        selftest_module.check_quantize(cpu)
+
+
+def test_selftest_reports_every_registered_check(monkeypatch, capsys):
+    selftest_module = importlib.import_module("jax_nvfp4.selftest")
+    monkeypatch.setattr(selftest_module, "CHECKS", list(selftest_module.CHECKS))
+    selftest_module.register_check("extra", "jax_nvfp4_extra", lambda device: "ok")
+    results = jax_nvfp4.selftest()
+    assert [r.name for r in results] == ["quantize", "dequantize", "extra"]
+    assert all(r.ok for r in results)
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        assert {r.status for r in results} == {"no GPU"}
+        assert "only the pure-JAX reference path exists" in capsys.readouterr().out
+
+
+def test_cli_demo_and_selftest(capsys):
+    from jax_nvfp4.__main__ import main
+
+    assert main(["selftest"]) == 0
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    for expected in ("== selftest", "gate_proj", "down_proj", "rel Frobenius", "x smaller"):
+        assert expected in out
+    with pytest.raises(SystemExit):
+        main(["nonsense"])

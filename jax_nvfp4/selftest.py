@@ -1,0 +1,167 @@
+"""`jax_nvfp4.selftest()`: every CUDA kernel path built for this machine's GPU, run on small
+random problems and compared with the pure-JAX reference computed on the CPU.
+
+On a GPU whose kernels were never run before (sm_100a here), this is the first check that they
+compute what the reference computes. Each op registers one check:
+
+    from jax_nvfp4.selftest import register_check
+    register_check("matmul", "jax_nvfp4_matmul", my_check)
+
+where my_check(device) runs the op on `device`, raises AssertionError on a mismatch and returns
+a one-line summary of what it compared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_nvfp4 import _extension, reference
+from jax_nvfp4.format import NVFP4Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One kernel path: its name, the FFI target it needs, and the function that checks it."""
+
+    name: str
+    ffi_target: str
+    run: Callable[[jax.Device], str]
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckResult:
+    name: str
+    ffi_target: str
+    status: str  # "passed", "failed", "not built" (no kernel for this GPU) or "no GPU"
+    detail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "failed"
+
+
+CHECKS: list[Check] = []
+
+
+def register_check(name: str, ffi_target: str, run: Callable[[jax.Device], str]) -> None:
+    """Adds a kernel check (see the module docstring) to every later selftest()."""
+    CHECKS.append(Check(name, ffi_target, run))
+
+
+def _cpu():
+    return jax.devices("cpu")[0]
+
+
+def _on(device, tree):
+    return jax.device_put(tree, device)
+
+
+def _random_problem(shape, dtype, seed):
+    """Gaussian data with the cases that tell encoders apart: exact E2M1 ties (under a block
+    amax of 6 and S_enc = 1), signed zeros, an all-zero block and a NaN block."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32) * np.float32(rng.uniform(0.01, 100))
+    flat = x.reshape(-1, shape[-1])
+    if flat.shape[1] >= 32:
+        flat[0, :16] = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0,
+                        -0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5.0, -6.0]
+        flat[0, 16:32] = [-0.0, -1e-3, 6.0] + [0.0] * 13
+    if flat.shape[0] >= 3:
+        flat[1, :16] = 0.0
+        flat[2, 5] = np.nan
+    return x.astype(dtype)
+
+
+_QUANTIZE_PROBLEMS = [((1, 16), jnp.bfloat16), ((3, 48), jnp.float32), ((129, 80), jnp.bfloat16),
+                      ((2, 130, 208), jnp.float16), ((257, 64), jnp.float32)]
+
+
+def _same_bits(a, b) -> bool:
+    a, b = np.atleast_1d(np.asarray(a)), np.atleast_1d(np.asarray(b))
+    if a.dtype == jnp.float4_e2m1fn:  # 4-bit values: compare as float (sign of zero included)
+        a, b = a.astype(np.float32), b.astype(np.float32)
+        return np.array_equal(a, b) and np.array_equal(np.signbit(a), np.signbit(b))
+    return a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def check_quantize(device) -> str:
+    """jax_nvfp4.quantize on `device` == the reference on the CPU, byte for byte."""
+    from jax_nvfp4.quantization import quantize
+
+    ref = jax.jit(reference.quantize)
+    for i, (shape, dtype) in enumerate(_QUANTIZE_PROBLEMS):
+        x = _random_problem(shape, dtype, seed=i)
+        for s_enc in (None, np.float32(1.0)):
+            got = quantize(_on(device, x), s_enc=s_enc)
+            want = ref(*_on(_cpu(), (x,) if s_enc is None else (x, s_enc)))
+            for field, g, w in zip(("codes", "scales", "s_dec"),
+                                   (got.codes, got.scales, got.s_dec), want):
+                assert _same_bits(g, w), (
+                    f"quantize {shape} {jnp.dtype(dtype).name} s_enc={s_enc}: {field} differ")
+    return f"{2 * len(_QUANTIZE_PROBLEMS)} problems, bytes equal"
+
+
+def check_dequantize(device) -> str:
+    """jax_nvfp4.dequantize on `device` == the reference on the CPU (NaN blocks included)."""
+    from jax_nvfp4.quantization import dequantize
+
+    for i, (shape, _) in enumerate(_QUANTIZE_PROBLEMS):
+        x = _random_problem(shape, np.float32, seed=100 + i)
+        codes, scales, s_dec = jax.jit(reference.quantize)(_on(_cpu(), x))
+        for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+            got = dequantize(NVFP4Array(*_on(device, (codes, scales, s_dec))), dtype)
+            want = jax.jit(functools.partial(reference.dequantize, dtype=dtype))(
+                codes, scales, s_dec)
+            got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+            assert np.array_equal(got, want, equal_nan=True), (
+                f"dequantize {shape} -> {jnp.dtype(dtype).name}: values differ")
+    return f"{3 * len(_QUANTIZE_PROBLEMS)} problems, values equal"
+
+
+register_check("quantize", "jax_nvfp4_quantize", check_quantize)
+register_check("dequantize", "jax_nvfp4_dequantize", check_dequantize)
+
+
+def _gpu():
+    try:
+        devices = jax.devices("cuda")
+    except RuntimeError:
+        return None
+    return devices[0] if devices else None
+
+
+def selftest(verbose: bool = True) -> list[CheckResult]:
+    """Runs every registered kernel check on the first CUDA GPU and prints a report.
+
+    Returns one CheckResult per check. Without a GPU, or for a check whose kernel was not built
+    for this GPU, the result says so ("no GPU", "not built"): only the pure-JAX reference path
+    exists there, and it is the oracle itself."""
+    gpu = _gpu()
+    results = []
+    for check in CHECKS:
+        if gpu is None:
+            result = CheckResult(check.name, check.ffi_target, "no GPU",
+                                 "no CUDA GPU: only the pure-JAX reference path exists")
+        elif not _extension.kernel_available(check.ffi_target):
+            result = CheckResult(check.name, check.ffi_target, "not built",
+                                 f"no kernel for {gpu.device_kind}: the XLA reference runs")
+        else:
+            try:
+                result = CheckResult(check.name, check.ffi_target, "passed", check.run(gpu))
+            except AssertionError as e:
+                result = CheckResult(check.name, check.ffi_target, "failed", str(e))
+        results.append(result)
+    if verbose:
+        where = (f"{gpu.device_kind} ({_extension.device_arch(gpu) or 'no compiled arch'})"
+                 if gpu is not None else "CPU")
+        print(f"jax_nvfp4 selftest on {where}; built for: "
+              f"{', '.join(_extension.cuda_archs()) or 'no GPU arch'}")
+        for r in results:
+            print(f"  {r.name:<12} {r.ffi_target:<28} {r.status:<10} {r.detail}")
+    return results

@@ -29,34 +29,35 @@ SHAPES_NK = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336)]
 MS = [1, 4, 16, 64, 256, 1024, 4096, 8192]
 QUICK_NK = [(14336, 4096), (4096, 4096)]
 QUICK_MS = [1, 16, 256, 4096]
-TARGET_S = 0.03  # wall time of one timed loop
+PATH_MS = [16, 64, 256, 1024]  # --paths: forced decode/prefill timings at these M
+TARGET_S = 0.02  # wall time of one timed loop
 
 
 def loop_time(fn, args) -> float:
-    """Seconds per call of fn(*args), timed inside a jitted fori_loop."""
+    """Seconds per call of fn(*args), timed inside one jitted fori_loop (one compile: the trip
+    count is an argument). The output is carried through the loop, so XLA must produce all of
+    it every iteration (returning a slice of it would let XLA compute only that slice)."""
 
-    def make(n):
-        @jax.jit
-        def run(args):
-            def body(_, carry):
-                a, acc = lax.optimization_barrier(carry)
-                y = fn(*a)
-                return a, acc + y.reshape(-1)[0].astype(jnp.float32)
-            return lax.fori_loop(0, n, body, (args, jnp.float32(0)))[1]
-        return run
+    @jax.jit
+    def run(args, n):
+        y0 = jax.eval_shape(fn, *args)
+        def body(_, carry):
+            a, _ = lax.optimization_barrier(carry)
+            return a, fn(*a)
+        return lax.fori_loop(0, n, body, (args, jnp.zeros(y0.shape, y0.dtype)))[1]
 
-    def timed(run, reps):
-        run(args).block_until_ready()
+    def timed(n, reps):
         out = []
         for _ in range(reps):
             t0 = time.perf_counter()
-            run(args).block_until_ready()
+            run(args, n).block_until_ready()
             out.append(time.perf_counter() - t0)
         return statistics.median(out)
 
-    probe = timed(make(4), 1) / 4
+    run(args, 2).block_until_ready()
+    probe = timed(4, 1) / 4
     n = int(min(2000, max(8, TARGET_S / max(probe, 1e-7))))
-    return timed(make(n), 5) / n
+    return timed(n, 3) / n
 
 
 def hbm_bandwidth() -> float:
@@ -118,7 +119,7 @@ def main():
     ap.add_argument("--out", type=Path, default=Path("bench_out"))
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--paths", action="store_true",
-                    help="also time the sm90 decode and prefill paths forced, for M <= 1024")
+                    help="also time the sm90 decode and prefill paths forced at a few M")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     device = jax.devices()[0].device_kind
@@ -135,7 +136,7 @@ def main():
                 except Exception as e:  # a peer XLA cannot run at this size is reported, not fatal
                     print(f"  {name} M={m} N={n} K={k}: {type(e).__name__}: {str(e)[:200]}")
                     row[name] = float("nan")
-            if args.paths and m <= 1024:
+            if args.paths and m in PATH_MS and (n, k) in QUICK_NK:
                 fn, ops = variants(m, n, k, jax.random.key(1))["ours_w4a16"]
                 for path in ("decode", "prefill"):
                     os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = path

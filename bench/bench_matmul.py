@@ -25,7 +25,7 @@ from jax import lax
 
 import jax_nvfp4 as jn
 
-SHAPES_NK = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336)]
+SHAPES_NK = [(14336, 4096), (4096, 4096), (6144, 4096), (4096, 14336)]
 MS = [1, 4, 16, 64, 256, 1024, 4096, 8192]
 QUICK_NK = [(14336, 4096), (4096, 4096)]
 QUICK_MS = [1, 16, 256, 4096]
@@ -112,6 +112,38 @@ def plot(rows, path):
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(rows, out, device, bw):
+    """Table (markdown + CSV) of the rows measured so far."""
+    mma_peak = max(2.0 * r["M"] * r["N"] * r["K"] / (r["bf16_dot"] * 1e-6) for r in rows
+                   if np.isfinite(r["bf16_dot"]))
+    for r in rows:
+        r["ours_mma_pct"] = 100 * r["ours_tflops"] * 1e12 / mma_peak
+
+    with open(out / "matmul_bench.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(max(rows, key=len)), restval="")
+        w.writeheader()
+        w.writerows(rows)
+    date = datetime.date.today().isoformat()
+    lines = [f"# jax_nvfp4.matmul on {device} ({date}, jax {jax.__version__})", "",
+             f"Times in us per call (median, jitted fori_loop). HBM read+write {bw / 1e12:.2f} TB/s; "
+             f"MMA ceiling = fastest bf16 jnp.dot here, {mma_peak / 1e12:.0f} TFLOP/s. "
+             "%HBM: (NVFP4 weight + bf16 x/out bytes) / time / HBM; %MMA: flops / time / MMA ceiling.",
+             "", "| M | N | K | ours W4A16 | ours W4A4 | bf16 dot | fp8 dot | scaled_matmul nvfp4 | "
+             "XLA dequant+dot | vs bf16 | vs fp8 | vs scaled_mm | vs dequant+dot | TFLOP/s | %HBM | %MMA |",
+             "|" + "---|" * 17]
+    for r in rows:
+        o = r["ours_w4a16"]
+        lines.append(
+            f"| {r['M']} | {r['N']} | {r['K']} | {o:.1f} | {r['ours_w4a4']:.1f} | {r['bf16_dot']:.1f} | "
+            f"{r['fp8_dot']:.1f} | {r['scaled_matmul_nvfp4']:.1f} | {r['xla_dequant_dot']:.1f} | "
+            f"{r['bf16_dot'] / o:.2f}x | {r['fp8_dot'] / o:.2f}x | {r['scaled_matmul_nvfp4'] / o:.2f}x | "
+            f"{r['xla_dequant_dot'] / o:.2f}x | {r['ours_tflops']:.0f} | {r['ours_hbm_pct']:.0f} | "
+            f"{r['ours_mma_pct']:.0f} |")
+    (out / "matmul_bench.md").write_text("\n".join(lines) + "\n")
+    return lines
 
 
 def main():
@@ -140,8 +172,10 @@ def main():
                 fn, ops = variants(m, n, k, jax.random.key(1))["ours_w4a16"]
                 for path in ("decode", "prefill"):
                     os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = path
-                    row[f"forced_{path}"] = loop_time(fn, ops) * 1e6
-                    os.environ.pop("JAX_NVFP4_GEMM_SM90_PATH")
+                    try:
+                        row[f"forced_{path}"] = loop_time(fn, ops) * 1e6
+                    finally:
+                        os.environ.pop("JAX_NVFP4_GEMM_SM90_PATH")
                 print(f"  forced paths M={m}: decode {row['forced_decode']:.1f}us, "
                       f"prefill {row['forced_prefill']:.1f}us", flush=True)
             flops = 2.0 * m * n * k
@@ -152,33 +186,9 @@ def main():
             rows.append(row)
             print(f"M={m:5d} N={n:5d} K={k:5d} " + " ".join(f"{nm}={row[nm]:.1f}us" for nm in names),
                   flush=True)
-    mma_peak = max(2.0 * r["M"] * r["N"] * r["K"] / (r["bf16_dot"] * 1e-6) for r in rows
-                   if np.isfinite(r["bf16_dot"]))
-    for r in rows:
-        r["ours_mma_pct"] = 100 * r["ours_tflops"] * 1e12 / mma_peak
-
-    with open(args.out / "matmul_bench.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(max(rows, key=len)), restval="")
-        w.writeheader()
-        w.writerows(rows)
-    date = datetime.date.today().isoformat()
-    lines = [f"# jax_nvfp4.matmul on {device} ({date}, jax {jax.__version__})", "",
-             f"Times in us per call (median, jitted fori_loop). HBM read+write {bw / 1e12:.2f} TB/s; "
-             f"MMA ceiling = fastest bf16 jnp.dot here, {mma_peak / 1e12:.0f} TFLOP/s. "
-             "%HBM: (NVFP4 weight + bf16 x/out bytes) / time / HBM; %MMA: flops / time / MMA ceiling.",
-             "", "| M | N | K | ours W4A16 | ours W4A4 | bf16 dot | fp8 dot | scaled_matmul nvfp4 | "
-             "XLA dequant+dot | vs bf16 | vs fp8 | vs scaled_mm | vs dequant+dot | TFLOP/s | %HBM | %MMA |",
-             "|" + "---|" * 17]
-    for r in rows:
-        o = r["ours_w4a16"]
-        lines.append(
-            f"| {r['M']} | {r['N']} | {r['K']} | {o:.1f} | {r['ours_w4a4']:.1f} | {r['bf16_dot']:.1f} | "
-            f"{r['fp8_dot']:.1f} | {r['scaled_matmul_nvfp4']:.1f} | {r['xla_dequant_dot']:.1f} | "
-            f"{r['bf16_dot'] / o:.2f}x | {r['fp8_dot'] / o:.2f}x | {r['scaled_matmul_nvfp4'] / o:.2f}x | "
-            f"{r['xla_dequant_dot'] / o:.2f}x | {r['ours_tflops']:.0f} | {r['ours_hbm_pct']:.0f} | "
-            f"{r['ours_mma_pct']:.0f} |")
-    (args.out / "matmul_bench.md").write_text("\n".join(lines) + "\n")
-    plot(rows, args.out / "matmul_speedup.png")
+            write_report(rows, args.out, device, bw)
+            plot(rows, args.out / "matmul_speedup.png")
+    lines = write_report(rows, args.out, device, bw)
     print("\n".join(lines))
 
 

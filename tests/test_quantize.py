@@ -371,3 +371,18 @@ def test_cli_demo_and_selftest(capsys):
         assert expected in out
     with pytest.raises(SystemExit):
         main(["nonsense"])
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_kernel_sass(kernel_sass, arch):
+    """sm_100a rounds with the FP4 convert; sm_90a has none and rounds in software; both move
+    16-byte vectors."""
+    from jax_nvfp4 import _extension
+
+    if _extension.extension_path() is not None and arch not in _extension.cuda_archs():
+        pytest.skip(f"extension built without {arch}")
+    for name, sass in kernel_sass(arch, r"15quantize_kernel").items():
+        assert "LDG.E.128" in sass, name
+        assert ("F2FP.SATFINITE.E2M1.F32" in sass) == (arch == "sm_100a"), name
+    for name, sass in kernel_sass(arch, r"17dequantize_kernel").items():
+        assert "STG.E.128" in sass, name

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import math
 import statistics
 import time
@@ -56,7 +57,8 @@ ROW = ("wo", "wd")  # input features split
 
 def weight_shapes(cfg: Config) -> dict[str, tuple[int, int]]:
     """[out, in] of each projection of one block."""
-    h, q, kv, f = cfg.hidden, cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.intermediate
+    h, f = cfg.hidden, cfg.intermediate
+    q, kv = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
     return {"wq": (q, h), "wk": (kv, h), "wv": (kv, h), "wo": (h, q),
             "wg": (f, h), "wu": (f, h), "wd": (h, f)}
 
@@ -74,19 +76,24 @@ def rms_norm(x, gain, eps):
     return (x32 * gain).astype(x.dtype)
 
 
-def attention(q, k, v, cfg: Config, causal_offset):
-    """q [B, S, Hq, D]; k, v [B, T, Hkv, D]; query s sees keys t <= s + causal_offset."""
+def attention(q, chunks, cfg: Config):
+    """Grouped-query softmax attention of q [B, S, Hq, D] over key/value chunks [B, T_i, Hkv, D]:
+    earlier tokens (a KV cache, all visible), then the S current tokens (causal). The cache is
+    read in place, as a decode step does, not copied into a longer array."""
     b, s, hq, d = q.shape
-    t = k.shape[1]
-    group = hq // cfg.kv_heads
-    q = q.reshape(b, s, cfg.kv_heads, group, d)
-    scores = jnp.einsum("bsngd,btnd->bngst", q, k, preferred_element_type=jnp.float32)
-    scores = scores / math.sqrt(d)
-    visible = jnp.arange(t)[None, :] <= jnp.arange(s)[:, None] + causal_offset
-    scores = jnp.where(visible, scores, -jnp.inf)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bngst,btnd->bsngd", probs, v, preferred_element_type=jnp.float32)
-    return out.astype(q.dtype).reshape(b, s, hq * d)
+    q = q.reshape(b, s, cfg.kv_heads, hq // cfg.kv_heads, d)
+    scores = [jnp.einsum("bsngd,btnd->bngst", q, k, preferred_element_type=jnp.float32)
+              for k, _ in chunks]
+    causal = jnp.arange(s)[None, :] <= jnp.arange(s)[:, None]
+    scores[-1] = jnp.where(causal, scores[-1], -jnp.inf)
+    probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1) / math.sqrt(d), axis=-1)
+    probs = probs.astype(chunks[0][1].dtype)
+    out, start = 0.0, 0
+    for _, v in chunks:
+        part = probs[..., start:start + v.shape[1]]
+        out = out + jnp.einsum("bngst,btnd->bsngd", part, v, preferred_element_type=jnp.float32)
+        start += v.shape[1]
+    return out.astype(v.dtype).reshape(b, s, hq * d)
 
 
 def block(x, layer, cache, cfg: Config, linear):
@@ -96,11 +103,8 @@ def block(x, layer, cache, cfg: Config, linear):
     q = linear(h, layer["wq"]).reshape(b, s, cfg.heads, cfg.head_dim)
     k = linear(h, layer["wk"]).reshape(b, s, cfg.kv_heads, cfg.head_dim)
     v = linear(h, layer["wv"]).reshape(b, s, cfg.kv_heads, cfg.head_dim)
-    offset = 0
-    if cache is not None:
-        k, v = jnp.concatenate([cache[0], k], axis=1), jnp.concatenate([cache[1], v], axis=1)
-        offset = cache[0].shape[1]
-    x = x + linear(attention(q, k, v, cfg, offset), layer["wo"])
+    chunks = [(k, v)] if cache is None else [cache, (k, v)]
+    x = x + linear(attention(q, chunks, cfg), layer["wo"])
     h = rms_norm(x, layer["mlp_norm"], cfg.eps)
     act = jax.nn.silu(linear(h, layer["wg"]).astype(jnp.float32)) * linear(h, layer["wu"])
     return x + linear(act.astype(x.dtype), layer["wd"])
@@ -128,24 +132,26 @@ def make_params(cfg: Config, mesh: Mesh, key):
     they lie: the sharded quantize all-reduces each weight's amax)."""
     shapes = weight_shapes(cfg)
     quantize = jax.jit(nv.quantize)
+    init = {name: jax.jit(functools.partial(_random_weight, shape=shape),
+                          out_shardings=NamedSharding(mesh, weight_spec(name)))
+            for name, shape in shapes.items()}
+    norms = jax.device_put({"attn_norm": jnp.ones((cfg.hidden,), jnp.float32),
+                            "mlp_norm": jnp.ones((cfg.hidden,), jnp.float32)},
+                           NamedSharding(mesh, P()))
     bf16, nvfp4 = [], []
     for layer_key in jax.random.split(key, cfg.layers):
         wkeys = dict(zip(shapes, jax.random.split(layer_key, len(shapes))))
-        layer_bf16 = {"attn_norm": jnp.ones((cfg.hidden,), jnp.float32),
-                      "mlp_norm": jnp.ones((cfg.hidden,), jnp.float32)}
-        layer_bf16 = jax.device_put(layer_bf16, NamedSharding(mesh, P()))
-        layer_nvfp4 = dict(layer_bf16)
-        for name, shape in shapes.items():
-            init = jax.jit(lambda k, s=shape: (jax.random.normal(k, s, jnp.float32)
-                                               / math.sqrt(s[1])).astype(jnp.bfloat16),
-                           out_shardings=NamedSharding(mesh, weight_spec(name)))
-            w = init(wkeys[name])
-            layer_bf16[name] = w
-            layer_nvfp4[name] = jax.device_put(quantize(w),
-                                               nvfp4_sharding(mesh, weight_spec(name), shape))
-        bf16.append(layer_bf16)
-        nvfp4.append(layer_nvfp4)
+        layer_bf16 = {name: init[name](wkeys[name]) for name in shapes}
+        layer_nvfp4 = {name: jax.device_put(quantize(w), nvfp4_sharding(mesh, weight_spec(name),
+                                                                      w.shape))
+                       for name, w in layer_bf16.items()}
+        bf16.append({**norms, **layer_bf16})
+        nvfp4.append({**norms, **layer_nvfp4})
     return bf16, nvfp4
+
+
+def _random_weight(key, shape):
+    return (jax.random.normal(key, shape, jnp.float32) / math.sqrt(shape[1])).astype(jnp.bfloat16)
 
 
 def bytes_on(tree, device) -> int:
@@ -207,6 +213,49 @@ def check_against_one_device(cfg, mesh, params, key) -> float:
     return relative_error(sharded, single)
 
 
+def measure(cfg: Config, mesh: Mesh, models, steps: int, repeats: int):
+    """[(label, {model: ms})]: decode steps per batch size, then the prefill."""
+    replicated = NamedSharding(mesh, P())
+    key = jax.random.key(3)
+    rows = []
+    for batch in cfg.decode_batches:
+        x = jax.device_put(jax.random.normal(key, (batch, 1, cfg.hidden), jnp.bfloat16),
+                           replicated)
+        caches = kv_caches(cfg, mesh, batch, jax.random.key(2))
+        ms = {name: time_ms(decode_steps(cfg, lin, steps), x, params, caches,
+                            repeats=repeats) / steps for name, lin, params in models}
+        rows.append((f"decode step, batch {batch}, context {cfg.context}", ms))
+    x = jax.device_put(jax.random.normal(key, (1, cfg.prefill, cfg.hidden), jnp.bfloat16),
+                       replicated)
+    ms = {name: time_ms(jax.jit(functools.partial(forward, caches=None, cfg=cfg, linear=lin)),
+                        x, params, repeats=repeats) for name, lin, params in models}
+    rows.append((f"prefill, {cfg.prefill} tokens", ms))
+    return rows
+
+
+def render(cfg: Config, devices, rows, mem, err) -> str:
+    kinds = ", ".join(sorted({d.device_kind for d in devices}))
+    gemm = ("CUDA kernel" if nv._extension.kernel_available("jax_nvfp4_gemm")
+            else "XLA reference path (no GEMM kernel for this device)")
+    lines = [
+        f"# Tensor-parallel Llama blocks: NVFP4 vs bf16 ({len(devices)} x {kinds})",
+        "",
+        f"{datetime.date.today()} · jax {jax.__version__} · NVFP4 GEMM: {gemm} · "
+        f"hidden {cfg.hidden}, MLP {cfg.intermediate}, heads {cfg.heads}/{cfg.kv_heads} KV, "
+        f"{cfg.layers} layers · mesh tp={len(devices)} (q/k/v/gate/up column-, o/down "
+        f"row-parallel) · sharded NVFP4 vs one device: relative difference {err:.1e}",
+        "",
+        "| | NVFP4 ms | bf16 ms | speedup |",
+        "|---|---:|---:|---:|",
+    ]
+    for label, ms in rows:
+        lines.append(f"| {label} | {ms['nvfp4']:.3f} | {ms['bf16']:.3f} | "
+                     f"{ms['bf16'] / ms['nvfp4']:.2f}x |")
+    lines.append(f"| weight memory per device (MiB) | {mem['nvfp4'] / 2**20:.1f} | "
+                 f"{mem['bf16'] / 2**20:.1f} | {mem['nvfp4'] / mem['bf16']:.3f} of bf16 |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="small model (CPU smoke test)")
@@ -228,42 +277,10 @@ def main(argv=None):
     print(f"sharded NVFP4 vs one device: relative difference {err:.2e}; "
           f"matches one device: {'yes' if matches else 'NO'}")
 
-    replicated = NamedSharding(mesh, P())
-    rows = []
-    for batch in cfg.decode_batches:
-        x = jax.device_put(jax.random.normal(key, (batch, 1, cfg.hidden), jnp.bfloat16), replicated)
-        caches = kv_caches(cfg, mesh, batch, jax.random.key(2))
-        ms = {name: time_ms(decode_steps(cfg, lin, args.steps), x, params, caches,
-                            repeats=args.repeats) / args.steps
-              for name, lin, params in (("nvfp4", nvfp4_linear, nvfp4), ("bf16", bf16_linear, bf16))}
-        rows.append((f"decode step, batch {batch}, context {cfg.context}", ms))
-    x = jax.device_put(jax.random.normal(key, (1, cfg.prefill, cfg.hidden), jnp.bfloat16), replicated)
-    ms = {name: time_ms(jax.jit(lambda x, p, lin=lin: forward(x, p, None, cfg, lin)), x, params,
-                        repeats=args.repeats)
-          for name, lin, params in (("nvfp4", nvfp4_linear, nvfp4), ("bf16", bf16_linear, bf16))}
-    rows.append((f"prefill, {cfg.prefill} tokens", ms))
-
-    d0 = devices[0]
-    mem = {"nvfp4": weight_bytes(nvfp4, d0), "bf16": weight_bytes(bf16, d0)}
-    kinds = sorted({d.device_kind for d in devices})
-    lines = [
-        f"# Tensor-parallel Llama blocks: NVFP4 vs bf16 ({len(devices)} x {', '.join(kinds)})",
-        "",
-        f"{datetime.date.today()} · jax {jax.__version__} · jax_nvfp4 kernels: "
-        f"{', '.join(nv.cuda_archs()) or 'none (XLA reference path)'} · "
-        f"hidden {cfg.hidden}, MLP {cfg.intermediate}, heads {cfg.heads}/{cfg.kv_heads} KV, "
-        f"{cfg.layers} layers · mesh tp={len(devices)} (q/k/v/gate/up column-, o/down "
-        f"row-parallel) · sharded NVFP4 vs one device: relative difference {err:.1e}",
-        "",
-        "| | NVFP4 ms | bf16 ms | speedup |",
-        "|---|---:|---:|---:|",
-    ]
-    for label, ms in rows:
-        lines.append(f"| {label} | {ms['nvfp4']:.3f} | {ms['bf16']:.3f} | "
-                     f"{ms['bf16'] / ms['nvfp4']:.2f}x |")
-    lines.append(f"| weight memory per device (MiB) | {mem['nvfp4'] / 2**20:.1f} | "
-                 f"{mem['bf16'] / 2**20:.1f} | {mem['nvfp4'] / mem['bf16']:.3f} of bf16 |")
-    table = "\n".join(lines) + "\n"
+    models = (("nvfp4", nvfp4_linear, nvfp4), ("bf16", bf16_linear, bf16))
+    rows = measure(cfg, mesh, models, args.steps, args.repeats)
+    mem = {"nvfp4": weight_bytes(nvfp4, devices[0]), "bf16": weight_bytes(bf16, devices[0])}
+    table = render(cfg, devices, rows, mem, err)
     print(table)
     if args.out:
         with open(args.out, "w") as f:

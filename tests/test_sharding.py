@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 CHILD_FLAG = "JAX_NVFP4_SHARDING_CHILD"
 N_DEV = len(jax.devices())
 
-multidevice = pytest.mark.skipif(N_DEV < 2, reason="needs >= 2 devices (see test_multidevice_suite)")
+multidevice = pytest.mark.skipif(N_DEV < 2,
+                                 reason="needs >= 2 devices (see test_multidevice_suite)")
 
 
 def test_multidevice_suite():
@@ -35,7 +36,8 @@ def test_multidevice_suite():
     if os.environ.get(CHILD_FLAG):
         pytest.fail("the child process did not get several devices")
     env = dict(os.environ, JAX_PLATFORMS="cpu", **{CHILD_FLAG: "1"})
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+    flags = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    env["XLA_FLAGS"] = flags.strip()
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

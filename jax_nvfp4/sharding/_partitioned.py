@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from typing import Callable, Sequence
 
 import jax
@@ -71,11 +72,12 @@ def _partitioned(inner, op, avals_key, params_key):
         return shardings(mesh, plan.results)
 
     fn = custom_partitioning(whole)
-    fn.def_partition(partition=partition,
-                     infer_sharding_from_operands=infer_sharding_from_operands,
-                     propagate_user_sharding=propagate_user_sharding,
+    callbacks = dict(partition=partition, sharding_rule=op.rule(avals, params),
                      decode_shardings=False,  # read by _specs.spec_axes
-                     sharding_rule=op.rule(avals, params))
+                     infer_sharding_from_operands=infer_sharding_from_operands,
+                     propagate_user_sharding=propagate_user_sharding)
+    accepted = inspect.signature(fn.def_partition).parameters
+    fn.def_partition(**{k: v for k, v in callbacks.items() if k in accepted})  # GSPMD's may go
     return fn
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 
-from jax._src.sharding_impls import parse_flatten_op_sharding
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_nvfp4.format import BLOCK, TILE_K_BLOCKS, TILE_ROWS
@@ -28,22 +27,42 @@ def dim_axes(entry) -> tuple[str, ...]:
 def spec_axes(sharding, ndim: int, mesh) -> list[tuple[str, ...]]:
     """The mesh axes sharding each of the `ndim` dimensions of an array with `sharding`.
 
-    The partitioner hands over HLO shardings. One that no PartitionSpec over `mesh` expresses
-    (Shardy splits a mesh axis into sub-axes when asked to split a dimension into more parts
-    than it has scale tiles) is read as replicated: the op then reshards that operand
-    explicitly instead of misreading it."""
+    The partitioner hands over HLO shardings; this finds the PartitionSpec over `mesh` that
+    gives the same one. A sharding that none expresses (Shardy splits a mesh axis into sub-axes
+    when asked to split a dimension into more parts than it has scale tiles) is read as
+    replicated: the op then reshards that operand explicitly instead of misreading it."""
     if isinstance(sharding, NamedSharding):
         spec = tuple(sharding.spec)
         return [dim_axes(spec[d]) if d < len(spec) else REPLICATED for d in range(ndim)]
     hlo = sharding._to_xla_hlo_sharding(ndim)
-    try:
-        spec = tuple(parse_flatten_op_sharding(hlo, mesh)[0])
-    except Exception:  # sub-axes, or an order of devices no mesh axis names
+    if hlo.is_replicated() or not hlo.is_tiled():
         return [REPLICATED] * ndim
-    dims = [dim_axes(spec[d]) if d < len(spec) else REPLICATED for d in range(ndim)]
-    if named(mesh, dims)._to_xla_hlo_sharding(ndim) != hlo:
-        return [REPLICATED] * ndim
-    return dims
+    tiles = list(hlo.tile_assignment_dimensions())[:ndim]
+    for dims in _specs_with_tiles(mesh, tiles, ()):
+        if named(mesh, dims)._to_xla_hlo_sharding(ndim) == hlo:
+            return list(dims)
+    return [REPLICATED] * ndim
+
+
+def _specs_with_tiles(mesh, tiles, used):
+    """Every assignment of distinct mesh axes to dims that splits dim d into tiles[d] parts."""
+    if not tiles:
+        yield ()
+        return
+    for axes in _axis_tuples(mesh, tiles[0], used):
+        for rest in _specs_with_tiles(mesh, tiles[1:], used + axes):
+            yield (axes, *rest)
+
+
+def _axis_tuples(mesh, parts, used):
+    if parts == 1:
+        yield REPLICATED
+        return
+    for name in mesh.axis_names:
+        size = mesh.shape[name]
+        if name not in used and size > 1 and parts % size == 0:
+            for rest in _axis_tuples(mesh, parts // size, used + (name,)):
+                yield (name, *rest)
 
 
 def shard_count(mesh, axes) -> int:

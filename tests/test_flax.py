@@ -1,5 +1,9 @@
 """jax_nvfp4.flax: nnx and linen layers, conversion of float models, QAT, sharding names, orbax."""
 
+import os
+import subprocess
+import sys
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -396,6 +400,53 @@ def test_dense_general_names_only_the_outermost_flattened_axis():
     bad = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", None, "kv"))
     with pytest.raises(ValueError, match="outermost"):
         nvlinen.DenseGeneral((4, 8), kernel_init=bad).init(jax.random.key(0), x)
+
+
+# Megatron-style MLP on a 2 x 4 mesh of forced CPU devices (Auto axes: the NVFP4 primitives'
+# types carry no sharding): the layers' sharding annotations place codes and scales by whole
+# tiles, and the forward pass and the gradient equal one-device runs.
+_SHARDED_MLP = """
+import jax, jax.numpy as jnp, numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+from jax_nvfp4.flax import nnx as nvnnx
+
+mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+x = jax.random.normal(jax.random.key(1), (8, 256))
+init = nnx.initializers.lecun_normal()
+with jax.set_mesh(mesh):
+    # Megatron MLP: column-parallel up (512 rows / 4 = whole 128-row tiles), row-parallel down
+    # (512 inputs / 4 = whole 64-column tiles)
+    up = nvnnx.Linear(256, 512, kernel_init=nnx.with_partitioning(init, (None, "model")),
+                      bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), ("model",)),
+                      rngs=nnx.Rngs(0))
+    down = nvnnx.Linear(512, 256, kernel_init=nnx.with_partitioning(init, ("model", None)),
+                        rngs=nnx.Rngs(1))
+    assert up.kernel.codes[...].sharding.spec == P("model", None)
+    assert down.kernel.scales[...].sharding.spec == P(None, "model", None, None, None)
+    xs = jax.device_put(x, NamedSharding(mesh, P("data", None)))
+    mlp = lambda x, up, down: down(nnx.relu(up(x)))
+    y = nnx.jit(mlp)(xs, up, down)
+    g = nnx.jit(jax.grad(lambda x, up, down: jnp.sum(mlp(x, up, down) ** 2)))(xs, up, down)
+single = jax.devices()[0]
+local = [jax.tree.map(lambda a: jax.device_put(a, single), nnx.state(m)) for m in (up, down)]
+up1, down1 = (nnx.merge(nnx.graphdef(m), s) for m, s in zip((up, down), local))
+x1 = jax.device_put(x, single)
+np.testing.assert_allclose(np.asarray(y), np.asarray(mlp(x1, up1, down1)), rtol=1e-5, atol=1e-5)
+g1 = jax.grad(lambda x: jnp.sum(mlp(x, up1, down1) ** 2))(x1)
+g, g1 = np.asarray(g), np.asarray(g1)
+assert np.linalg.norm(g - g1) < 1e-2 * np.linalg.norm(g1)  # the backward runs in bfloat16
+print("SHARDED_FLAX_OK")
+"""
+
+
+def test_sharded_layers_match_one_device_in_a_child_process():
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                        " --xla_force_host_platform_device_count=8").strip()
+    proc = subprocess.run([sys.executable, "-c", _SHARDED_MLP], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "SHARDED_FLAX_OK" in proc.stdout, proc.stderr[-3000:]
 
 
 # ---- orbax ------------------------------------------------------------------------------------

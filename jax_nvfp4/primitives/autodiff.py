@@ -34,7 +34,6 @@ from jax_nvfp4.format import NVFP4Array
 from jax_nvfp4.gemm import matmul
 from jax_nvfp4.primitives.conv import conv_p
 from jax_nvfp4.primitives.matmul import matmul_p
-from jax_nvfp4.primitives.quantize import dequantize_p
 from jax_nvfp4.quantization import dequantize, quantize
 
 BACKWARD_DTYPE = jnp.bfloat16
@@ -109,7 +108,8 @@ def _transpose(op, cts, *args, **params):
             result[bias_i] = ad.Zero(args[bias_i].aval)
         return result
     codes, scales, s_dec = args[b_codes:b_codes + 3]
-    w_hat = dequantize_p.bind(codes, scales, s_dec, dtype=jnp.dtype(BACKWARD_DTYPE))
+    # the public dequantize: partitioned like the weight (jax_nvfp4.sharding), never gathered
+    w_hat = dequantize(NVFP4Array(codes, scales, s_dec), BACKWARD_DTYPE)
     result[0] = op.backward(ct.astype(BACKWARD_DTYPE), w_hat, act.aval,
                             params).astype(act.aval.dtype)
     if bias_i is not None:

@@ -123,6 +123,18 @@ def _speed(ctx: DemoContext) -> None:
               f"({tr / tk:.2f}x)")
 
 
+@section("Flax: a float nnx MLP converted to NVFP4 layers")
+def _flax(ctx: DemoContext) -> None:
+    try:
+        from jax_nvfp4.flax import demo as flax_demo
+    except ImportError:
+        print("(flax is not installed: pip install 'jax_nvfp4[flax]')")
+        return
+    d_model, d_ff = ctx.shape(4096, 14336)
+    with jax.default_device(ctx.device):
+        flax_demo.run(d_model=d_model, d_ff=d_ff, timing=ctx.on_gpu)
+
+
 def run(device: jax.Device | None = None) -> None:
     """Runs every demo section on `device` (default: the first CUDA GPU, else the CPU)."""
     if device is None:

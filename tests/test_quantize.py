@@ -243,8 +243,8 @@ def test_jit_matches_eager():
 
 @pytest.mark.parametrize("shape", [(3, 32), (3, 4, 48)])
 def test_vmap_has_per_example_amax(shape):
-    x = random(shape, jnp.float32, seed=16) * jnp.arange(1, shape[0] + 1, dtype=jnp.float32).reshape(
-        (-1,) + (1,) * (len(shape) - 1))
+    per_example = jnp.arange(1, shape[0] + 1, dtype=jnp.float32)
+    x = random(shape, jnp.float32, seed=16) * per_example.reshape((-1,) + (1,) * (len(shape) - 1))
     qs = jax.vmap(jax_nvfp4.quantize)(x)
     for i in range(shape[0]):
         assert_same_bytes(jax.tree.map(lambda a: a[i], qs), recipe(np.asarray(x[i])))
@@ -319,15 +319,19 @@ def _e2m1_probe_values():
 def test_software_e2m1_encoder_matches_ml_dtypes(host_program, tmp_path):
     """The sm_90a kernels' E2M1 rounding (cuda/quantize/nvfp4_encode.h), run on the host."""
     values = _e2m1_probe_values()
+    values = np.concatenate([values, np.zeros(-values.size % 8, F32)])
     path = tmp_path / "values.bin"
     values.tofile(path)
-    out = host_program(Path(__file__).parent / "host" / "e2m1_encode.cc", args=[path]).strip()
-    got = np.array([int(c, 16) for c in out], np.uint8)
+    out = host_program(Path(__file__).parent / "host" / "e2m1_encode.cc", args=[path])
     expected = np.clip(values, -6, 6).astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0xF
-    mismatch = np.flatnonzero(got != expected)
-    assert got.size == values.size
-    assert mismatch.size == 0, [(float(values[i]), int(got[i]), int(expected[i]))
-                                for i in mismatch[:10]]
+    lines = out.split()
+    assert len(lines) == 2
+    for encoder, line in zip(("scalar", "packed"), lines):
+        got = np.array([int(c, 16) for c in line], np.uint8)
+        assert got.size == values.size, encoder
+        mismatch = np.flatnonzero(got != expected)
+        assert mismatch.size == 0, (encoder, [(float(values[i]), int(got[i]), int(expected[i]))
+                                              for i in mismatch[:10]])
 
 
 def test_selftest_checks_pass_on_the_reference_and_catch_a_broken_op(monkeypatch):
@@ -386,3 +390,10 @@ def test_kernel_sass(kernel_sass, arch):
         assert ("F2FP.SATFINITE.E2M1.F32" in sass) == (arch == "sm_100a"), name
     for name, sass in kernel_sass(arch, r"17dequantize_kernel").items():
         assert "STG.E.128" in sass, name
+
+
+def test_fast_divide_matches_integer_division(host_program):
+    """The multiply-shift division the kernels use to locate scale tiles."""
+    mismatches, checks = map(int, host_program(
+        Path(__file__).parent / "host" / "fast_divide.cc").split())
+    assert checks > 1_000_000 and mismatches == 0

@@ -20,6 +20,7 @@
 
 #include "common/nvfp4_decode.cuh"
 #include "common/scale_layout.h"
+#include "quantize/fast_divide.h"
 #include "quantize/nvfp4_encode.h"
 #include "quantize/quantize.h"
 
@@ -30,18 +31,22 @@ constexpr int kThreads = 256;            // one half-tile of scale entries per C
 constexpr int kAmaxVectorsPerThread = 4;  // 16-byte loads in flight per thread in the amax pass
 
 // Where the scale tiles of a tensor lie: matrices x row tiles x k tiles, 512 entries each.
-// Tile indices are 32-bit (checked by the launchers): the index math runs once per block of 16
-// elements, and 64-bit division would cost as much as quantizing the block.
+// Tile indices are 32-bit (checked by the launchers) and divided by multiply-shift: the index
+// math runs once per block of 16 elements.
 struct TileGrid {
   int64_t rows_per_matrix, k_blocks, half_tiles;
-  uint32_t row_tiles, k_tiles;
+  FastDivide per_matrix, per_row_tile;  // tiles per matrix, k tiles per row tile
 
   static TileGrid of(int64_t rows, int64_t k, int64_t rows_per_matrix) {
-    TileGrid g{rows_per_matrix, k / kBlockSize, 0, 0, 0};
+    TileGrid g{rows_per_matrix, k / kBlockSize, 0, FastDivide{}, FastDivide{}};
     if (rows > 0) {
-      g.row_tiles = static_cast<uint32_t>(ceil_div(rows_per_matrix, kTileRows));
-      g.k_tiles = static_cast<uint32_t>(scale_k_tiles(g.k_blocks));
-      g.half_tiles = (rows / rows_per_matrix) * g.row_tiles * g.k_tiles * (kTileBytes / kThreads);
+      const int64_t row_tiles = ceil_div(rows_per_matrix, kTileRows);
+      const int64_t k_tiles = scale_k_tiles(g.k_blocks);
+      g.half_tiles = (rows / rows_per_matrix) * row_tiles * k_tiles * (kTileBytes / kThreads);
+      if (g.fits_32bit()) {
+        g.per_matrix = FastDivide::by(static_cast<uint32_t>(row_tiles * k_tiles));
+        g.per_row_tile = FastDivide::by(static_cast<uint32_t>(k_tiles));
+      }
     }
     return g;
   }
@@ -59,10 +64,10 @@ struct BlockRef {
 __device__ __forceinline__ BlockRef block_of(const TileGrid& g, uint32_t h) {
   const uint32_t tile = h >> 1;
   const uint32_t t = (h & 1u) * kThreads + threadIdx.x;
-  const uint32_t tiles_per_matrix = g.row_tiles * g.k_tiles;
-  const uint32_t matrix = tile / tiles_per_matrix;
-  const uint32_t in_matrix = tile - matrix * tiles_per_matrix;
-  const uint32_t rt = in_matrix / g.k_tiles, kt = in_matrix - rt * g.k_tiles;
+  const uint32_t matrix = g.per_matrix.quotient(tile);
+  const uint32_t in_matrix = tile - matrix * g.per_matrix.divisor;
+  const uint32_t rt = g.per_row_tile.quotient(in_matrix);
+  const uint32_t kt = in_matrix - rt * g.per_row_tile.divisor;
   const uint32_t i = t >> 4, j = (t >> 2) & 3u, l = t & 3u;
   const int64_t r = static_cast<int64_t>(rt) * kTileRows + j * 32 + i;
   BlockRef b;
@@ -276,19 +281,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
   for (int64_t g = first; g < groups; g += static_cast<int64_t>(gridDim.x) * kThreads) {
     s_dec[g] = per_group ? __frcp_rn(enc.given[g]) : tensor_s_dec;
   }
-  // Software pipelining: the next half-tile's loads are issued before this one is quantized,
-  // so every thread keeps a block's bytes in flight through its arithmetic.
-  uint32_t h = blockIdx.x;
-  BlockRef next = block_of(grid, h);
-  RawBlock<T> next_raw;
-  if (h < grid.half_tiles && next.valid) next_raw.load(x, k, next.row, next.k_block);
-  for (; h < grid.half_tiles; h += gridDim.x) {
-    const BlockRef b = next;
-    const RawBlock<T> raw = next_raw;
-    if (h + gridDim.x < grid.half_tiles) {
-      next = block_of(grid, h + gridDim.x);
-      if (next.valid) next_raw.load(x, k, next.row, next.k_block);
-    }
+  auto quantize_one = [&](const BlockRef& b, const RawBlock<T>& raw) {
     uint32_t sb = 0;  // padding entries of the tile are zero
     if (b.valid) {
       float f[kBlockSize];
@@ -302,6 +295,24 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
                                    codes + b.row * (k / kBlockSize) + b.k_block);
     }
     scales[b.scale_offset] = static_cast<uint8_t>(sb);
+  };
+  auto fetch = [&](uint32_t h, BlockRef* b, RawBlock<T>* raw) {
+    *b = block_of(grid, h);
+    if (b->valid) raw->load(x, k, b->row, b->k_block);
+  };
+  // Software pipelining over two register buffers: the next half-tile's loads are in flight
+  // while this one is quantized (two named buffers, so no copies between iterations).
+  const uint32_t n = static_cast<uint32_t>(grid.half_tiles), step = gridDim.x;
+  BlockRef ref_a, ref_b;
+  RawBlock<T> raw_a, raw_b;
+  uint32_t h = blockIdx.x;
+  if (h < n) fetch(h, &ref_a, &raw_a);
+  for (; h < n; h += 2 * step) {
+    const bool has_b = h + step < n;
+    if (has_b) fetch(h + step, &ref_b, &raw_b);
+    quantize_one(ref_a, raw_a);
+    if (h + 2 * step < n) fetch(h + 2 * step, &ref_a, &raw_a);
+    if (has_b) quantize_one(ref_b, raw_b);
   }
 }
 

@@ -7,10 +7,7 @@ namespace {
 struct SoftwareE2m1 {
   // Packs the codes of y[0..7], element 2i in the low nibble of byte i.
   __device__ __forceinline__ static uint32_t pack8(const float* y) {
-    uint32_t word = 0;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) word |= e2m1_encode_software(y[e]) << (4 * e);
-    return word;
+    return e2m1_pack8_software(y);
   }
 };
 

@@ -5,10 +5,9 @@ reference vs a measured HBM copy, on the current GPU.
 
 Each variant is one jitted call, enqueued `--iters` times back to back and timed from the host
 around the whole batch (every output is returned, so XLA drops no work). Throughput counts the
-bytes an op must move: its input
-read once plus its outputs written once (the amax variants read x twice: a floor of
-(2 * read + write) / copy bandwidth). The copy is an elementwise negation of the same tensor
-(one read, one write). Results: DIR/quantize_<device>.md.
+bytes an op must move: its input read once plus its outputs written once (the amax variants
+read x twice: a floor of (2 * read + write) / copy bandwidth). The copy is an elementwise
+negation of the same tensor (one read, one write). Results: DIR/quantize_<device>.md.
 """
 
 from __future__ import annotations

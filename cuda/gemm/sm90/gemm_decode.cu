@@ -226,6 +226,82 @@ __device__ __forceinline__ void load_chunk(const GemmProblem& p, int64_t n_row, 
   for (int tt = 0; tt < T; ++tt) load_act<XK>(p, active ? m_row + 8 * tt : p.m, e0, vec16, c.x[tt]);
 }
 
+// Per-lane pointers into the current full chunk (all 128 elements in range), advanced one
+// chunk at a time: the steady-state loop does no index math and no range checks. Rows past N
+// or M are clamped to the last row: they load valid memory and their results are not stored.
+template <int T, XKind XK>
+struct Cursor {
+  const uint8_t* codes[2];   // weight rows g, g+8 at the lane's first element
+  const uint8_t* scales[2];  // their two block scales
+  const uint8_t* x[T];       // activation rows (float bytes or NVFP4 codes)
+  const uint8_t* x_scales[T];
+
+  // Scales of the next 128 elements of a row start two 512-byte tiles further.
+  static constexpr int kScaleStep = 2 * kTileBytes;
+  static constexpr int kXStep = XK == XKind::kNvfp4 ? kChunk / 2 : kChunk * (XK == XKind::kF32 ? 4 : 2);
+
+  __device__ __forceinline__ Cursor(const GemmProblem& p, int64_t n_row, int64_t m_row, int64_t e0) {
+    const int64_t kb = p.k / kBlockSize;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t n = min(n_row + 8 * r, p.n - 1);
+      codes[r] = p.b.codes + n * (p.k / 2) + e0 / 2;
+      scales[r] = p.b.scales + scale_offset(n, e0 / kBlockSize, kb);
+    }
+#pragma unroll
+    for (int tt = 0; tt < T; ++tt) {
+      const int64_t m = min(m_row + 8 * tt, p.m - 1);
+      if constexpr (XK == XKind::kNvfp4) {
+        x[tt] = p.a_q.codes + m * (p.k / 2) + e0 / 2;
+        x_scales[tt] = p.a_q.scales + scale_offset(m, e0 / kBlockSize, kb);
+      } else {
+        x[tt] = static_cast<const uint8_t*>(p.a) + (m * p.k + e0) * (XK == XKind::kF32 ? 4 : 2);
+        x_scales[tt] = nullptr;
+      }
+    }
+  }
+
+  __device__ __forceinline__ static void codes16(const uint8_t* ptr, bool vec16, uint32_t (&out)[4]) {
+    if (vec16) {
+      const uint4 v = ld_stream16(ptr);
+      out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+    } else {  // rows of K/2 bytes are only 8-byte aligned when K % 32 != 0
+      const uint2 lo = ld_stream8(ptr), hi = ld_stream8(ptr + 8);
+      out[0] = lo.x; out[1] = lo.y; out[2] = hi.x; out[3] = hi.y;
+    }
+  }
+
+  // Loads the chunk under the cursor into `c` and moves on to the next one.
+  __device__ __forceinline__ void load_and_advance(bool vec16, Chunk<T, XK>& c) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      codes16(codes[r], vec16, c.w.codes[r]);
+      c.w.scales[r] = *reinterpret_cast<const uint16_t*>(scales[r]);
+      codes[r] += kChunk / 2;
+      scales[r] += kScaleStep;
+    }
+#pragma unroll
+    for (int tt = 0; tt < T; ++tt) {
+      if constexpr (XK == XKind::kNvfp4) {
+        uint32_t w[4];
+        codes16(x[tt], vec16, w);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c.x[tt].w[i] = w[i];
+        c.x[tt].scales = *reinterpret_cast<const uint16_t*>(x_scales[tt]);
+        x_scales[tt] += kScaleStep;
+      } else {
+#pragma unroll
+        for (int v = 0; v < x_words<XK>() / 4; ++v) {
+          const uint4 u = __ldg(reinterpret_cast<const uint4*>(x[tt]) + v);
+          c.x[tt].w[4 * v] = u.x; c.x[tt].w[4 * v + 1] = u.y;
+          c.x[tt].w[4 * v + 2] = u.z; c.x[tt].w[4 * v + 3] = u.w;
+        }
+      }
+      x[tt] += kXStep;
+    }
+  }
+};
+
 template <int T, XKind XK>
 __device__ __forceinline__ void compute_chunk(const Chunk<T, XK>& c, float (&acc)[T][4]) {
   uint32_t sc[2][2];
@@ -285,16 +361,31 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const GemmProblem p, i
 #pragma unroll
   for (int tt = 0; tt < T; ++tt) acc[tt][0] = acc[tt][1] = acc[tt][2] = acc[tt][3] = 0.f;
 
-  // Two chunks in flight: while one is multiplied, the next one's loads are outstanding.
-  Chunk<T, XK> c0, c1;
+  // Full chunks through the cursor, two in flight: while one is multiplied, the next one's
+  // loads are outstanding. Only the last chunk of K can be partial; it takes the checked path.
   const int64_t lane_k = 32 * t;
-  load_chunk<T, XK>(p, n0 + g, m0 + g, c_begin * kChunk + lane_k, c_begin < c_end, vec16, c0);
-  load_chunk<T, XK>(p, n0 + g, m0 + g, (c_begin + 1) * kChunk + lane_k, c_begin + 1 < c_end, vec16, c1);
-  for (int64_t c = c_begin; c < c_end; c += 2) {
-    compute_chunk<T, XK>(c0, acc);
-    load_chunk<T, XK>(p, n0 + g, m0 + g, (c + 2) * kChunk + lane_k, c + 2 < c_end, vec16, c0);
-    if (c + 1 < c_end) compute_chunk<T, XK>(c1, acc);
-    load_chunk<T, XK>(p, n0 + g, m0 + g, (c + 3) * kChunk + lane_k, c + 3 < c_end, vec16, c1);
+  const int64_t c_full = min(c_end, p.k / kChunk);
+  int64_t c = c_begin;
+  if (c < c_full) {
+    Cursor<T, XK> cur(p, n0 + g, m0 + g, c * kChunk + lane_k);
+    Chunk<T, XK> c0, c1;
+    cur.load_and_advance(vec16, c0);
+    if (c + 1 < c_full) cur.load_and_advance(vec16, c1);
+    for (; c + 1 < c_full; c += 2) {
+      compute_chunk<T, XK>(c0, acc);
+      if (c + 2 < c_full) cur.load_and_advance(vec16, c0);
+      compute_chunk<T, XK>(c1, acc);
+      if (c + 3 < c_full) cur.load_and_advance(vec16, c1);
+    }
+    if (c < c_full) {
+      compute_chunk<T, XK>(c0, acc);
+      ++c;
+    }
+  }
+  for (; c < c_end; ++c) {  // the partial last chunk
+    Chunk<T, XK> tail;
+    load_chunk<T, XK>(p, n0 + g, m0 + g, c * kChunk + lane_k, true, vec16, tail);
+    compute_chunk<T, XK>(tail, acc);
   }
 
 #pragma unroll

@@ -3,7 +3,8 @@
 //
 // CUTLASS's sm90 kernel built from its collective builders: TMA loads into a multi-stage
 // shared-memory pipeline, a producer warp and two consumer warpgroups issuing wgmma (HGMMA) with
-// float32 accumulators, a persistent tile scheduler, and an epilogue computing
+// float32 accumulators, a persistent stream-K tile scheduler (it splits K, deterministically,
+// when M x N has too few 128x256 tiles to fill the GPU), and an epilogue computing
 // alpha * acc + bias[n] (alpha read from device memory) with a TMA store.
 #pragma once
 
@@ -51,7 +52,7 @@ struct WgmmaGemm {
           sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
-                                                      cutlass::gemm::PersistentScheduler>;
+                                                      cutlass::gemm::StreamKScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   static typename Gemm::Arguments arguments(int m, int n, int k, const void* a, const void* b,

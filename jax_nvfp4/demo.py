@@ -123,6 +123,34 @@ def _speed(ctx: DemoContext) -> None:
               f"({tr / tk:.2f}x)")
 
 
+@section("NVFP4 matmul: decode and prefill")
+def _matmul(ctx: DemoContext) -> None:
+    from jax_nvfp4.gemm import matmul
+
+    n, k = ctx.shape(*LLAMA3_8B_MLP["gate_proj"])
+    key_w, key_x = jax.random.split(jax.random.key(2))
+    w = jax.device_put(jax.random.normal(key_w, (n, k), jnp.bfloat16) * 0.02, ctx.device)
+    wq = quantize(w)
+    dims = (((1,), (1,)), ((), ()))
+    print(f"gate_proj W [{n}, {k}]: y = x @ W.T, bf16 activations, NVFP4 weights")
+    for m in (1, 16, 4096 // ctx.shrink):
+        x = jax.device_put(jax.random.normal(key_x, (m, k), jnp.bfloat16), ctx.device)
+        y = matmul(x, wq, out_dtype=jnp.float32)
+        exact = jax.lax.dot_general(x, wq.dequantize(jnp.float32), dims,
+                                    precision=jax.lax.Precision.HIGHEST)
+        full = jax.lax.dot_general(x, w, dims, preferred_element_type=jnp.float32)
+        rel = lambda a, b: float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+        line = (f"  M={m:<5} error vs dequantized weights {rel(y, exact):.1e}, "
+                f"vs bf16 weights {rel(y, full):.3f}")
+        if ctx.on_gpu:
+            t_q = device_time(lambda a, b: matmul(a, b), x, wq)
+            t_b = device_time(lambda a, b: jax.lax.dot_general(a, b, dims), x, w)
+            line += f"; {t_q * 1e6:.1f} us vs bf16 jnp.dot {t_b * 1e6:.1f} us ({t_b / t_q:.2f}x)"
+        print(line)
+    if ctx.on_gpu:
+        print("  (times include host dispatch; bench/bench_matmul.py times on the device)")
+
+
 @section("Flax: a float nnx MLP converted to NVFP4 layers")
 def _flax(ctx: DemoContext) -> None:
     try:

@@ -128,6 +128,62 @@ register_check("quantize", "jax_nvfp4_quantize", check_quantize)
 register_check("dequantize", "jax_nvfp4_dequantize", check_dequantize)
 
 
+# (M, N, K): decode- and prefill-sized M on Hopper, N and K off the tile sizes.
+_MATMUL_PROBLEMS = [(1, 48, 64), (5, 130, 208), (70, 64, 96), (300, 40, 160)]
+
+
+def _matmul_operands(m, n, k, seed):
+    from jax_nvfp4.quantization import quantize
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = quantize(_on(_cpu(), (rng.standard_normal((n, k)) * 0.05).astype(np.float32)))
+    bias = rng.standard_normal(n).astype(np.float32)
+    return x, w, bias
+
+
+def check_matmul(device) -> str:
+    """jax_nvfp4.matmul on `device` (W4A16 bf16, W4A4, bias, float32 out) against the reference
+    on the CPU: relative Frobenius error <= 1e-5 (only the accumulation order differs)."""
+    from jax_nvfp4.gemm import matmul
+    from jax_nvfp4.quantization import quantize
+
+    worst = 0.0
+    for i, (m, n, k) in enumerate(_MATMUL_PROBLEMS):
+        x, w, bias = _matmul_operands(m, n, k, seed=200 + i)
+        for a in (x.astype(jnp.bfloat16), quantize(_on(_cpu(), x))):
+            got = matmul(_on(device, a), _on(device, w), bias=_on(device, bias), out_dtype=jnp.float32)
+            want = matmul(_on(_cpu(), a), w, bias=_on(_cpu(), bias), out_dtype=jnp.float32)
+            got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+            err = np.linalg.norm(got - want) / np.linalg.norm(want)
+            kind = "W4A4" if isinstance(a, NVFP4Array) else "W4A16"
+            assert np.isfinite(err) and err <= 1e-5, (
+                f"matmul {kind} M={m} N={n} K={k}: relative error {err:.3g}")
+            worst = max(worst, err)
+    return f"{2 * len(_MATMUL_PROBLEMS)} problems, worst relative error {worst:.1e}"
+
+
+def check_matmul_nvfp4_out(device) -> str:
+    """matmul with NVFP4 output on `device` == the reference quantization of the same device's
+    float32 result, byte for byte."""
+    from jax_nvfp4.gemm import matmul
+
+    for i, (m, n, k) in enumerate(_MATMUL_PROBLEMS):
+        n = n // 16 * 16 or 16
+        x, w, _ = _matmul_operands(m, n, k, seed=300 + i)
+        a, wd = _on(device, x.astype(jnp.bfloat16)), _on(device, w)
+        y = np.asarray(matmul(a, wd, out_dtype=jnp.float32))
+        q = matmul(a, wd, out_s_enc=np.float32(500.0))
+        want = jax.jit(reference.quantize)(*_on(_cpu(), (y, np.float32(500.0))))
+        for field, g, ref in zip(("codes", "scales", "s_dec"), (q.codes, q.scales, q.s_dec), want):
+            assert _same_bits(g, ref), f"matmul NVFP4 output M={m} N={n} K={k}: {field} differ"
+    return f"{len(_MATMUL_PROBLEMS)} problems, bytes equal"
+
+
+register_check("matmul", "jax_nvfp4_gemm", check_matmul)
+register_check("matmul->nvfp4", "jax_nvfp4_gemm_nvfp4_out", check_matmul_nvfp4_out)
+
+
 def _gpu():
     try:
         devices = jax.devices("cuda")

@@ -47,25 +47,31 @@ __device__ __forceinline__ uint4 dequant_word_ordered(uint32_t word, uint32_t sc
                     __byte_perm(p0, p1, 0x7632), __byte_perm(p2, p3, 0x7632));
 }
 
+// The preparation kernels walk rows with the grid (one row per block at a time) and a row's
+// elements with the block's threads: 32-bit column math, no per-element 64-bit division.
+
 // NVFP4 [rows, k] -> bf16 [out_rows, copies * k] (each row written `copies` times along K; rows
-// past `rows` zero). One thread per 16-element block.
+// past `rows` zero). One thread per 16-element block of a row.
 __global__ void dequantize_rows(Nvfp4Operand src, int64_t rows, int64_t out_rows, int64_t k,
                                 int copies, __nv_bfloat16* dst) {
-  const int64_t kb = k / kBlockSize, units = out_rows * kb;
-  for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < units;
-       u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = u / kb, b = u % kb;
-    uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-    if (r < rows) {
-      const uint2 codes = *reinterpret_cast<const uint2*>(src.codes + r * (k / 2) + b * 8);
-      const uint32_t s = widen_scale(src.scales[scale_offset(r, b, kb)]);
-      lo = dequant_word_ordered(codes.x, s);
-      hi = dequant_word_ordered(codes.y, s);
-    }
-    for (int c = 0; c < copies; ++c) {
-      uint4* out = reinterpret_cast<uint4*>(dst + r * copies * k + c * k + b * kBlockSize);
-      out[0] = lo;
-      out[1] = hi;
+  const int kb = static_cast<int>(k / kBlockSize);
+  for (int64_t r = blockIdx.x; r < out_rows; r += gridDim.x) {
+    const uint8_t* codes = src.codes + r * (k / 2);
+    const uint8_t* scales = src.scales + scale_offset(r, 0, kb);  // + (b / 4) * 512 + b % 4
+    __nv_bfloat16* out_row = dst + r * copies * k;
+    for (int b = threadIdx.x; b < kb; b += blockDim.x) {
+      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+      if (r < rows) {
+        const uint2 c = *reinterpret_cast<const uint2*>(codes + b * 8);
+        const uint32_t s = widen_scale(scales[(b / kTileKBlocks) * kTileBytes + b % kTileKBlocks]);
+        lo = dequant_word_ordered(c.x, s);
+        hi = dequant_word_ordered(c.y, s);
+      }
+      for (int c = 0; c < copies; ++c) {
+        uint4* out = reinterpret_cast<uint4*>(out_row + c * k + b * kBlockSize);
+        out[0] = lo;
+        out[1] = hi;
+      }
     }
   }
 }
@@ -73,14 +79,15 @@ __global__ void dequantize_rows(Nvfp4Operand src, int64_t rows, int64_t out_rows
 // f16/f32 x [m, k] -> bf16 [m, 2k]: hi = bf16(x) in columns [0, k), lo = bf16(x - hi) in [k, 2k).
 template <typename T>
 __global__ void split_rows(const T* x, int64_t m, int64_t k, __nv_bfloat16* dst) {
-  const int64_t n = m * k;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float v = static_cast<float>(x[i]);
-    const __nv_bfloat16 h = __float2bfloat16_rn(v);
-    const int64_t r = i / k, c = i % k;
-    dst[r * 2 * k + c] = h;
-    dst[r * 2 * k + k + c] = __float2bfloat16_rn(v - __bfloat162float(h));
+  for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
+    const T* row = x + r * k;
+    __nv_bfloat16* out = dst + r * 2 * k;
+    for (int c = threadIdx.x; c < k; c += blockDim.x) {
+      const float v = static_cast<float>(row[c]);
+      const __nv_bfloat16 h = __float2bfloat16_rn(v);
+      out[c] = h;
+      out[k + c] = __float2bfloat16_rn(v - __bfloat162float(h));
+    }
   }
 }
 
@@ -94,23 +101,25 @@ __device__ __forceinline__ float load_as_float(const void* base, DType t, int64_
 
 // alpha (with the dequantization factors undone) and the bias as float32 [n_pad] (zero padded).
 __global__ void epilogue_operands(GemmProblem p, int64_t n_pad, float* alpha, float* bias) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i == 0) {
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (first == 0) {
     float a = *p.b.s_dec * (1.0f / kDequantFactor);
     if (p.a_is_nvfp4) a *= *p.a_q.s_dec * (1.0f / kDequantFactor);
     *alpha = a;
   }
-  if (i < n_pad) bias[i] = p.bias && i < p.n ? load_as_float(p.bias, p.bias_dtype, i) : 0.f;
+  for (int64_t i = first; i < n_pad; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    bias[i] = p.bias && i < p.n ? load_as_float(p.bias, p.bias_dtype, i) : 0.f;
+  }
 }
 
 // Copies columns [0, n) of a [m, n_pad] matrix of elem_bytes elements to a dense [m, n] one.
 __global__ void crop_columns(const uint8_t* src, int64_t m, int64_t n, int64_t n_pad, int elem_bytes,
                              uint8_t* dst) {
-  const int64_t total = m * n;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / n, c = i % n;
-    for (int b = 0; b < elem_bytes; ++b) dst[i * elem_bytes + b] = src[(r * n_pad + c) * elem_bytes + b];
+  const int row_bytes = static_cast<int>(n) * elem_bytes;
+  for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
+    const uint8_t* from = src + r * n_pad * elem_bytes;
+    uint8_t* to = dst + r * row_bytes;
+    for (int i = threadIdx.x; i < row_bytes; i += blockDim.x) to[i] = from[i];
   }
 }
 
@@ -165,6 +174,12 @@ Plan make_plan(const GemmProblem& p) {
   return plan;
 }
 
+// Blocks for a row-walking kernel over `rows` rows.
+int grid_rows(int64_t rows) {
+  const int64_t cap = 32LL * sm_count();
+  return static_cast<int>(rows < 1 ? 1 : (rows < cap ? rows : cap));
+}
+
 int grid_for(int64_t work, int threads) {
   const int64_t blocks = ceil_div(work, threads);
   const int64_t cap = 16LL * sm_count();  // grid-stride loops beyond a few waves
@@ -188,20 +203,20 @@ cudaError_t prefill_gemm(const GemmProblem& p, cudaStream_t stream) {
   auto* bias = reinterpret_cast<float*>(ws + plan.off_bias);
   constexpr int kThreads = 256;
 
-  dequantize_rows<<<grid_for(plan.n_pad * (p.k / kBlockSize), kThreads), kThreads, 0, stream>>>(
+  dequantize_rows<<<grid_rows(plan.n_pad), kThreads, 0, stream>>>(
       p.b, p.n, plan.n_pad, p.k, plan.copies, w_bf16);
   epilogue_operands<<<grid_for(plan.n_pad, kThreads), kThreads, 0, stream>>>(p, plan.n_pad, alpha, bias);
   const void* a = p.a;
   if (p.a_is_nvfp4) {
-    dequantize_rows<<<grid_for(p.m * (p.k / kBlockSize), kThreads), kThreads, 0, stream>>>(
+    dequantize_rows<<<grid_rows(p.m), kThreads, 0, stream>>>(
         p.a_q, p.m, p.m, p.k, 1, x_bf16);
     a = x_bf16;
   } else if (p.a_dtype == DType::kF32) {
-    split_rows<<<grid_for(p.m * p.k, kThreads), kThreads, 0, stream>>>(
+    split_rows<<<grid_rows(p.m), kThreads, 0, stream>>>(
         static_cast<const float*>(p.a), p.m, p.k, x_bf16);
     a = x_bf16;
   } else if (p.a_dtype == DType::kF16) {
-    split_rows<<<grid_for(p.m * p.k, kThreads), kThreads, 0, stream>>>(
+    split_rows<<<grid_rows(p.m), kThreads, 0, stream>>>(
         static_cast<const __half*>(p.a), p.m, p.k, x_bf16);
     a = x_bf16;
   }
@@ -217,7 +232,7 @@ cudaError_t prefill_gemm(const GemmProblem& p, cudaStream_t stream) {
     default: err = wgmma_gemm_f16(g, stream); break;
   }
   if (err != cudaSuccess || !plan.crop) return err;
-  crop_columns<<<grid_for(p.m * p.n, kThreads), kThreads, 0, stream>>>(
+  crop_columns<<<grid_rows(p.m), kThreads, 0, stream>>>(
       ws + plan.off_d, p.m, p.n, plan.n_pad, elem_bytes(p.out_dtype), static_cast<uint8_t*>(p.out));
   return cudaGetLastError();
 }

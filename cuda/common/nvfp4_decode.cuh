@@ -9,6 +9,16 @@
 
 namespace jax_nvfp4 {
 
+NVFP4_HD uint32_t float_to_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+
 NVFP4_HD float bits_to_float(uint32_t bits) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(bits);

@@ -4,8 +4,8 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
+#include "common/nvfp4_decode.cuh"
 #include "common/scale_layout.h"
 
 namespace jax_nvfp4 {
@@ -13,26 +13,6 @@ namespace jax_nvfp4 {
 constexpr float kE2m1Max = 6.0f;
 constexpr float kE4m3Max = 448.0f;
 constexpr uint32_t kE4m3NanBits = 0x7Fu;
-
-NVFP4_HD uint32_t float_to_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-#endif
-}
-
-NVFP4_HD float bits_as_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-#endif
-}
 
 // __byte_perm (PRMT): result byte i is byte (selector >> 4i) & 7 of the pair {b:a}.
 NVFP4_HD uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t selector) {
@@ -62,7 +42,7 @@ NVFP4_HD uint32_t e2m1_magnitude_bits(float y) {
   uint32_t exp_bits = float_to_bits(mag) & 0x7F800000u;
   exp_bits = exp_bits > 0x3F800000u ? exp_bits : 0x3F800000u;
   const uint32_t magic = exp_bits + (22u << 23) + (exp_bits >> 22) - 254u;
-  return float_to_bits(mag + bits_as_float(magic));
+  return float_to_bits(mag + bits_to_float(magic));
 }
 
 // E2M1 code (sign bit 0x8) of float `y`; the sign of a value that rounds to zero is kept

@@ -64,19 +64,17 @@ QuantizeProblem quantize_stage(const GemmProblem& p, const float* y, void* ws, s
 }
 
 size_t path_workspace(const GemmProblem& p) {
-  return gemm_sm90_path(p.m, p.n, p.k) == GemmSm90Path::kDecode ? 0 : sm90::prefill_workspace_bytes(p);
+  return gemm_sm90_path(p.m) == GemmSm90Path::kDecode ? 0 : sm90::prefill_workspace_bytes(p);
 }
 
 cudaError_t run_path(const GemmProblem& p, cudaStream_t stream) {
-  if (gemm_sm90_path(p.m, p.n, p.k) == GemmSm90Path::kDecode) return sm90::decode_gemm(p, stream);
+  if (gemm_sm90_path(p.m) == GemmSm90Path::kDecode) return sm90::decode_gemm(p, stream);
   return sm90::prefill_gemm(p, stream);
 }
 
 }  // namespace
 
-GemmSm90Path gemm_sm90_path(int64_t m, int64_t n, int64_t k) {
-  (void)n;
-  (void)k;
+GemmSm90Path gemm_sm90_path(int64_t m) {
   if (const char* forced = std::getenv("JAX_NVFP4_GEMM_SM90_PATH")) {
     if (std::strcmp(forced, "decode") == 0) return GemmSm90Path::kDecode;
     if (std::strcmp(forced, "prefill") == 0) return GemmSm90Path::kPrefill;

@@ -93,6 +93,10 @@ size_t gemm_sm90_workspace_bytes(const GemmProblem& p) {
 cudaError_t gemm_sm90(const GemmProblem& p, cudaStream_t stream) {
   if (p.k <= 0 || p.k % kBlockSize != 0 || p.m < 0 || p.n < 0) return cudaErrorInvalidValue;
   if (p.workspace_bytes < gemm_sm90_workspace_bytes(p)) return cudaErrorInvalidValue;
+  if (p.m == 0 && p.n > 0 && nvfp4_out(p)) {  // nothing to multiply, but out_s_dec is still set
+    const QuantizeProblem probe = quantize_stage(p, nullptr, nullptr, 0);
+    return quantize_sm90(quantize_stage(p, nullptr, p.workspace, quantize_workspace_bytes(probe)), stream);
+  }
   if (p.m == 0 || p.n == 0) return cudaSuccess;
   if (!nvfp4_out(p)) {
     cudaError_t err = run_path(p, stream);

@@ -158,9 +158,11 @@ class TestValidation:
 
 
 def test_sm90_dequantization_is_exact(host_program):
-    """The kernels' bf16 NVFP4 decoding: every code x every E4M3 scale, exact (host)."""
+    """The kernels' bf16 NVFP4 decoding (every code x every E4M3 scale, exact) and their scale
+    pointer arithmetic, on the host."""
     out = host_program(HERE / "host" / "gemm_sm90_dequant.cc")
-    assert out.strip() == "checked 32512"  # 254 non-NaN scales x 16 codes x 8 positions
+    # 254 non-NaN scales x 16 codes x 8 positions, then the scale pointer arithmetic
+    assert out.split() == ["checked", "32512", "layout", "ok"]
 
 
 def test_sm90_prefill_kernel_uses_wgmma(kernel_sass):

@@ -1,12 +1,15 @@
 // Host check of the sm_90a GEMM's NVFP4 -> bf16 dequantization (gemm/sm90/nvfp4_bf16x2.h):
 // for every E2M1 code in every position of a word and every finite E4M3 scale, the bf16 bits
 // built by e2m1_pair_bits times the widened scale must be e2m1 * e4m3 * 2^-7, and that product
-// must be exactly representable in bf16 (so the kernel's bf16 multiply is exact).
-// Prints "checked <count>" or the first mismatch.
+// must be exactly representable in bf16 (so the kernel's bf16 multiply is exact). Also checks the
+// kernels' scale pointer arithmetic against scale_offset: the per-row block offset of the
+// dequantize pass and the decode cursor's step per 128-element chunk.
+// Prints "checked <count>" and "layout ok", or the first mismatch.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 
 #include "common/nvfp4_decode.cuh"
 #include "gemm/sm90/nvfp4_bf16x2.h"
@@ -61,5 +64,23 @@ int main() {
     }
   }
   std::printf("checked %ld\n", checked);
+
+  for (int64_t kb : {1, 3, 4, 5, 8, 64, 257, 896}) {
+    for (int64_t r : {0, 1, 31, 32, 127, 128, 129, 300, 14335}) {
+      for (int64_t b = 0; b < kb; ++b) {
+        if (scale_offset(r, 0, kb) + sm90::row_scale_offset(b) != scale_offset(r, b, kb)) {
+          std::printf("row offset: r %ld b %ld kb %ld\n", (long)r, (long)b, (long)kb);
+          return 1;
+        }
+        // Decode: a lane's first block is even (e0 = chunk*128 + 32t), one chunk = 8 blocks.
+        if (b % 2 == 0 && b + 8 < kb &&
+            scale_offset(r, b + 8, kb) - scale_offset(r, b, kb) != sm90::row_scale_step(128)) {
+          std::printf("chunk step: r %ld b %ld kb %ld\n", (long)r, (long)b, (long)kb);
+          return 1;
+        }
+      }
+    }
+  }
+  std::printf("layout ok\n");
   return 0;
 }

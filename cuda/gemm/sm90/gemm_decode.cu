@@ -236,8 +236,7 @@ struct Cursor {
   const uint8_t* x[T];       // activation rows (float bytes or NVFP4 codes)
   const uint8_t* x_scales[T];
 
-  // Scales of the next 128 elements of a row start two 512-byte tiles further.
-  static constexpr int kScaleStep = 2 * kTileBytes;
+  static constexpr int kScaleStep = static_cast<int>(row_scale_step(kChunk));
   static constexpr int kXStep = XK == XKind::kNvfp4 ? kChunk / 2 : kChunk * (XK == XKind::kF32 ? 4 : 2);
 
   __device__ __forceinline__ Cursor(const GemmProblem& p, int64_t n_row, int64_t m_row, int64_t e0) {

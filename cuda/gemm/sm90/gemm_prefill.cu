@@ -57,13 +57,13 @@ __global__ void dequantize_rows(Nvfp4Operand src, int64_t rows, int64_t out_rows
   const int kb = static_cast<int>(k / kBlockSize);
   for (int64_t r = blockIdx.x; r < out_rows; r += gridDim.x) {
     const uint8_t* codes = src.codes + r * (k / 2);
-    const uint8_t* scales = src.scales + scale_offset(r, 0, kb);  // + (b / 4) * 512 + b % 4
+    const uint8_t* scales = src.scales + scale_offset(r, 0, kb);
     __nv_bfloat16* out_row = dst + r * copies * k;
     for (int b = threadIdx.x; b < kb; b += blockDim.x) {
       uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
       if (r < rows) {
         const uint2 c = *reinterpret_cast<const uint2*>(codes + b * 8);
-        const uint32_t s = widen_scale(scales[(b / kTileKBlocks) * kTileBytes + b % kTileKBlocks]);
+        const uint32_t s = widen_scale(scales[row_scale_offset(b)]);
         lo = dequant_word_ordered(c.x, s);
         hi = dequant_word_ordered(c.y, s);
       }

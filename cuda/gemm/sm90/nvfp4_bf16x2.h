@@ -37,5 +37,14 @@ NVFP4_HD uint32_t e2m1_pair_bits(uint32_t word) {
 // Order of the elements of the 4 pairs of a word: pair j holds elements j and j+4.
 NVFP4_HD int pair_element(int j, int half) { return j + 4 * half; }
 
+// Offset of block b's scale from block 0's within one row of the tiled layout
+// (scale_offset(r, b, kb) == scale_offset(r, 0, kb) + row_scale_offset(b)).
+NVFP4_HD int64_t row_scale_offset(int64_t b) {
+  return (b / kTileKBlocks) * kTileBytes + b % kTileKBlocks;
+}
+
+// How far a row's scale pointer moves per K chunk of `chunk` elements (a multiple of 64).
+NVFP4_HD constexpr int64_t row_scale_step(int64_t chunk) { return chunk / (kTileKBlocks * kBlockSize) * kTileBytes; }
+
 }  // namespace sm90
 }  // namespace jax_nvfp4

@@ -144,16 +144,21 @@ def _matmul_operands(m, n, k, seed):
 
 def check_matmul(device) -> str:
     """jax_nvfp4.matmul on `device` (W4A16 bf16, W4A4, bias, float32 out) against the reference
-    on the CPU: relative Frobenius error <= 1e-5 (only the accumulation order differs)."""
+    on the CPU: relative Frobenius error <= 1e-5 (only the accumulation order differs). Blackwell
+    runs W4A16 on quantize(x) (DESIGN.md §4), so there its reference takes quantize(x) too."""
     from jax_nvfp4.gemm import matmul
     from jax_nvfp4.quantization import quantize
 
+    quantizes_x = _extension.device_arch(device) == "sm_100a"
     worst = 0.0
     for i, (m, n, k) in enumerate(_MATMUL_PROBLEMS):
         x, w, bias = _matmul_operands(m, n, k, seed=200 + i)
         for a in (x.astype(jnp.bfloat16), quantize(_on(_cpu(), x))):
             got = matmul(_on(device, a), _on(device, w), bias=_on(device, bias), out_dtype=jnp.float32)
-            want = matmul(_on(_cpu(), a), w, bias=_on(_cpu(), bias), out_dtype=jnp.float32)
+            ref_a = _on(_cpu(), a)
+            if quantizes_x and not isinstance(a, NVFP4Array):
+                ref_a = quantize(ref_a)
+            want = matmul(ref_a, w, bias=_on(_cpu(), bias), out_dtype=jnp.float32)
             got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
             err = np.linalg.norm(got - want) / np.linalg.norm(want)
             kind = "W4A4" if isinstance(a, NVFP4Array) else "W4A16"
@@ -182,6 +187,40 @@ def check_matmul_nvfp4_out(device) -> str:
 
 register_check("matmul", "jax_nvfp4_gemm", check_matmul)
 register_check("matmul->nvfp4", "jax_nvfp4_gemm_nvfp4_out", check_matmul_nvfp4_out)
+
+
+# (N, H, W, C, K, R, S, stride, dilation, padding): taps, padding, stride and dilation cases,
+# C and K off the tile sizes, several images in one tile.
+_CONV_PROBLEMS = [(2, 9, 11, 32, 24, 3, 3, 1, 1, "SAME"), (3, 12, 10, 48, 72, 5, 5, 2, 1, "SAME"),
+                  (1, 14, 16, 16, 40, 3, 7, 1, 2, "VALID"), (4, 7, 7, 64, 136, 1, 1, 1, 1, "SAME")]
+
+
+def check_conv(device) -> str:
+    """jax_nvfp4.conv on `device` (bf16 activations, bias, float32 out) against the reference on
+    the CPU: relative Frobenius error <= 1e-5 (the products are exact; only the order of the
+    float32 sums differs)."""
+    from jax_nvfp4.convolution import conv, quantize_conv_weight
+
+    worst = 0.0
+    for i, (n, h, w, c, k, r, s, stride, dil, pad) in enumerate(_CONV_PROBLEMS):
+        rng = np.random.default_rng(400 + i)
+        x = rng.standard_normal((n, h, w, c)).astype(np.float32).astype(jnp.bfloat16)
+        wq = quantize_conv_weight(_on(_cpu(), rng.standard_normal((r, s, c, k)).astype(np.float32)))
+        bias = rng.standard_normal(k).astype(np.float32)
+        kw = dict(window_strides=(stride, stride), padding=pad, rhs_dilation=(dil, dil),
+                  out_dtype=jnp.float32)
+        got = conv(_on(device, x), _on(device, wq), bias=_on(device, bias), **kw)
+        want = conv(_on(_cpu(), x), wq, bias=_on(_cpu(), bias), **kw)
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        err = np.linalg.norm(got - want) / np.linalg.norm(want)
+        assert np.isfinite(err) and err <= 1e-5, (
+            f"conv x{(n, h, w, c)} w{(r, s, c, k)} stride {stride} dilation {dil} {pad}: "
+            f"relative error {err:.3g}")
+        worst = max(worst, err)
+    return f"{len(_CONV_PROBLEMS)} problems, worst relative error {worst:.1e}"
+
+
+register_check("conv", "jax_nvfp4_conv", check_conv)
 
 
 def _gpu():

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <string>
 
 #include "common/dtype.h"
@@ -24,6 +25,25 @@ inline bool to_dtype(ffi::DataType t, DType* out) {
 inline ffi::Error cuda_error(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return ffi::Error::Success();
   return ffi::Error(ffi::ErrorCode::kInternal, std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+// The kernels carve their workspace at 256-byte offsets and need a 256-byte aligned base. XLA's
+// FFI scratch allocator refused an alignment request of 256 on the H200 (jax 0.11), so this asks
+// for 256 spare bytes with the default alignment and aligns the pointer itself. Sets *workspace
+// (null when bytes == 0) or returns an error naming `op`.
+inline ffi::Error allocate_workspace(ffi::ScratchAllocator& scratch, size_t bytes,
+                                     void** workspace, const char* op) {
+  constexpr size_t kAlign = 256;
+  *workspace = nullptr;
+  if (bytes == 0) return ffi::Error::Success();
+  auto ws = scratch.Allocate(bytes + kAlign);
+  if (!ws.has_value()) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      std::string(op) + ": no workspace of " + std::to_string(bytes) + " bytes");
+  }
+  const uintptr_t base = reinterpret_cast<uintptr_t>(*ws);
+  *workspace = reinterpret_cast<void*>((base + kAlign - 1) / kAlign * kAlign);
+  return ffi::Error::Success();
 }
 
 // Compute capability of the current device as major*10+minor (90 for Hopper, 100 for B200).

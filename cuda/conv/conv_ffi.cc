@@ -82,12 +82,9 @@ ffi::Error conv_impl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
 #ifdef JAX_NVFP4_HAS_SM100
     case 100: {
       p.workspace_bytes = conv_sm100_workspace_bytes(p);
-      if (p.workspace_bytes > 0) {
-        auto ws = scratch.Allocate(p.workspace_bytes, 256);
-        if (!ws.has_value()) {
-          return ffi::Error(ffi::ErrorCode::kResourceExhausted, "jax_nvfp4_conv: no workspace");
-        }
-        p.workspace = *ws;
+      if (auto err = allocate_workspace(scratch, p.workspace_bytes, &p.workspace, "jax_nvfp4_conv");
+          err.failure()) {
+        return err;
       }
       return cuda_error(conv_sm100(p, stream), "conv_sm100");
     }

@@ -29,24 +29,6 @@
 namespace jax_nvfp4 {
 namespace {
 
-// The kernels carve the workspace at 256-byte offsets and need a 256-byte aligned base. XLA's
-// FFI scratch allocator refused an alignment request of 256 on the H200 (jax 0.11), so the
-// handler asks for 256 spare bytes with the default alignment and aligns the pointer itself.
-constexpr size_t kWorkspaceAlign = 256;
-
-// Scratch of p.workspace_bytes for p, or an error.
-ffi::Error allocate_workspace(ffi::ScratchAllocator& scratch, GemmProblem& p) {
-  if (p.workspace_bytes == 0) return ffi::Error::Success();
-  auto ws = scratch.Allocate(p.workspace_bytes + kWorkspaceAlign);
-  if (!ws.has_value()) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      "jax_nvfp4_gemm: no workspace of " + std::to_string(p.workspace_bytes) + " bytes");
-  }
-  const uintptr_t base = reinterpret_cast<uintptr_t>(*ws);
-  p.workspace = reinterpret_cast<void*>((base + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign);
-  return ffi::Error::Success();
-}
-
 ffi::Error invalid(const std::string& what) {
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_nvfp4_gemm: " + what);
 }
@@ -117,14 +99,20 @@ ffi::Error run(cudaStream_t stream, ffi::ScratchAllocator& scratch, GemmProblem&
 #ifdef JAX_NVFP4_HAS_SM90
     case 90: {
       p.workspace_bytes = gemm_sm90_workspace_bytes(p);
-      if (auto err = allocate_workspace(scratch, p); err.failure()) return err;
+      if (auto err = allocate_workspace(scratch, p.workspace_bytes, &p.workspace, "jax_nvfp4_gemm");
+          err.failure()) {
+        return err;
+      }
       return cuda_error(gemm_sm90(p, stream), "jax_nvfp4_gemm (sm_90a)");
     }
 #endif
 #ifdef JAX_NVFP4_HAS_SM100
     case 100: {
       p.workspace_bytes = gemm_sm100_workspace_bytes(p);
-      if (auto err = allocate_workspace(scratch, p); err.failure()) return err;
+      if (auto err = allocate_workspace(scratch, p.workspace_bytes, &p.workspace, "jax_nvfp4_gemm");
+          err.failure()) {
+        return err;
+      }
       return cuda_error(gemm_sm100(p, stream), "jax_nvfp4_gemm (sm_100a)");
     }
 #endif

@@ -90,12 +90,9 @@ ffi::Error Quantize(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
   p.scales = static_cast<uint8_t*>(scales->untyped_data());
   p.s_dec = s_dec->typed_data();
   p.workspace_bytes = quantize_workspace_bytes(p);
-  if (p.workspace_bytes > 0) {
-    auto ws = scratch.Allocate(p.workspace_bytes);
-    if (!ws.has_value()) {
-      return ffi::Error(ffi::ErrorCode::kResourceExhausted, "jax_nvfp4: no quantize workspace");
-    }
-    p.workspace = *ws;
+  if (auto err = allocate_workspace(scratch, p.workspace_bytes, &p.workspace, "jax_nvfp4_quantize");
+      err.failure()) {
+    return err;
   }
   const int cc = current_compute_capability();
   bool found = false;

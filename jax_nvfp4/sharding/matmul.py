@@ -7,8 +7,8 @@ Shardings honoured (and combined on meshes of several axes):
                        K slice in float32 (alpha = s_dec_x * s_dec_w applies to every partial
                        sum, which is linear), the partial sums are all-reduced (psum), and the
                        bias and the cast (or the NVFP4 output quantization) follow, once.
-The weight's sharding wins: x is resharded to match w's K split, never the reverse, so no
-weight is gathered. A split that is not whole scale tiles, or that reuses a mesh axis already
+The weight's sharding wins: x is resharded to match w's K split (a weight replicated along K is
+sliced locally to x's split instead), so no weight is gathered. A split that is not whole scale tiles, or that reuses a mesh axis already
 taken by another dimension, is dropped (that operand is resharded explicitly)."""
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from jax_nvfp4.selftest import selftest
 
 __version__ = "0.1.0"
 
-__all__ = ["NVFP4Array", "quantize", "dequantize", "matmul", "conv", "quantize_conv_weight", "cuda_archs", "__version__"]
+__all__ = ["NVFP4Array", "quantize", "dequantize", "matmul", "conv", "quantize_conv_weight",
+           "selftest", "cuda_archs", "__version__"]
 
 cuda_archs = _extension.cuda_archs

@@ -1,17 +1,18 @@
 """Pure-JAX reference of every op: the CPU path and the oracle for every kernel.
 
 Quantization follows DESIGN.md §2 operation by operation in float32 (the CUDA kernels produce the
-same bytes). XLA may fold a float32 -> e4m3 -> float32 round trip away (TransformerEngine hit
+same bytes). Its divisions are correctly rounded on every backend (jax_nvfp4.exact_division:
+XLA:GPU's float32 division is not). XLA may fold a float32 -> e4m3 -> float32 round trip away (TransformerEngine hit
 this), so the E4M3 scale passes through an optimization barrier before it is widened.
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_nvfp4 import exact_division
 from jax_nvfp4.format import (BLOCK, CODE_DTYPE, SCALE_DTYPE, plain_to_tiled, rows_and_lead,
                               tiled_to_plain)
 
@@ -31,7 +32,7 @@ def tensor_amax(x, group_ndim: int = 0):
 def encode_scale_from_amax(amax):
     """S_enc = 6*448/amax, or 1 where that is not a finite positive number (amax == 0 too)."""
     amax = jnp.asarray(amax, jnp.float32)
-    s_enc = jnp.float32(E2M1_MAX * E4M3_MAX) / amax
+    s_enc = exact_division.divide(E2M1_MAX * E4M3_MAX, amax)
     bad = (amax == 0) | ~jnp.isfinite(s_enc) | (s_enc == 0)
     return jnp.where(bad, jnp.float32(1.0), s_enc)
 
@@ -54,7 +55,7 @@ def quantize(x, s_enc=None):
         s_enc = encode_scale_from_amax(tensor_amax(x))
     s_enc = jnp.asarray(s_enc, jnp.float32)
     g = s_enc.ndim
-    s_dec = jnp.float32(1.0) / s_enc
+    s_dec = exact_division.divide(1.0, s_enc)
     # Broadcast the per-group scalars over [..., K/16] blocks.
     expand = (Ellipsis,) + (None,) * (x.ndim - g)
     s_enc_b, s_dec_b = s_enc[expand], s_dec[expand]
@@ -68,7 +69,7 @@ def quantize(x, s_enc=None):
     sb = lax.optimization_barrier(sb)  # keep the E4M3 rounding (see module docstring)
     sb_wide = sb.astype(jnp.float32)
 
-    mult = jnp.minimum(jnp.float32(1.0) / (sb_wide * s_dec_b), jnp.float32(FLT_MAX))
+    mult = jnp.minimum(exact_division.divide(1.0, sb_wide * s_dec_b), jnp.float32(FLT_MAX))
     scaled = jnp.clip(blocks * mult[..., None], -E2M1_MAX, E2M1_MAX)
     codes = jnp.where(finite[..., None], scaled, 0.0).astype(CODE_DTYPE)  # rn, ties to even
     codes = codes.reshape(x.shape)

@@ -5,7 +5,6 @@ import os
 import re
 import shutil
 import subprocess
-import sysconfig
 from pathlib import Path
 
 import pytest

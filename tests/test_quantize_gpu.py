@@ -165,3 +165,16 @@ def test_vmap_on_gpu(kernels):
     qs = jax.jit(jax.vmap(jax_nvfp4.quantize))(jax.device_put(x, kernels))
     for i in range(3):
         _check(jax.tree.map(lambda a: a[i], qs), _cpu_reference_amax(x[i]))
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 3e4])
+@pytest.mark.parametrize("shape", [(129, 208), (2, 5, 144)])
+def test_reference_compiled_for_the_gpu_gives_cpu_bytes(gpu, shape, scale):
+    """The XLA reference (what GPUs without a kernel run) divides correctly rounded on XLA:GPU
+    too (jax_nvfp4.exact_division), so it matches the CPU reference byte for byte."""
+    x = _random(shape, np.float32, seed=len(shape), scale=scale)
+    on_gpu = jax.jit(reference.quantize)(jax.device_put(x, gpu))
+    _check(NVFP4Array(*on_gpu), _cpu_reference_amax(x))
+    s = np.float32(77.7)
+    on_gpu = jax.jit(reference.quantize)(jax.device_put(x, gpu), jax.device_put(s, gpu))
+    _check(NVFP4Array(*on_gpu), _cpu_reference(x, s))

@@ -86,25 +86,28 @@ def _kernel(*args, x_nvfp4, has_bias, window_strides, padding, rhs_dilation, out
 conv_p = define_primitive("nvfp4_conv", abstract_eval=_abstract, reference=_reference,
                           kernel=_kernel, ffi_target=lambda **_: CONV_TARGET)
 
-_map_batch = map_batcher(conv_p)
+def conv_batcher(prim):
+    """vmap rule for `prim` (conv_p or a wrapper of it with the same operands and params): folds
+    a vmapped activation into the image dimension N when the weights, bias and the activation's
+    s_dec are shared; any other combination runs once per batch element."""
+    map_batch = map_batcher(prim)
+
+    def rule(args, dims, **params):
+        n_x = 3 if params["x_nvfp4"] else 1
+        x_dims, rest = dims[:n_x], dims[n_x:]
+        foldable = all(d is None for d in rest) and x_dims[0] is not None and (
+            not params["x_nvfp4"] or (x_dims[1] is not None and x_dims[2] is None))
+        if foldable:
+            xs = [jnp.moveaxis(a, d, 0) for a, d in zip(args[:2], x_dims[:2]) if d is not None]
+            b = xs[0].shape[0]
+            folded = [a.reshape(b * a.shape[1], *a.shape[2:]) for a in xs]
+            if params["x_nvfp4"]:
+                folded.append(args[2])
+            (out,) = prim.bind(*folded, *args[n_x:], **params)
+            return (out.reshape(b, -1, *out.shape[1:]),), (0,)
+        return map_batch(args, dims, **params)
+
+    return rule
 
 
-def _batch(args, dims, *, x_nvfp4, has_bias, **params):
-    """Folds a vmapped activation into the image dimension N when the weights, bias and the
-    activation's s_dec are shared; any other combination runs once per batch element."""
-    n_x = 3 if x_nvfp4 else 1
-    x_dims, rest = dims[:n_x], dims[n_x:]
-    foldable = all(d is None for d in rest) and x_dims[0] is not None and (
-        not x_nvfp4 or (x_dims[1] is not None and x_dims[2] is None))
-    if foldable:
-        xs = [jnp.moveaxis(a, d, 0) for a, d in zip(args[:2], x_dims[:2]) if d is not None]
-        b = xs[0].shape[0]
-        folded = [a.reshape(b * a.shape[1], *a.shape[2:]) for a in xs]
-        if x_nvfp4:
-            folded.append(args[2])
-        (out,) = conv_p.bind(*folded, *args[n_x:], x_nvfp4=x_nvfp4, has_bias=has_bias, **params)
-        return (out.reshape(b, -1, *out.shape[1:]),), (0,)
-    return _map_batch(args, dims, x_nvfp4=x_nvfp4, has_bias=has_bias, **params)
-
-
-batching.primitive_batchers[conv_p] = _batch
+batching.primitive_batchers[conv_p] = conv_batcher(conv_p)

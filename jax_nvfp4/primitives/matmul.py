@@ -86,20 +86,21 @@ matmul_p = define_primitive(
     "nvfp4_matmul", abstract_eval=_abstract, reference=_reference, kernel=_kernel,
     ffi_target=lambda out_nvfp4, **_: GEMM_NVFP4_OUT_TARGET if out_nvfp4 else GEMM_TARGET)
 
-_map_batch = map_batcher(matmul_p)
+def matmul_batcher(prim):
+    """vmap rule for `prim` (matmul_p or a wrapper of it with the same operands and params)."""
+    map_batch = map_batcher(prim)
+
+    def rule(args, dims, **params):
+        # Common case: a float activation batched, weights shared -> fold the batch into M.
+        only_a = dims[0] is not None and all(d is None for d in dims[1:])
+        if only_a and not params["a_nvfp4"] and not params["out_nvfp4"]:
+            a = jnp.moveaxis(args[0], dims[0], 0)
+            b, m, k = a.shape
+            (out,) = prim.bind(a.reshape(b * m, k), *args[1:], **params)
+            return (out.reshape(b, m, -1),), (0,)
+        return map_batch(args, dims, **params)
+
+    return rule
 
 
-def _batch(args, dims, *, a_nvfp4, has_bias, out_nvfp4, out_dtype):
-    # Common case: a float activation batched, weights shared -> fold the batch into M.
-    only_a = dims[0] is not None and all(d is None for d in dims[1:])
-    if only_a and not a_nvfp4 and not out_nvfp4:
-        a = jnp.moveaxis(args[0], dims[0], 0)
-        b, m, k = a.shape
-        (out,) = matmul_p.bind(a.reshape(b * m, k), *args[1:], a_nvfp4=a_nvfp4, has_bias=has_bias,
-                               out_nvfp4=out_nvfp4, out_dtype=out_dtype)
-        return (out.reshape(b, m, -1),), (0,)
-    return _map_batch(args, dims, a_nvfp4=a_nvfp4, has_bias=has_bias, out_nvfp4=out_nvfp4,
-                      out_dtype=out_dtype)
-
-
-batching.primitive_batchers[matmul_p] = _batch
+batching.primitive_batchers[matmul_p] = matmul_batcher(matmul_p)

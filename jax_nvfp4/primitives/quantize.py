@@ -44,20 +44,26 @@ quantize_p = define_primitive(
     kernel=_quantize_kernel, ffi_target=lambda: QUANTIZE_TARGET)
 
 
-def _quantize_batch(args, dims):
-    size = batch_size(args, dims)
-    x = to_front(args[0], dims[0], size)
-    if len(args) == 1:
-        # Each batch element is its own tensor with its own amax. S_enc = 6*448/amax must be
-        # the kernel's correctly rounded division (XLA:GPU's is not), so map the primitive.
-        return map_batcher(quantize_p)(args, dims)
-    s_enc = to_front(args[1], dims[1], size)
-    rank1 = x.ndim == 2  # a batch of [K] vectors: give each its own row axis
-    codes, scales, s_dec = quantize_p.bind(x[:, None, :] if rank1 else x, s_enc)
-    return (codes[:, 0, :] if rank1 else codes, scales, s_dec), (0, 0, 0)
+def quantize_batcher(prim):
+    """vmap rule for `prim` (quantize_p or a wrapper of it with the same operands). Each batch
+    element is its own tensor: without s_enc it gets the S_enc of its own amax, computed here
+    exactly as the kernel would (reference.encode_scale_from_amax divides correctly rounded)."""
+
+    def rule(args, dims):
+        size = batch_size(args, dims)
+        x = to_front(args[0], dims[0], size)
+        if len(args) == 2:
+            s_enc = to_front(args[1], dims[1], size)
+        else:
+            s_enc = reference.encode_scale_from_amax(reference.tensor_amax(x, group_ndim=1))
+        rank1 = x.ndim == 2  # a batch of [K] vectors: give each its own row axis
+        codes, scales, s_dec = prim.bind(x[:, None, :] if rank1 else x, s_enc)
+        return (codes[:, 0, :] if rank1 else codes, scales, s_dec), (0, 0, 0)
+
+    return rule
 
 
-batching.primitive_batchers[quantize_p] = _quantize_batch
+batching.primitive_batchers[quantize_p] = quantize_batcher(quantize_p)
 
 
 def _dequantize_abstract(codes, scales, s_dec, *, dtype):
@@ -78,12 +84,17 @@ dequantize_p = define_primitive(
     kernel=_dequantize_kernel, ffi_target=lambda dtype: DEQUANTIZE_TARGET, multiple_results=False)
 
 
-def _dequantize_batch(args, dims, *, dtype):
-    size = batch_size(args, dims)
-    codes, scales, s_dec = (to_front(a, d, size) for a, d in zip(args, dims))
-    rank1 = codes.ndim == 2
-    out = dequantize_p.bind(codes[:, None, :] if rank1 else codes, scales, s_dec, dtype=dtype)
-    return (out[:, 0, :] if rank1 else out), 0
+def dequantize_batcher(prim):
+    """vmap rule for `prim` (dequantize_p or a wrapper of it with the same operands)."""
+
+    def rule(args, dims, *, dtype):
+        size = batch_size(args, dims)
+        codes, scales, s_dec = (to_front(a, d, size) for a, d in zip(args, dims))
+        rank1 = codes.ndim == 2
+        out = prim.bind(codes[:, None, :] if rank1 else codes, scales, s_dec, dtype=dtype)
+        return (out[:, 0, :] if rank1 else out), 0
+
+    return rule
 
 
-batching.primitive_batchers[dequantize_p] = _dequantize_batch
+batching.primitive_batchers[dequantize_p] = dequantize_batcher(dequantize_p)

@@ -7,11 +7,9 @@ input channels C stay whole: other splits of them are resharded to replicated ex
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 
 from jax_nvfp4.format import TILE_ROWS
-from jax_nvfp4.primitives._base import map_batcher
-from jax_nvfp4.primitives.conv import conv_p
+from jax_nvfp4.primitives.conv import conv_batcher, conv_p
 from jax_nvfp4.sharding._partitioned import Plan, define_partitioned_primitive, register_batcher
 from jax_nvfp4.sharding._rules import RuleBuilder
 from jax_nvfp4.sharding._specs import REPLICATED, even_split, row_axes, scale_dims, without
@@ -75,25 +73,4 @@ class _ConvOp:
 
 partitioned_conv_p = define_partitioned_primitive("nvfp4_conv_partitioned", conv_p, _ConvOp)
 
-_map_batch = map_batcher(partitioned_conv_p)
-
-
-def _batch(args, dims, *, x_nvfp4, has_bias, **params):
-    # As conv_p's rule: a vmapped activation over shared weights folds into the images N.
-    n_x = 3 if x_nvfp4 else 1
-    x_dims, rest = dims[:n_x], dims[n_x:]
-    foldable = all(d is None for d in rest) and x_dims[0] is not None and (
-        not x_nvfp4 or (x_dims[1] is not None and x_dims[2] is None))
-    if foldable:
-        xs = [jnp.moveaxis(a, d, 0) for a, d in zip(args[:2], x_dims[:2]) if d is not None]
-        b = xs[0].shape[0]
-        folded = [a.reshape(b * a.shape[1], *a.shape[2:]) for a in xs]
-        if x_nvfp4:
-            folded.append(args[2])
-        (out,) = partitioned_conv_p.bind(*folded, *args[n_x:], x_nvfp4=x_nvfp4,
-                                         has_bias=has_bias, **params)
-        return (out.reshape(b, -1, *out.shape[1:]),), (0,)
-    return _map_batch(args, dims, x_nvfp4=x_nvfp4, has_bias=has_bias, **params)
-
-
-register_batcher(partitioned_conv_p, _batch)
+register_batcher(partitioned_conv_p, conv_batcher(partitioned_conv_p))

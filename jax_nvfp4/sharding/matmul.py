@@ -18,8 +18,7 @@ from jax import lax
 from jax.experimental.custom_partitioning import CompoundFactor
 
 from jax_nvfp4.format import TILE_ROWS
-from jax_nvfp4.primitives._base import map_batcher
-from jax_nvfp4.primitives.matmul import matmul_p
+from jax_nvfp4.primitives.matmul import matmul_batcher, matmul_p
 from jax_nvfp4.primitives.quantize import quantize_p
 from jax_nvfp4.sharding._partitioned import Plan, define_partitioned_primitive, register_batcher
 from jax_nvfp4.sharding._rules import RuleBuilder
@@ -148,18 +147,4 @@ def _row_parallel_body(names, params, k_ax):
 partitioned_matmul_p = define_partitioned_primitive(
     "nvfp4_matmul_partitioned", matmul_p, _MatmulOp)
 
-_map_batch = map_batcher(partitioned_matmul_p)
-
-
-def _batch(args, dims, **params):
-    # As matmul_p's rule: a float activation batched over shared weights folds into M.
-    only_a = dims[0] is not None and all(d is None for d in dims[1:])
-    if only_a and not params["a_nvfp4"] and not params["out_nvfp4"]:
-        a = jnp.moveaxis(args[0], dims[0], 0)
-        b, m, k = a.shape
-        (out,) = partitioned_matmul_p.bind(a.reshape(b * m, k), *args[1:], **params)
-        return (out.reshape(b, m, -1),), (0,)
-    return _map_batch(args, dims, **params)
-
-
-register_batcher(partitioned_matmul_p, _batch)
+register_batcher(partitioned_matmul_p, matmul_batcher(partitioned_matmul_p))

@@ -6,8 +6,8 @@ split of R or K is resharded to replicated before the op (explicitly, by the par
 
 Dynamic quantization (no s_enc) gives the bytes of a one-device run: each shard takes the amax
 of its elements, the amax is all-reduced (max) over the mesh axes that split the tensor, and
-the shard is quantized with the S_enc of the global amax (divided exactly as the kernel does:
-see _encode_scale)."""
+the shard is quantized with the S_enc of the global amax (correctly rounded, as the kernel
+divides: reference.encode_scale_from_amax)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ from jax import lax
 
 from jax_nvfp4 import reference
 from jax_nvfp4.format import TILE_ROWS, rows_and_lead
-from jax_nvfp4.primitives._base import batch_size, to_front
-from jax_nvfp4.primitives.quantize import dequantize_p, quantize_p
-from jax_nvfp4.sharding._encode_scale import encode_scale
+from jax_nvfp4.primitives.quantize import (dequantize_batcher, dequantize_p, quantize_batcher,
+                                             quantize_p)
 from jax_nvfp4.sharding._partitioned import Plan, define_partitioned_primitive, register_batcher
 from jax_nvfp4.sharding._rules import RuleBuilder
 from jax_nvfp4.sharding._specs import (REPLICATED, TILE_K, even_split, k_axes, row_axes,
@@ -76,7 +75,7 @@ class _QuantizeOp:
         else:
             def body(x):
                 amax = lax.pmax(reference.tensor_amax(x), split_axes)
-                return tuple(quantize_p.bind(x, encode_scale(amax)))
+                return tuple(quantize_p.bind(x, reference.encode_scale_from_amax(amax)))
         operands = [codes, group] if has_s_enc else [codes]
         return Plan(operands, [codes, scales, group], body)
 
@@ -119,27 +118,5 @@ partitioned_dequantize_p = define_partitioned_primitive(
     "nvfp4_dequantize_partitioned", dequantize_p, _DequantizeOp)
 
 
-def _quantize_batch(args, dims):
-    # As quantize_p's rule: each batch element is its own tensor with its own S_enc.
-    size = batch_size(args, dims)
-    x = to_front(args[0], dims[0], size)
-    if len(args) == 2:
-        s_enc = to_front(args[1], dims[1], size)
-    else:
-        s_enc = encode_scale(reference.tensor_amax(x, group_ndim=1))
-    rank1 = x.ndim == 2  # a batch of [K] vectors: give each its own row axis
-    codes, scales, s_dec = partitioned_quantize_p.bind(x[:, None, :] if rank1 else x, s_enc)
-    return (codes[:, 0, :] if rank1 else codes, scales, s_dec), (0, 0, 0)
-
-
-def _dequantize_batch(args, dims, *, dtype):
-    size = batch_size(args, dims)
-    codes, scales, s_dec = (to_front(a, d, size) for a, d in zip(args, dims))
-    rank1 = codes.ndim == 2
-    out = partitioned_dequantize_p.bind(codes[:, None, :] if rank1 else codes, scales, s_dec,
-                                        dtype=dtype)
-    return (out[:, 0, :] if rank1 else out), 0
-
-
-register_batcher(partitioned_quantize_p, _quantize_batch)
-register_batcher(partitioned_dequantize_p, _dequantize_batch)
+register_batcher(partitioned_quantize_p, quantize_batcher(partitioned_quantize_p))
+register_batcher(partitioned_dequantize_p, dequantize_batcher(partitioned_dequantize_p))

@@ -7,7 +7,7 @@ import operator
 import jax.numpy as jnp
 from jax import lax
 
-from jax_nvfp4.format import BLOCK, NVFP4Array, check_float_dtype
+from jax_nvfp4.format import BLOCK, NVFP4Array, check_float_dtype, checked_bias, output_dtype
 from jax_nvfp4.primitives.conv import output_spatial
 from jax_nvfp4.sharding.conv import partitioned_conv_p as conv_p
 from jax_nvfp4.quantization import quantize
@@ -107,13 +107,8 @@ def conv(x, w: NVFP4Array, *, window_strides=(1, 1), padding="SAME", rhs_dilatio
     if p < 1 or q < 1:
         raise ValueError(f"conv: empty output ({p}x{q}) for input {tuple(x.shape)}, filter "
                          f"{r}x{s}, padding {padding}, dilation {rhs_dilation}")
-    out_dtype = jnp.dtype(jnp.bfloat16 if out_dtype is None else out_dtype)
-    check_float_dtype(out_dtype, "conv: out_dtype")
-    if bias is not None:
-        bias = jnp.asarray(bias)
-        check_float_dtype(bias.dtype, "conv: bias")
-        if bias.shape != (k,):
-            raise ValueError(f"conv: bias must have shape ({k},), got {tuple(bias.shape)}")
+    out_dtype = output_dtype(out_dtype, "conv")
+    bias = checked_bias(bias, k, "conv")
 
     x_ops = [x.codes, x.scales, x.s_dec] if x_nvfp4 else [x]
     operands = [*x_ops, w.codes, w.scales, w.s_dec] + ([bias] if bias is not None else [])

@@ -179,3 +179,21 @@ def check_logical_shape(shape, name: str) -> None:
 def check_float_dtype(dtype, name: str) -> None:
     if jnp.dtype(dtype) not in [jnp.dtype(d) for d in FLOAT_DTYPES]:
         raise TypeError(f"{name} must be float32, bfloat16 or float16, got {jnp.dtype(dtype)}")
+
+
+def output_dtype(out_dtype, op: str):
+    """The float dtype an op returns: `out_dtype`, bfloat16 by default."""
+    out_dtype = jnp.dtype(jnp.bfloat16 if out_dtype is None else out_dtype)
+    check_float_dtype(out_dtype, f"{op}: out_dtype")
+    return out_dtype
+
+
+def checked_bias(bias, n: int, op: str):
+    """None, or `bias` as a float array of shape (n,) (trace-time errors name the problem)."""
+    if bias is None:
+        return None
+    bias = jnp.asarray(bias)
+    check_float_dtype(bias.dtype, f"{op}: bias")
+    if bias.shape != (n,):
+        raise ValueError(f"{op}: bias must have shape ({n},), got {tuple(bias.shape)}")
+    return bias

@@ -6,8 +6,8 @@ import math
 
 import jax.numpy as jnp
 
-from jax_nvfp4.format import (BLOCK, TILE_ROWS, NVFP4Array, check_float_dtype, plain_to_tiled,
-                              tiled_to_plain)
+from jax_nvfp4.format import (BLOCK, TILE_ROWS, NVFP4Array, check_float_dtype, checked_bias,
+                              output_dtype, plain_to_tiled, tiled_to_plain)
 from jax_nvfp4.sharding.matmul import partitioned_matmul_p as matmul_p
 
 
@@ -65,13 +65,8 @@ def matmul(x, w: NVFP4Array, *, bias=None, out_dtype=None, out_s_enc=None):
     if x.shape[-1] != k:
         raise ValueError(f"matmul: contracting dims differ: x has shape {tuple(x.shape)} (K="
                          f"{x.shape[-1]}), w has shape {w.shape} (K={k})")
-    out_dtype = jnp.dtype(jnp.bfloat16 if out_dtype is None else out_dtype)
-    check_float_dtype(out_dtype, "matmul: out_dtype")
-    if bias is not None:
-        bias = jnp.asarray(bias)
-        check_float_dtype(bias.dtype, "matmul: bias")
-        if bias.shape != (n,):
-            raise ValueError(f"matmul: bias must have shape ({n},), got {tuple(bias.shape)}")
+    out_dtype = output_dtype(out_dtype, "matmul")
+    bias = checked_bias(bias, n, "matmul")
     out_nvfp4 = out_s_enc is not None
     if out_nvfp4:
         out_s_enc = jnp.asarray(out_s_enc, jnp.float32)

@@ -298,3 +298,29 @@ def test_sharded_llama_example_small(tmp_path, capsys, monkeypatch):
     assert "matches one device: yes" in capsys.readouterr().out
     table = out.read_text()
     assert "| decode step, batch 16" in table and "| weight memory per device" in table
+
+
+# ------------------------------------------------------------------------------ explicit axes
+
+
+@multidevice
+def test_grad_under_a_mesh_with_explicit_axes():
+    """Under Explicit mesh axes every type carries its sharding: the cotangent of a row-sharded
+    x must come back typed like x (autodiff reshards it), with the values of a one-device run."""
+    n = N_DEV
+    mesh = jax.make_mesh((n,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,),
+                         devices=jax.devices()[:n])
+    x = jax.random.normal(jax.random.key(3), (8 * n, 128), jnp.float32)
+    w = nv.quantize(jax.random.normal(jax.random.key(4), (48, 128), jnp.float32))
+    bias = jnp.linspace(-1.0, 1.0, 48, dtype=jnp.float32)
+
+    def loss(a, b):
+        return jnp.sum(nv.matmul(a, w, bias=b, out_dtype=jnp.float32) ** 2)
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    want_x, want_b = grad(x, bias)
+    with jax.set_mesh(mesh):
+        got_x, got_b = grad(put(x, mesh, P("x", None)), bias)
+    assert got_x.sharding.shard_shape(got_x.shape) == (8, 128)
+    np.testing.assert_allclose(np.asarray(got_x), np.asarray(want_x), rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(np.asarray(got_b), np.asarray(want_b), rtol=1e-5)

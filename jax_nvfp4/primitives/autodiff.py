@@ -110,13 +110,23 @@ def _transpose(op, cts, *args, **params):
     codes, scales, s_dec = args[b_codes:b_codes + 3]
     # the public dequantize: partitioned like the weight (jax_nvfp4.sharding), never gathered
     w_hat = dequantize(NVFP4Array(codes, scales, s_dec), BACKWARD_DTYPE)
-    result[0] = op.backward(ct.astype(BACKWARD_DTYPE), w_hat, act.aval,
-                            params).astype(act.aval.dtype)
+    result[0] = _typed_like(op.backward(ct.astype(BACKWARD_DTYPE), w_hat, act.aval,
+                                        params).astype(act.aval.dtype), act.aval)
     if bias_i is not None:
         summed = tuple(range(ct.ndim - 1))
-        result[bias_i] = jnp.sum(ct.astype(jnp.float32), axis=summed).astype(
-            args[bias_i].aval.dtype)
+        result[bias_i] = _typed_like(jnp.sum(ct.astype(jnp.float32), axis=summed).astype(
+            args[bias_i].aval.dtype), args[bias_i].aval)
     return result
+
+
+def _typed_like(value, aval):
+    """`value` resharded to the sharding in `aval`'s type. Under a mesh with Explicit axes every
+    array's type carries its sharding, and a cotangent must match its primal's; the NVFP4
+    primitives' outputs carry none, so the cotangent computed from them is resharded here."""
+    spec = getattr(getattr(aval, "sharding", None), "spec", None)
+    if spec is None or all(p is None for p in spec):
+        return value
+    return jax.sharding.reshard(value, spec)
 
 
 def _matmul_backward(ct, w_hat, act_aval, params):

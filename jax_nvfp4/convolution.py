@@ -7,7 +7,7 @@ import operator
 import jax.numpy as jnp
 from jax import lax
 
-from jax_nvfp4.format import BLOCK, NVFP4Array, check_float_dtype, checked_bias, output_dtype
+from jax_nvfp4.format import BLOCK, NVFP4Array, checked_activation, checked_bias, output_dtype
 from jax_nvfp4.primitives.conv import output_spatial
 from jax_nvfp4.sharding.conv import partitioned_conv_p as conv_p
 from jax_nvfp4.quantization import quantize
@@ -84,14 +84,7 @@ def conv(x, w: NVFP4Array, *, window_strides=(1, 1), padding="SAME", rhs_dilatio
     if w.ndim != 4 or w.s_dec.ndim:
         raise ValueError(f"conv: w must be a 4-D [R, S, K, C] NVFP4Array with a scalar s_dec, got "
                          f"shape {w.shape} with s_dec shape {tuple(w.s_dec.shape)}")
-    x_nvfp4 = isinstance(x, NVFP4Array)
-    if x_nvfp4:
-        x.validate("conv: x")
-        if x.s_dec.ndim:
-            raise ValueError(f"conv: an NVFP4 x needs a scalar s_dec, got shape {x.s_dec.shape}")
-    else:
-        x = jnp.asarray(x)
-        check_float_dtype(x.dtype, "conv: x")
+    x, x_nvfp4 = checked_activation(x, "conv")
     if len(x.shape) != 4:
         raise ValueError(f"conv: x must be NHWC [N, H, W, C], got shape {tuple(x.shape)}")
     r, s, k, c = w.shape

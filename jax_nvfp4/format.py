@@ -197,3 +197,15 @@ def checked_bias(bias, n: int, op: str):
     if bias.shape != (n,):
         raise ValueError(f"{op}: bias must have shape ({n},), got {tuple(bias.shape)}")
     return bias
+
+
+def checked_activation(x, op: str):
+    """(x, is_nvfp4): `x` as a float array, or an NVFP4Array with a scalar s_dec (both checked)."""
+    if isinstance(x, NVFP4Array):
+        x.validate(f"{op}: x")
+        if x.s_dec.ndim:
+            raise ValueError(f"{op}: an NVFP4 x needs a scalar s_dec, got shape {x.s_dec.shape}")
+        return x, True
+    x = jnp.asarray(x)
+    check_float_dtype(x.dtype, f"{op}: x")
+    return x, False

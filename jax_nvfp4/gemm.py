@@ -6,7 +6,7 @@ import math
 
 import jax.numpy as jnp
 
-from jax_nvfp4.format import (BLOCK, TILE_ROWS, NVFP4Array, check_float_dtype, checked_bias,
+from jax_nvfp4.format import (BLOCK, TILE_ROWS, NVFP4Array, checked_activation, checked_bias,
                               output_dtype, plain_to_tiled, tiled_to_plain)
 from jax_nvfp4.sharding.matmul import partitioned_matmul_p as matmul_p
 
@@ -54,14 +54,7 @@ def matmul(x, w: NVFP4Array, *, bias=None, out_dtype=None, out_s_enc=None):
         raise ValueError(f"matmul: w must be a 2-D [N, K] NVFP4Array with a scalar s_dec, got "
                          f"shape {w.shape} with s_dec shape {tuple(w.s_dec.shape)}")
     n, k = w.shape
-    a_nvfp4 = isinstance(x, NVFP4Array)
-    if a_nvfp4:
-        x.validate("matmul: x")
-        if x.s_dec.ndim:
-            raise ValueError(f"matmul: an NVFP4 x needs a scalar s_dec, got shape {x.s_dec.shape}")
-    else:
-        x = jnp.asarray(x)
-        check_float_dtype(x.dtype, "matmul: x")
+    x, a_nvfp4 = checked_activation(x, "matmul")
     if x.shape[-1] != k:
         raise ValueError(f"matmul: contracting dims differ: x has shape {tuple(x.shape)} (K="
                          f"{x.shape[-1]}), w has shape {w.shape} (K={k})")

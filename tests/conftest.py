@@ -37,6 +37,21 @@ def gpu():
     return devices[0]
 
 
+@pytest.fixture
+def gpu_kernels(gpu):
+    """gpu_kernels(*targets) skips unless every FFI target has a kernel built for the GPU, and
+    returns the GPU's jax.Device."""
+    from jax_nvfp4 import _extension
+
+    def require(*targets):
+        for target in targets:
+            if not _extension.kernel_available(target):
+                pytest.skip(f"{target} is not built for {gpu.device_kind}")
+        return gpu
+
+    return require
+
+
 def _nvidia_tool(name):
     """cuobjdump/nvdisasm from the nvidia-cuda-* wheels, else from PATH."""
     try:

@@ -32,11 +32,8 @@ PATHS = ["auto", "decode", "prefill"]
 
 
 @pytest.fixture
-def kernels(gpu):
-    for target in (GEMM_TARGET, GEMM_NVFP4_OUT_TARGET):
-        if not _extension.kernel_available(target):
-            pytest.skip(f"{target} is not built for {gpu.device_kind}")
-    return gpu
+def kernels(gpu_kernels):
+    return gpu_kernels(GEMM_TARGET, GEMM_NVFP4_OUT_TARGET)
 
 
 @contextlib.contextmanager

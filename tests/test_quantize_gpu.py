@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jax_nvfp4
-from jax_nvfp4 import _extension, reference
+from jax_nvfp4 import reference
 from jax_nvfp4.format import NVFP4Array
 from jax_nvfp4.primitives.quantize import DEQUANTIZE_TARGET, QUANTIZE_TARGET
 
@@ -30,11 +30,8 @@ def _numpy_recipe():
 
 
 @pytest.fixture
-def kernels(gpu):
-    for target in (QUANTIZE_TARGET, DEQUANTIZE_TARGET):
-        if not _extension.kernel_available(target):
-            pytest.skip(f"{target} is not built for {gpu.device_kind}")
-    return gpu
+def kernels(gpu_kernels):
+    return gpu_kernels(QUANTIZE_TARGET, DEQUANTIZE_TARGET)
 
 
 @functools.partial(jax.jit, backend="cpu")

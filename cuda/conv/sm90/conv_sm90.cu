@@ -2,7 +2,7 @@
 //
 // One CTA computes BM output channels x BN virtual output pixels (conv_sm90_schedule.h) with
 // BM/64 warpgroups. The contraction runs over pipeline stages (filter row r, 64 input channels);
-// each stage brings into shared memory, with cp.async, double-buffered:
+// each stage brings into shared memory, with cp.async, in a ring of 2 or 3 buffers:
 //   * the activations of the tile's input rows for filter row r: stride_w phase arrays of
 //     `slots` pixels x 64 channels, bf16, in the wgmma no-swizzle K-major layout
 //     [phase][8-channel column][slot][8 channels] (16 bytes per slot, so one pixel is one
@@ -10,8 +10,9 @@
 //   * the packed E2M1 codes and the 512-byte E4M3 scale tile of the weights of all S taps.
 // Every tap s then multiplies the same activations, its B descriptor advanced by 16 bytes per
 // pixel of shift, by the tap's weights, which each thread dequantizes (e2m1 * e4m3, exact in
-// bf16) straight into its wgmma A-operand registers. Epilogue: alpha = s_dec_w (* s_dec_x),
-// bias, conversion to the output dtype.
+// bf16) straight into its wgmma A-operand registers while the previous tap's wgmmas run.
+// The slot -> input pixel map of the tile is computed once per CTA into a shared-memory table.
+// Epilogue: alpha = s_dec_w (* s_dec_x), bias, conversion to the output dtype.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -29,7 +30,6 @@ namespace {
 
 enum class ActKind { kBF16, kF16, kF32, kNvfp4 };
 
-constexpr int kStages = 2;
 constexpr int kCodeRowBytes = kChunkC / 2;  // 32 bytes of packed codes per weight row per stage
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -75,6 +75,47 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t byte, float scale) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// Four code bytes (8 E2M1 codes) -> four bf16x2 words of their values, unscaled: byte j gives
+// word j. Byte permutes look the magnitudes up in 8-entry tables of the bf16 low and high bytes
+// of 0, 0.5, 1, 1.5, 2, 3, 4, 6, then the sign bits are moved to bits 15 and 31. ~6 instructions
+// per word instead of ~15 for two float conversions.
+__device__ __forceinline__ void decode_e2m1x8(uint32_t x, uint32_t (&out)[4]) {
+  constexpr uint32_t kLo0 = 0xC0800000u, kLo1 = 0xC0804000u;  // low bytes of magnitudes 0-3, 4-7
+  constexpr uint32_t kHi0 = 0x3F3F3F00u, kHi1 = 0x40404040u;  // high bytes
+  const uint32_t m = x & 0x77777777u;                          // selector bit 3 must be clear
+  const uint32_t lo03 = prmt(kLo0, kLo1, m), hi03 = prmt(kHi0, kHi1, m);
+  const uint32_t lo47 = prmt(kLo0, kLo1, m >> 16), hi47 = prmt(kHi0, kHi1, m >> 16);
+  const uint32_t y = x << 4;  // byte j of y has the sign of code 2j in bit 7; x has code 2j+1's
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t v = prmt(j < 2 ? lo03 : lo47, j < 2 ? hi03 : hi47, (j & 1) ? 0x7362u : 0x5140u);
+    const uint32_t sign = prmt(y, x, ((4u + j) << 12) | (static_cast<uint32_t>(j) << 4));
+    out[j] = v | (sign & 0x80008000u);
+  }
+}
+
+// An E4M3 scale as a bf16 pair (exact), without branches: the 7 magnitude bits placed at float
+// bit 20 read as 2^(e-127)(1+m/8) (subnormal m/8*2^-126 for e = 0); times 2^120 that is the E4M3
+// value. 0x7F/0xFF (NaN) stay NaN, so NaN blocks dequantize to NaN.
+__device__ __forceinline__ uint32_t e4m3_scale_bf16x2(uint32_t bits) {
+  const float v = __uint_as_float(((bits & 0x7Fu) << 20) | ((bits & 0x80u) << 24)) * 0x1p120f;
+  const float s = (bits & 0x7Fu) == 0x7Fu ? __uint_as_float(0x7FC00000u) : v;
+  const __nv_bfloat162 r = __float2bfloat162_rn(s);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a),
+                                   *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -114,6 +155,20 @@ NVFP4_HD StageLayout stage_layout(const ConvProblem& pb, const Geometry& g, int 
                      pb.s * kTileBytes};
 }
 
+// Where slot (phase, slot) of the tile reads, for filter row 0 (conv_sm90_schedule.h,
+// slot_origin); h0 is far out of range when the slot is zero for every filter row.
+struct SlotEntry {
+  int64_t pixel0;  // (n * H + h0) * W + w
+  int h0, n, w;
+  int dst;         // byte offset of the slot's first 8-channel column in a stage buffer
+};
+
+constexpr int kNoRow = -(1 << 30);
+
+NVFP4_HD int slot_table_bytes(const Geometry& g) {
+  return static_cast<int>(g.phases * g.slots * sizeof(SlotEntry));
+}
+
 // Loads the 8 channels [c, c+8) of activation pixel (n, h, w) as bf16 into 16 bytes of shared
 // memory, or zeros when `valid` is false.
 template <ActKind kAct>
@@ -148,29 +203,59 @@ __device__ __forceinline__ void load_act_chunk(const ConvProblem& pb, uint8_t* d
   }
 }
 
-template <ActKind kAct, int kBN, int kWGM>
+template <ActKind kAct, int kBN, int kWGM, int kS>
 struct Kernel {
   static constexpr int kBM = 64 * kWGM;
   static constexpr int kThreads = 128 * kWGM;
   static constexpr int kAcc = kBN / 2;  // f32 accumulators per thread (64 x kBN per warpgroup)
 
+  // Fills the tile's slot table (one division chain per slot, once per CTA).
+  static __device__ void build_slot_table(const ConvProblem& pb, const Geometry& g, int64_t g0,
+                                          SlotEntry* table) {
+    for (int e = threadIdx.x; e < g.phases * g.slots; e += kThreads) {
+      const int phase = e / g.slots, slot = e - phase * g.slots;
+      int64_t n = 0, h0 = 0, w = 0;
+      SlotEntry se;
+      se.dst = (phase * (kChunkC / 8) * g.slots + slot) * 16;
+      if (slot_origin(pb, g, g0, phase, slot, &n, &h0, &w)) {
+        se.pixel0 = (n * pb.h + h0) * pb.w + w;
+        se.h0 = static_cast<int>(h0);
+        se.n = static_cast<int>(n);
+        se.w = static_cast<int>(w);
+      } else {
+        se.pixel0 = 0;
+        se.h0 = kNoRow;
+        se.n = 0;
+        se.w = 0;
+      }
+      table[e] = se;
+    }
+  }
+
   // Issues the loads of stage `it` (filter row r, channel chunk cc) into buffer `smem`.
-  static __device__ void load_stage(const ConvProblem& pb, const Geometry& g, int64_t g0,
+  static __device__ void load_stage(const ConvProblem& pb, const Geometry& g, const SlotEntry* table,
                                     int64_t k0, int it, uint8_t* smem, const StageLayout& L) {
     const int r = it / g.c_chunks, cc = it % g.c_chunks;
     const int64_t c_base = static_cast<int64_t>(cc) * kChunkC;
+    const int dh = r * pb.dil_h;
+    const int64_t dpix = static_cast<int64_t>(dh) * pb.w;
     // Activations: thread-consecutive 8-channel columns of one slot, so global reads of a pixel
     // are contiguous and the 8 shared-memory columns (slots*16 bytes apart, slots odd) hit
     // distinct banks.
     const int act_chunks = g.phases * g.slots * (kChunkC / 8);
     for (int id = threadIdx.x; id < act_chunks; id += kThreads) {
-      const int c8 = id % (kChunkC / 8), rest = id / (kChunkC / 8);
-      const int slot = rest % g.slots, phase = rest / g.slots;
-      int64_t n = 0, h = 0, w = 0;
+      const int c8 = id % (kChunkC / 8);
+      const SlotEntry se = table[id / (kChunkC / 8)];
+      const int h = se.h0 + dh;
       const int64_t c = c_base + c8 * 8;
-      const bool valid = c < pb.c && slot_source(pb, g, g0, phase, slot, r, &n, &h, &w);
-      uint8_t* dst = smem + ((phase * (kChunkC / 8) + c8) * g.slots + slot) * 16;
-      load_act_chunk<kAct>(pb, dst, valid, n, h, w, c);
+      const bool valid = c < pb.c && h >= 0 && h < pb.h;
+      uint8_t* dst = smem + se.dst + c8 * g.slots * 16;
+      if constexpr (kAct == ActKind::kBF16) {
+        const auto* x = static_cast<const __nv_bfloat16*>(pb.x);
+        cp_async<16>(dst, valid ? x + (se.pixel0 + dpix) * pb.c + c : x, valid);
+      } else {
+        load_act_chunk<kAct>(pb, dst, valid, se.n, h, se.w, c);
+      }
     }
     // Weight codes: kBM rows x 32 bytes per tap, in 8-byte pieces (C/2 is a multiple of 8).
     uint8_t* codes = smem + L.act_bytes;
@@ -196,66 +281,85 @@ struct Kernel {
     }
   }
 
-  // The A fragment of k-step kk (16 channels) for this thread's rows: bytes kk*8 + t and
-  // kk*8 + 4 + t of each row's 32 code bytes hold channels (2t, 2t+1) and (2t+8, 2t+9).
-  static __device__ __forceinline__ void a_fragment(uint32_t (&a)[4], const uint4 (&c0)[2],
-                                                    const uint4 (&c1)[2], float s0, float s1,
-                                                    int kk, int t) {
+  // Dequantizes the 4 A fragments (64 channels) of tap s for this thread's rows row0 and
+  // row0 + 8: k-step kk's registers are byte t of code words 2kk and 2kk+1 of each row
+  // (channels 2t, 2t+1 and 2t+8, 2t+9 of the 16), times the rows' block scales.
+  static __device__ __forceinline__ void decode_tap(int s, const uint8_t* codes, const uint8_t* scales,
+                                                    int row0, int tr0, uint32_t sel,
+                                                    uint32_t (&frag)[4][4]) {
+    const int tr1 = tr0 + 8;
+    const uint4* p0 = reinterpret_cast<const uint4*>(codes + (s * kBM + row0) * kCodeRowBytes);
+    const uint4* p1 = reinterpret_cast<const uint4*>(codes + (s * kBM + row0 + 8) * kCodeRowBytes);
+    const uint4 c0[2] = {p0[0], p0[1]}, c1[2] = {p1[0], p1[1]};
     const uint32_t* w0 = reinterpret_cast<const uint32_t*>(&c0[0]);
     const uint32_t* w1 = reinterpret_cast<const uint32_t*>(&c1[0]);
-    const int shift = 8 * t;
-    a[0] = decode_pair((w0[2 * kk] >> shift) & 0xFF, s0);
-    a[1] = decode_pair((w1[2 * kk] >> shift) & 0xFF, s1);
-    a[2] = decode_pair((w0[2 * kk + 1] >> shift) & 0xFF, s0);
-    a[3] = decode_pair((w1[2 * kk + 1] >> shift) & 0xFF, s1);
-  }
-
-  // Dequantizes the 4 A fragments (64 channels) of tap s into `frag`, then issues the tap's 4
-  // wgmmas back to back as one commit group.
-  static __device__ __forceinline__ void issue_tap(const ConvProblem& pb, const Geometry& g, int s,
-                                                   const uint8_t* codes, const uint8_t* scales,
-                                                   uint32_t act, int row0, int tr0, int t,
-                                                   uint32_t (&frag)[4][4], float (&acc)[kAcc]) {
-    const int row1 = row0 + 8, tr1 = tr0 + 8;
-    const uint4* p0 = reinterpret_cast<const uint4*>(codes + (s * kBM + row0) * kCodeRowBytes);
-    const uint4* p1 = reinterpret_cast<const uint4*>(codes + (s * kBM + row1) * kCodeRowBytes);
-    const uint4 c0[2] = {p0[0], p0[1]}, c1[2] = {p1[0], p1[1]};
     const uint32_t sc0 = *reinterpret_cast<const uint32_t*>(scales + s * kTileBytes + (tr0 % 32) * 16 + (tr0 / 32) * 4);
     const uint32_t sc1 = *reinterpret_cast<const uint32_t*>(scales + s * kTileBytes + (tr1 % 32) * 16 + (tr1 / 32) * 4);
 #pragma unroll
     for (int kk = 0; kk < kChunkC / 16; ++kk) {
-      a_fragment(frag[kk], c0, c1, e4m3_to_float((sc0 >> (8 * kk)) & 0xFF),
-                 e4m3_to_float((sc1 >> (8 * kk)) & 0xFF), kk, t);
+      const uint32_t lo = prmt(w0[2 * kk], w1[2 * kk], sel), hi = prmt(w0[2 * kk + 1], w1[2 * kk + 1], sel);
+      uint32_t v[4];
+      decode_e2m1x8(prmt(lo, hi, 0x5410u), v);
+      const uint32_t s0 = e4m3_scale_bf16x2((sc0 >> (8 * kk)) & 0xFF);
+      const uint32_t s1 = e4m3_scale_bf16x2((sc1 >> (8 * kk)) & 0xFF);
+      frag[kk][0] = bf16x2_mul(v[0], s0);  // exact: <= 6 significant bits, in range
+      frag[kk][1] = bf16x2_mul(v[1], s1);
+      frag[kk][2] = bf16x2_mul(v[2], s0);
+      frag[kk][3] = bf16x2_mul(v[3], s1);
     }
+  }
+
+  // Issues tap s's 4 wgmmas (64 channels) as one commit group.
+  static __device__ __forceinline__ void issue_tap(const ConvProblem& pb, const Geometry& g, int s,
+                                                   uint32_t act, const uint32_t (&frag)[4][4],
+                                                   float (&acc)[kAcc]) {
     const Tap tap = tap_of(pb, s);
     const uint32_t lead = g.slots * 16;  // next 8-channel column (K direction)
     const uint32_t b_tap = act + ((tap.phase * (kChunkC / 8)) * g.slots + tap.shift) * 16;
     wgmma_fence();
-    fence_accumulators(acc);
 #pragma unroll
     for (int kk = 0; kk < kChunkC / 16; ++kk) {
       WgmmaRS<kBN>::run(acc, frag[kk], smem_descriptor(b_tap + 2 * kk * lead, lead, 128));
     }
     wgmma_commit();
-    wgmma_wait<1>();  // the previous tap's group is done: its fragment buffer may be rewritten
-    fence_accumulators(acc);
   }
 
-  static __device__ void compute_stage(const ConvProblem& pb, const Geometry& g, int64_t k0,
-                                       const uint8_t* smem, const StageLayout& L,
-                                       float (&acc)[kAcc]) {
+  // All taps of one stage. With S known at compile time (kS > 0) the fragments of tap s+1 are
+  // decoded into the other of two register buffers while tap s's wgmmas run; the fully unrolled
+  // sequence lets ptxas see that no in-flight wgmma's registers are written (no serialization).
+  // `after_first` runs once tap 0 is in flight (the next stage's loads).
+  template <typename F>
+  static __device__ __forceinline__ void compute_stage(const ConvProblem& pb, const Geometry& g, int64_t k0,
+                                                       const uint8_t* smem, const StageLayout& L,
+                                                       float (&acc)[kAcc], F&& after_first) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row0 = (warp / 4) * 64 + (warp % 4) * 16 + lane / 4;  // row in the tile
     const int tr0 = static_cast<int>(k0 % kTileRows) + row0;         // row in the scale tile
+    const uint32_t t = lane % 4, sel = t | ((4 + t) << 4);
     const uint8_t* codes = smem + L.act_bytes;
     const uint8_t* scales = codes + L.code_bytes;
     const uint32_t act = smem_addr(smem);
-    // Two fragment buffers, alternating between taps, so decoding tap s+1 overlaps tap s's MMAs.
-    uint32_t frag_a[4][4], frag_b[4][4];
-    for (int s = 0; s < pb.s; s += 2) {
-      issue_tap(pb, g, s, codes, scales, act, row0, tr0, lane % 4, frag_a, acc);
-      if (s + 1 < pb.s) issue_tap(pb, g, s + 1, codes, scales, act, row0, tr0, lane % 4, frag_b, acc);
+    fence_accumulators(acc);
+    if constexpr (kS > 0) {
+      uint32_t frag[2][4][4];
+#pragma unroll
+      for (int s = 0; s < kS; ++s) {
+        decode_tap(s, codes, scales, row0, tr0, sel, frag[s & 1]);
+        issue_tap(pb, g, s, act, frag[s & 1], acc);
+        if (s == 0) after_first();
+        if (s > 0) wgmma_wait<1>();  // tap s-1 retired: its fragment buffer is free
+      }
+    } else {
+      uint32_t frag[4][4];
+      for (int s = 0; s < pb.s; ++s) {
+        decode_tap(s, codes, scales, row0, tr0, sel, frag);
+        issue_tap(pb, g, s, act, frag, acc);
+        if (s == 0) after_first();
+        wgmma_wait<0>();
+      }
     }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
   }
 
   static __device__ void epilogue(const ConvProblem& pb, const Geometry& g, int64_t g0, int64_t k0,
@@ -289,54 +393,68 @@ struct Kernel {
     }
   }
 
-  static __device__ void run(const ConvProblem& pb, const Geometry& g) {
+  // nbuf (2 or 3) stage buffers in a ring; one barrier per stage: at the top of iteration it,
+  // every thread has retired stage it-1's wgmmas, so its buffer takes stage it + nbuf - 1.
+  static __device__ void run(const ConvProblem& pb, const Geometry& g, int nbuf) {
     extern __shared__ __align__(128) uint8_t smem[];
     const StageLayout L = stage_layout(pb, g, kBM);
+    auto* table = reinterpret_cast<SlotEntry*>(smem + nbuf * L.total());
     const int64_t g0 = static_cast<int64_t>(blockIdx.x) * kBN;
     const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kBM;
     float acc[kAcc];
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
 
+    build_slot_table(pb, g, g0, table);
+    __syncthreads();
     const int stages = pb.r * g.c_chunks;
-    load_stage(pb, g, g0, k0, 0, smem, L);
-    cp_async_commit();
+    for (int it = 0; it < nbuf - 1; ++it) {
+      if (it < stages) load_stage(pb, g, table, k0, it, smem + it * L.total(), L);
+      cp_async_commit();
+    }
     for (int it = 0; it < stages; ++it) {
-      uint8_t* buf = smem + (it % kStages) * L.total();
-      if (it + 1 < stages) {
-        load_stage(pb, g, g0, k0, it + 1, smem + ((it + 1) % kStages) * L.total(), L);
-        cp_async_commit();
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
+      if (nbuf == 3) cp_async_wait<1>();
+      else cp_async_wait<0>();
       fence_proxy_async();
       __syncthreads();
-      compute_stage(pb, g, k0, buf, L, acc);
-      wgmma_wait<0>();
-      fence_accumulators(acc);
-      __syncthreads();  // buffer `it` may be refilled by the next iteration's loads
+      const int next = it + nbuf - 1;
+      compute_stage(pb, g, k0, smem + (it % nbuf) * L.total(), L, acc, [&] {
+        if (next < stages) load_stage(pb, g, table, k0, next, smem + (next % nbuf) * L.total(), L);
+        cp_async_commit();  // possibly empty: keeps one group per stage for the waits above
+      });
     }
     epilogue(pb, g, g0, k0, acc);
   }
 };
 
-template <ActKind kAct, int kBN, int kWGM>
-__global__ void __launch_bounds__(128 * kWGM, 1) conv_sm90_kernel(const ConvProblem pb, const Geometry g) {
-  Kernel<kAct, kBN, kWGM>::run(pb, g);
+template <ActKind kAct, int kBN, int kWGM, int kS>
+__global__ void __launch_bounds__(128 * kWGM, 1) conv_sm90_kernel(const ConvProblem pb, const Geometry g, int nbuf) {
+  Kernel<kAct, kBN, kWGM, kS>::run(pb, g, nbuf);
 }
 
-template <ActKind kAct, int kBN, int kWGM>
+// Three stage buffers when that still leaves room for two CTAs per SM, else two.
+template <ActKind kAct, int kBN, int kWGM, int kS>
 cudaError_t launch(const ConvProblem& pb, cudaStream_t stream, int max_smem) {
   const Geometry g = make_geometry(pb, kBN);
-  const int smem = kStages * stage_layout(pb, g, 64 * kWGM).total();
+  const int stage = stage_layout(pb, g, 64 * kWGM).total(), table = slot_table_bytes(g);
+  const int nbuf = pb.r * g.c_chunks > 2 && 3 * stage + table <= 112 * 1024 ? 3 : 2;
+  const int smem = nbuf * stage + table;
   if (smem > max_smem) return cudaErrorInvalidValue;
-  auto* kernel = conv_sm90_kernel<kAct, kBN, kWGM>;
+  auto* kernel = conv_sm90_kernel<kAct, kBN, kWGM, kS>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(g.pixel_tiles), static_cast<unsigned>(ceil_div(pb.k, 64 * kWGM)));
-  kernel<<<grid, 128 * kWGM, smem, stream>>>(pb, g);
+  kernel<<<grid, 128 * kWGM, smem, stream>>>(pb, g, nbuf);
   return cudaGetLastError();
+}
+
+// bf16 activations with 3 taps along W (the common case) get the unrolled tap loop.
+template <ActKind kAct, int kBN, int kWGM>
+cudaError_t launch_taps(const ConvProblem& pb, cudaStream_t stream, int max_smem) {
+  if constexpr (kAct == ActKind::kBF16) {
+    if (pb.s == 3) return launch<kAct, kBN, kWGM, 3>(pb, stream, max_smem);
+  }
+  return launch<kAct, kBN, kWGM, 0>(pb, stream, max_smem);
 }
 
 int device_attribute(cudaDeviceAttr attr) {
@@ -358,27 +476,27 @@ cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream) {
   // CTAs than two per SM (more, smaller CTAs keep every SM busy).
   const bool narrow = p.k <= 64 || make_geometry(p, 128).pixel_tiles * ceil_div(p.k, 128) < 2 * sms;
   if (p.x_is_nvfp4) {
-    return narrow ? launch<ActKind::kNvfp4, 128, 1>(p, stream, max_smem)
-                  : launch<ActKind::kNvfp4, 128, 2>(p, stream, max_smem);
+    return narrow ? launch_taps<ActKind::kNvfp4, 128, 1>(p, stream, max_smem)
+                  : launch_taps<ActKind::kNvfp4, 128, 2>(p, stream, max_smem);
   }
   if (p.x_dtype == DType::kF32) {
-    return narrow ? launch<ActKind::kF32, 128, 1>(p, stream, max_smem)
-                  : launch<ActKind::kF32, 128, 2>(p, stream, max_smem);
+    return narrow ? launch_taps<ActKind::kF32, 128, 1>(p, stream, max_smem)
+                  : launch_taps<ActKind::kF32, 128, 2>(p, stream, max_smem);
   }
   if (p.x_dtype == DType::kF16) {
-    return narrow ? launch<ActKind::kF16, 128, 1>(p, stream, max_smem)
-                  : launch<ActKind::kF16, 128, 2>(p, stream, max_smem);
+    return narrow ? launch_taps<ActKind::kF16, 128, 1>(p, stream, max_smem)
+                  : launch_taps<ActKind::kF16, 128, 2>(p, stream, max_smem);
   }
   // bf16: 256-pixel tiles when they still give every SM two CTAs (more reuse per weight decode).
   const int64_t k_tiles = ceil_div(p.k, narrow ? 64 : 128);
   const bool wide = make_geometry(p, 256).pixel_tiles * k_tiles >= 2 * sms;
   if (wide) {
-    const cudaError_t err = narrow ? launch<ActKind::kBF16, 256, 1>(p, stream, max_smem)
-                                   : launch<ActKind::kBF16, 256, 2>(p, stream, max_smem);
+    const cudaError_t err = narrow ? launch_taps<ActKind::kBF16, 256, 1>(p, stream, max_smem)
+                                   : launch_taps<ActKind::kBF16, 256, 2>(p, stream, max_smem);
     if (err != cudaErrorInvalidValue) return err;
   }
-  return narrow ? launch<ActKind::kBF16, 128, 1>(p, stream, max_smem)
-                : launch<ActKind::kBF16, 128, 2>(p, stream, max_smem);
+  return narrow ? launch_taps<ActKind::kBF16, 128, 1>(p, stream, max_smem)
+                : launch_taps<ActKind::kBF16, 128, 2>(p, stream, max_smem);
 }
 
 }  // namespace jax_nvfp4

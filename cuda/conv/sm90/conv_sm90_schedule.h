@@ -59,21 +59,32 @@ NVFP4_HD Tap tap_of(const ConvProblem& pb, int s) {
   return Tap{t % pb.stride_w, t / pb.stride_w};
 }
 
-// The input pixel that slot `slot` of phase `phase` holds for filter row r in the tile starting
-// at virtual pixel g0; returns false (the slot is zero) when it lies outside the input.
-NVFP4_HD bool slot_source(const ConvProblem& pb, const Geometry& g, int64_t g0, int phase,
-                          int slot, int r, int64_t* n, int64_t* h, int64_t* w) {
+// The filter-row-independent part of a slot's source: image n, input row h0 of filter row 0 and
+// input column w of slot `slot` of phase `phase` in the tile starting at virtual pixel g0. Returns
+// false when the slot is zero for every filter row (past the end, or w outside the input). The
+// kernel computes this once per tile; each filter row r then reads row h0 + r * dil_h.
+NVFP4_HD bool slot_origin(const ConvProblem& pb, const Geometry& g, int64_t g0, int phase,
+                          int slot, int64_t* n, int64_t* h0, int64_t* w) {
   const int64_t v = g0 + slot;
   if (v >= g.virtual_pixels) return false;
   const int64_t row = v / g.wv, vq = v - row * g.wv;
   const int64_t img = row / pb.p, p = row - img * pb.p;
-  const int64_t hh = p * pb.stride_h - pb.pad_h + static_cast<int64_t>(r) * pb.dil_h;
   const int64_t ww = vq * pb.stride_w - pb.pad_w + phase;
-  if (hh < 0 || hh >= pb.h || ww < 0 || ww >= pb.w) return false;
+  if (ww < 0 || ww >= pb.w) return false;
   *n = img;
-  *h = hh;
+  *h0 = p * pb.stride_h - pb.pad_h;
   *w = ww;
   return true;
+}
+
+// The input pixel that slot `slot` of phase `phase` holds for filter row r in the tile starting
+// at virtual pixel g0; returns false (the slot is zero) when it lies outside the input.
+NVFP4_HD bool slot_source(const ConvProblem& pb, const Geometry& g, int64_t g0, int phase,
+                          int slot, int r, int64_t* n, int64_t* h, int64_t* w) {
+  int64_t h0 = 0;
+  if (!slot_origin(pb, g, g0, phase, slot, n, &h0, w)) return false;
+  *h = h0 + static_cast<int64_t>(r) * pb.dil_h;
+  return *h >= 0 && *h < pb.h;
 }
 
 // The output pixel of virtual pixel v, or false for a discarded column (or past the end).

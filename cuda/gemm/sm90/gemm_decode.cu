@@ -34,6 +34,10 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kRowsPerBlock = kWarps * 16;
 constexpr int kChunk = 128;  // K elements per step: 4 lanes x 32
 constexpr int kMaxClusterSplit = 8;
+// K chunks of weights in flight per lane (registers). Measured on an H200 (bench/
+// decode_kernel_bench.sh): 4 was slower than 2 on most shapes, its registers cost occupancy.
+constexpr int kDepth = 2;
+static_assert(kDepth % 2 == 0, "the activation double buffer alternates with the chunk parity");
 
 enum class XKind { kBF16, kF16, kF32, kNvfp4 };
 
@@ -101,9 +105,8 @@ __device__ __forceinline__ uint32_t load_scales(const uint8_t* scales, int64_t r
 __device__ __forceinline__ void widen_scales(uint32_t two, uint32_t& s0, uint32_t& s1) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
   const float2 f = __half22float2(__half2(h));
-  const __nv_bfloat16 b0 = __float2bfloat16_rn(f.x * kScaleBoost);
-  const __nv_bfloat16 b1 = __float2bfloat16_rn(f.y * kScaleBoost);
-  const __nv_bfloat162 p0 = __bfloat162bfloat162(b0), p1 = __bfloat162bfloat162(b1);
+  const float b0 = f.x * kScaleBoost, b1 = f.y * kScaleBoost;  // exact: powers of two
+  const __nv_bfloat162 p0 = __floats2bfloat162_rn(b0, b0), p1 = __floats2bfloat162_rn(b1, b1);
   s0 = *reinterpret_cast<const uint32_t*>(&p0);
   s1 = *reinterpret_cast<const uint32_t*>(&p1);
 }
@@ -270,30 +273,35 @@ struct Cursor {
     }
   }
 
-  // Loads the chunk under the cursor into `c` and moves on to the next one.
-  __device__ __forceinline__ void load_and_advance(bool vec16, Chunk<T, XK>& c) {
+  // Loads the weights of the chunk under the weight cursor and moves it on to the next chunk.
+  __device__ __forceinline__ void load_weights(bool vec16, WeightRaw& w) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      codes16(codes[r], vec16, c.w.codes[r]);
-      c.w.scales[r] = *reinterpret_cast<const uint16_t*>(scales[r]);
+      codes16(codes[r], vec16, w.codes[r]);
+      w.scales[r] = *reinterpret_cast<const uint16_t*>(scales[r]);
       codes[r] += kChunk / 2;
       scales[r] += kScaleStep;
     }
+  }
+
+  // Likewise for the activations (their own cursor: they run one chunk ahead of use, the
+  // weights kDepth chunks ahead).
+  __device__ __forceinline__ void load_acts(bool vec16, ActRaw<XK> (&xs)[T]) {
 #pragma unroll
     for (int tt = 0; tt < T; ++tt) {
       if constexpr (XK == XKind::kNvfp4) {
         uint32_t w[4];
         codes16(x[tt], vec16, w);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) c.x[tt].w[i] = w[i];
-        c.x[tt].scales = *reinterpret_cast<const uint16_t*>(x_scales[tt]);
+        for (int i = 0; i < 4; ++i) xs[tt].w[i] = w[i];
+        xs[tt].scales = *reinterpret_cast<const uint16_t*>(x_scales[tt]);
         x_scales[tt] += kScaleStep;
       } else {
 #pragma unroll
         for (int v = 0; v < x_words<XK>() / 4; ++v) {
           const uint4 u = __ldg(reinterpret_cast<const uint4*>(x[tt]) + v);
-          c.x[tt].w[4 * v] = u.x; c.x[tt].w[4 * v + 1] = u.y;
-          c.x[tt].w[4 * v + 2] = u.z; c.x[tt].w[4 * v + 3] = u.w;
+          xs[tt].w[4 * v] = u.x; xs[tt].w[4 * v + 1] = u.y;
+          xs[tt].w[4 * v + 2] = u.z; xs[tt].w[4 * v + 3] = u.w;
         }
       }
       x[tt] += kXStep;
@@ -302,19 +310,20 @@ struct Cursor {
 };
 
 template <int T, XKind XK>
-__device__ __forceinline__ void compute_chunk(const Chunk<T, XK>& c, float (&acc)[T][4]) {
+__device__ __forceinline__ void compute_chunk(const WeightRaw& w, const ActRaw<XK> (&x)[T],
+                                              float (&acc)[T][4]) {
   uint32_t sc[2][2];
-  widen_scales(c.w.scales[0], sc[0][0], sc[0][1]);
-  widen_scales(c.w.scales[1], sc[1][0], sc[1][1]);
+  widen_scales(w.scales[0], sc[0][0], sc[0][1]);
+  widen_scales(w.scales[1], sc[1][0], sc[1][1]);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     uint32_t a0[4], a1[4];  // rows g and g+8
-    dequant_word(c.w.codes[0][q], sc[0][q / 2], a0);
-    dequant_word(c.w.codes[1][q], sc[1][q / 2], a1);
+    dequant_word(w.codes[0][q], sc[0][q / 2], a0);
+    dequant_word(w.codes[1][q], sc[1][q / 2], a1);
 #pragma unroll
     for (int tt = 0; tt < T; ++tt) {
       uint32_t b[4], lo[4];
-      act_pairs<XK>(c.x[tt], q, b, lo);
+      act_pairs<XK>(x[tt], q, b, lo);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         mma_bf16(acc[tt], a0[2 * h], a1[2 * h], a0[2 * h + 1], a1[2 * h + 1], b[2 * h], b[2 * h + 1]);
@@ -360,31 +369,49 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const GemmProblem p, i
 #pragma unroll
   for (int tt = 0; tt < T; ++tt) acc[tt][0] = acc[tt][1] = acc[tt][2] = acc[tt][3] = 0.f;
 
-  // Full chunks through the cursor, two in flight: while one is multiplied, the next one's
-  // loads are outstanding. Only the last chunk of K can be partial; it takes the checked path.
+  // Full chunks through the cursor: the weights of kDepth chunks in flight (a register ring,
+  // unrolled so its slots are static), the activations one chunk ahead. Only the last chunk of
+  // K can be partial; it takes the checked path.
   const int64_t lane_k = 32 * t;
   const int64_t c_full = min(c_end, p.k / kChunk);
   int64_t c = c_begin;
   if (c < c_full) {
     Cursor<T, XK> cur(p, n0 + g, m0 + g, c * kChunk + lane_k);
-    Chunk<T, XK> c0, c1;
-    cur.load_and_advance(vec16, c0);
-    if (c + 1 < c_full) cur.load_and_advance(vec16, c1);
-    for (; c + 1 < c_full; c += 2) {
-      compute_chunk<T, XK>(c0, acc);
-      if (c + 2 < c_full) cur.load_and_advance(vec16, c0);
-      compute_chunk<T, XK>(c1, acc);
-      if (c + 3 < c_full) cur.load_and_advance(vec16, c1);
+    const int n_full = static_cast<int>(c_full - c);
+    WeightRaw w[kDepth];
+    ActRaw<XK> x[2][T];
+#pragma unroll
+    for (int s = 0; s < kDepth; ++s) {
+      if (s < n_full) cur.load_weights(vec16, w[s]);
     }
-    if (c < c_full) {
-      compute_chunk<T, XK>(c0, acc);
-      ++c;
+    cur.load_acts(vec16, x[0]);
+    // Invariant at the top of each round: w[s] holds chunk i + s, x[0] chunk i. Steady rounds
+    // need no range checks: every chunk they load lies inside this block's range.
+    int i = 0;
+    for (; i + 2 * kDepth <= n_full; i += kDepth) {
+#pragma unroll
+      for (int s = 0; s < kDepth; ++s) {
+        cur.load_acts(vec16, x[(s + 1) % 2]);
+        compute_chunk<T, XK>(w[s], x[s % 2], acc);
+        cur.load_weights(vec16, w[s]);
+      }
     }
+    for (; i < n_full; i += kDepth) {
+#pragma unroll
+      for (int s = 0; s < kDepth; ++s) {
+        if (i + s < n_full) {
+          if (i + s + 1 < n_full) cur.load_acts(vec16, x[(s + 1) % 2]);
+          compute_chunk<T, XK>(w[s], x[s % 2], acc);
+          if (i + s + kDepth < n_full) cur.load_weights(vec16, w[s]);
+        }
+      }
+    }
+    c = c_full;
   }
   for (; c < c_end; ++c) {  // the partial last chunk
     Chunk<T, XK> tail;
     load_chunk<T, XK>(p, n0 + g, m0 + g, c * kChunk + lane_k, true, vec16, tail);
-    compute_chunk<T, XK>(tail, acc);
+    compute_chunk<T, XK>(tail.w, tail.x, acc);
   }
 
 #pragma unroll
@@ -417,8 +444,11 @@ cudaError_t launch(const GemmProblem& p, cudaStream_t stream) {
   const int64_t chunks = ceil_div(p.k, kChunk);
   const int64_t n_tiles = ceil_div(p.n, kRowsPerBlock), m_tiles = ceil_div(p.m, 8 * T);
   if (m_tiles > 65535) return cudaErrorInvalidValue;
-  // Split K until the grid covers the GPU a few times over, keeping >= 2 chunks per block.
-  const int64_t target_blocks = 4LL * sm_count();
+  // Split K until the grid has `waves` blocks per SM, keeping >= 2 chunks per block. Fewer,
+  // longer blocks won on an H200: 2 per SM for one n8 tile, 1 for more (their blocks hold more
+  // registers and do T times the MMA work per byte).
+  const int64_t waves = T == 1 ? 2 : 1;
+  const int64_t target_blocks = waves * sm_count();
   int split = 1;
   while (split < kMaxClusterSplit && n_tiles * m_tiles * split < target_blocks &&
          chunks >= 4LL * split) {

@@ -23,15 +23,18 @@ constexpr float kDequantFactor = 1.0f / 128.0f;
 // The block scale is widened to bf16 times 2^119 (see above).
 constexpr float kScaleBoost = 6.64613997892457936451903530140172288e35f;  // 2^119
 
-NVFP4_HD uint32_t shift_left(uint32_t w, int s) { return s >= 0 ? (w << s) : (w >> -s); }
-
-// Bits of the bf16x2 {code j, code j+4} of `word`, each the E2M1 value times 2^-126.
+// Bits of the bf16x2 {code j, code j+4} of `word`, each the E2M1 value times 2^-126. The two
+// nibbles are isolated, then one multiply lays down two copies, 6 bits apart, that do not
+// overlap (so no carries): the first supplies the magnitude bits (8..6), the second the sign
+// (bit 15); a mask keeps those. Pairs 2 and 3 are pairs 0 and 1 of the word shifted down by a
+// byte. Three integer instructions per pair, one of them on the FMA pipe.
 template <int J>
 NVFP4_HD uint32_t e2m1_pair_bits(uint32_t word) {
   static_assert(J >= 0 && J < 4, "pair index");
-  const uint32_t mag = shift_left(word, 6 - 4 * J) & 0x01C001C0u;
-  const uint32_t sign = (word << (12 - 4 * J)) & 0x80008000u;
-  return mag | sign;
+  constexpr int kLow = J % 2;  // pair within the (shifted) low byte of each half
+  const uint32_t w = J < 2 ? word : word >> 8;
+  const uint32_t both = w & (0x000F000Fu << (4 * kLow));
+  return (both * ((1u << (6 - 4 * kLow)) + (1u << (12 - 4 * kLow)))) & 0x81C081C0u;
 }
 
 // Order of the elements of the 4 pairs of a word: pair j holds elements j and j+4.

@@ -59,6 +59,11 @@ NB_MODULE(_nvfp4_cuda, m) {
 #endif
     return archs;
   });
+  m.def(
+      "host_calls", [](const std::string& target) { return jax_nvfp4::host_calls(target).load(); },
+      nb::arg("target"),
+      "How many times the handler of FFI target `target` has run on the host (a call replayed "
+      "from a CUDA graph does not run it).");
   m.def("workspace_targets", []() {
     std::vector<std::string> names;
     for (const auto& [name, fn] : jax_nvfp4::workspace_functions()) names.push_back(name);

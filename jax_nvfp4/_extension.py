@@ -89,6 +89,12 @@ def kernel_available(target: str) -> bool:
     return target in _TARGETS and arch is not None and arch in cuda_archs()
 
 
+def host_calls(target: str) -> int:
+    """How many times FFI target `target`'s handler has run on the host in this process; a call
+    XLA replays from a CUDA graph (command buffer) does not run it."""
+    return 0 if _ext is None else int(_ext.host_calls(target))
+
+
 def workspace_bytes(target: str, operands, results, attrs=None) -> int | None:
     """Bytes of the workspace result that FFI target `target` takes as its last result, for a
     call on the visible GPU with these operands and (other) results (anything with .shape and

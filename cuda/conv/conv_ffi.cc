@@ -33,6 +33,7 @@ ffi::Error conv_impl(cudaStream_t stream, ffi::AnyBuffer x,
                      ffi::AnyBuffer w_scales, ffi::AnyBuffer w_s_dec, ffi::AnyBuffer bias,
                      ffi::Result<ffi::AnyBuffer> out, int64_t stride_h, int64_t stride_w,
                      int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w) {
+  JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_conv");
   const auto xd = x.dimensions(), wd = w_codes.dimensions(), od = out->dimensions();
   if (xd.size() != 4 || wd.size() != 4 || od.size() != 4) {
     return invalid("x, w and out must be rank 4 (NHWC, RSKC, NPQK)");

@@ -171,6 +171,7 @@ ffi::Error gemm_impl(cudaStream_t stream, ffi::AnyBuffer a,
                      ffi::AnyBuffer b_scales, ffi::AnyBuffer b_s_dec, ffi::AnyBuffer bias,
                      ffi::AnyBuffer out_s_enc, ffi::Result<ffi::AnyBuffer> out,
                      ffi::Result<ffi::AnyBuffer> workspace, int64_t path) {
+  JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_gemm");
   (void)out_s_enc;
   GemmProblem p;
   if (auto err = decode_operands(a, a_scales, a_s_dec, b_codes, b_scales, b_s_dec, bias, &p);
@@ -192,6 +193,7 @@ ffi::Error gemm_nvfp4_out_impl(cudaStream_t stream, ffi::AnyBuffer a,
                                ffi::Result<ffi::AnyBuffer> out_scales,
                                ffi::Result<ffi::AnyBuffer> out_s_dec,
                                ffi::Result<ffi::AnyBuffer> workspace, int64_t path) {
+  JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_gemm_nvfp4_out");
   GemmProblem p;
   if (auto err = decode_operands(a, a_scales, a_s_dec, b_codes, b_scales, b_s_dec, bias, &p);
       err.failure()) {

@@ -64,6 +64,7 @@ ffi::Error Quantize(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::F32>
                     ffi::Result<ffi::AnyBuffer> codes, ffi::Result<ffi::AnyBuffer> scales,
                     ffi::Result<ffi::Buffer<ffi::F32>> s_dec,
                     ffi::Result<ffi::AnyBuffer> workspace) {
+  JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_quantize");
   QuantizeProblem p;
   if (!to_dtype(x.element_type(), &p.x_dtype)) {
     return invalid("quantize takes float32, bfloat16 or float16 input");
@@ -105,6 +106,7 @@ ffi::Error Quantize(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::F32>
 
 ffi::Error Dequantize(cudaStream_t stream, ffi::AnyBuffer codes, ffi::AnyBuffer scales,
                       ffi::Buffer<ffi::F32> s_dec, ffi::Result<ffi::AnyBuffer> out) {
+  JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_dequantize");
   DequantizeProblem p;
   if (!to_dtype(out->element_type(), &p.out_dtype)) {
     return invalid("dequantize returns float32, bfloat16 or float16");

@@ -16,10 +16,12 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 
 # Build requirements the device machine lacks (the nvidia-cutlass wheel for CUTLASS/CuTe headers)
-# travel in .whl/ (carry it): see docs/development.md.
+# travel in .whl/ (carry it): see the README's Development section.
+# A fresh folder each round: a warm machine keeps what an earlier round installed.
+SITE=$(mktemp -d /tmp/gpu_round_site.XXXXXX)
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 if ls .whl/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl || exit 1
 fi
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv \
@@ -28,8 +30,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 
 if [ -n "${PREBUILT:-}" ]; then
   echo "== install $(ls "$PREBUILT"/jax_nvfp4-*.whl)"
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$PREBUILT"/jax_nvfp4-*.whl || exit 1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$PREBUILT"/jax_nvfp4-*.whl || exit 1
 else
   echo "== build (OPS=${OPS:-quantize;gemm;conv} ARCHS=${ARCHS:-90a})"
   if ! JAX_NVFP4_CUDA=ON JAX_NVFP4_CUDA_ARCHS="${ARCHS:-90a}" JAX_NVFP4_OPS="${OPS:-quantize;gemm;conv}" \
@@ -40,6 +41,8 @@ else
   fi
   grep -E "warning|spill" "$OUT/build.log" | grep -v "^ *$" | head -20
 fi
+
+"$PY" -P -c "import jax_nvfp4 as j; print('testing', j.__file__, j.cuda_archs())" | tee -a "$OUT/gpu.txt"
 
 echo "== tests"
 # -P and importlib mode (pyproject) keep the source tree off sys.path: the tests import the

@@ -1,12 +1,45 @@
-// The nanobind extension: exposes every registered FFI handler as a PyCapsule, plus which
-// GPU targets were compiled, so the Python package can register them with XLA.
+// The nanobind extension: exposes every registered FFI handler as a PyCapsule, which GPU
+// targets were compiled, and the workspace sizes of the targets that take a workspace result,
+// so the Python package can register the handlers with XLA and lower calls to them.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "common/ffi_registry.h"
+#include "common/workspace_registry.h"
 
 namespace nb = nanobind;
+
+namespace {
+
+using Shape = std::pair<std::vector<int64_t>, std::string>;  // (dims, numpy dtype name)
+
+xla::ffi::DataType data_type(const std::string& name) {
+  using T = xla::ffi::DataType;
+  if (name == "float32") return T::F32;
+  if (name == "bfloat16") return T::BF16;
+  if (name == "float16") return T::F16;
+  if (name == "float4_e2m1fn") return T::F4E2M1FN;
+  if (name == "float8_e4m3fn") return T::F8E4M3FN;
+  if (name == "uint8") return T::U8;
+  throw std::invalid_argument("jax_nvfp4: no FFI data type for dtype " + name);
+}
+
+std::vector<jax_nvfp4::ArgShape> arg_shapes(const std::vector<Shape>& shapes) {
+  std::vector<jax_nvfp4::ArgShape> out;
+  for (const auto& [dims, dtype] : shapes) out.push_back({dims, data_type(dtype)});
+  return out;
+}
+
+}  // namespace
 
 NB_MODULE(_nvfp4_cuda, m) {
   m.def("targets", []() {
@@ -26,4 +59,28 @@ NB_MODULE(_nvfp4_cuda, m) {
 #endif
     return archs;
   });
+  m.def(
+      "host_calls", [](const std::string& target) { return jax_nvfp4::host_calls(target).load(); },
+      nb::arg("target"),
+      "How many times the handler of FFI target `target` has run on the host (a call replayed "
+      "from a CUDA graph does not run it).");
+  m.def("workspace_targets", []() {
+    std::vector<std::string> names;
+    for (const auto& [name, fn] : jax_nvfp4::workspace_functions()) names.push_back(name);
+    return names;
+  });
+  m.def(
+      "workspace_bytes",
+      [](const std::string& target, int compute_capability, const std::vector<Shape>& args,
+         const std::vector<Shape>& rets, const std::map<std::string, int64_t>& attrs) -> size_t {
+        const auto& fns = jax_nvfp4::workspace_functions();
+        const auto it = fns.find(target);
+        if (it == fns.end()) throw std::invalid_argument("jax_nvfp4: " + target + " takes no workspace");
+        return it->second({compute_capability, arg_shapes(args), arg_shapes(rets), attrs});
+      },
+      nb::arg("target"), nb::arg("compute_capability"), nb::arg("args"), nb::arg("rets"),
+      nb::arg("attrs") = std::map<std::string, int64_t>{},
+      "Bytes of the workspace result of a call to FFI target `target` on a GPU of compute "
+      "capability `compute_capability` (major*10+minor), given the (dims, dtype name) of its "
+      "operands and other results and its integer attributes.");
 }

@@ -6,9 +6,11 @@ A stack of decoder blocks with the dimensions of an 8B-class Llama (hidden 4096,
 32 query heads, 8 KV heads of 128) and random weights: RMSNorm, q/k/v/o projections with plain
 grouped-query softmax attention (no rotary embedding: it changes no matmul), SwiGLU MLP. The
 weights are NVFP4 (jax_nvfp4.quantize of each [out, in] matrix) placed Megatron-style on a 1-D
-mesh "tp": q/k/v/gate/up column-parallel (output features split: no communication), o/down
-row-parallel (input features split: local GEMM, then one all-reduce), so each block does two
-all-reduces and never gathers a weight. The same model in bfloat16, sharded the same way, is the
+mesh "tp": the fused q/k/v and gate/up projections column-parallel (output features split: no
+communication), o/down row-parallel (input features split: local GEMM, then one all-reduce), so
+each block does four GEMMs and two all-reduces and never gathers a weight. A fused projection
+stacks its parts device by device ([q_0 k_0 v_0 q_1 k_1 v_1 ...] for tp devices), so each
+device's slice of the output holds its own heads of q, k and v (split_fused). The same model in bfloat16, sharded the same way, is the
 baseline. The script checks that the sharded NVFP4 model matches a one-device run of itself,
 then times a decode step (batch 1 and 16, against a KV cache) and a prefill, and writes a
 markdown table. --small shrinks the model so it runs on forced CPU devices
@@ -51,16 +53,22 @@ class Config:
 SMALL = Config(hidden=1024, intermediate=1024, heads=8, kv_heads=8, head_dim=128, layers=1,
                context=64, prefill=64, decode_batches=(1, 16))
 
-COLUMN = ("wq", "wk", "wv", "wg", "wu")  # output features split
+COLUMN = ("wqkv", "wgu")  # output features split
 ROW = ("wo", "wd")  # input features split
+
+
+def fused_parts(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """Output features of each part of the fused projections."""
+    q, kv = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    return {"wqkv": (q, kv, kv), "wgu": (cfg.intermediate, cfg.intermediate)}
 
 
 def weight_shapes(cfg: Config) -> dict[str, tuple[int, int]]:
     """[out, in] of each projection of one block."""
     h, f = cfg.hidden, cfg.intermediate
-    q, kv = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-    return {"wq": (q, h), "wk": (kv, h), "wv": (kv, h), "wo": (h, q),
-            "wg": (f, h), "wu": (f, h), "wd": (h, f)}
+    parts = fused_parts(cfg)
+    return {"wqkv": (sum(parts["wqkv"]), h), "wo": (h, parts["wqkv"][0]),
+            "wgu": (sum(parts["wgu"]), h), "wd": (h, f)}
 
 
 def weight_spec(name: str) -> P:
@@ -96,23 +104,38 @@ def attention(q, chunks, cfg: Config):
     return out.astype(v.dtype).reshape(b, s, hq * d)
 
 
-def block(x, layer, cache, cfg: Config, linear):
+def split_fused(y, sizes, tp):
+    """The parts of a fused projection's output y [..., sum(sizes)] whose rows were stacked
+    device by device for `tp` devices: each reshape keeps every device's features on it."""
+    lead = y.shape[:-1]
+    y = y.reshape(*lead, tp, sum(sizes) // tp)
+    parts, start = [], 0
+    for size in sizes:
+        parts.append(y[..., start:start + size // tp].reshape(*lead, size))
+        start += size // tp
+    return parts
+
+
+def block(x, layer, cache, cfg: Config, linear, tp):
     """One decoder block. cache: (k, v) [B, T, Hkv, D] of earlier tokens, or None (prefill)."""
     b, s, _ = x.shape
+    parts = fused_parts(cfg)
     h = rms_norm(x, layer["attn_norm"], cfg.eps)
-    q = linear(h, layer["wq"]).reshape(b, s, cfg.heads, cfg.head_dim)
-    k = linear(h, layer["wk"]).reshape(b, s, cfg.kv_heads, cfg.head_dim)
-    v = linear(h, layer["wv"]).reshape(b, s, cfg.kv_heads, cfg.head_dim)
+    q, k, v = split_fused(linear(h, layer["wqkv"]), parts["wqkv"], tp)
+    q = q.reshape(b, s, cfg.heads, cfg.head_dim)
+    k = k.reshape(b, s, cfg.kv_heads, cfg.head_dim)
+    v = v.reshape(b, s, cfg.kv_heads, cfg.head_dim)
     chunks = [(k, v)] if cache is None else [cache, (k, v)]
     x = x + linear(attention(q, chunks, cfg), layer["wo"])
     h = rms_norm(x, layer["mlp_norm"], cfg.eps)
-    act = jax.nn.silu(linear(h, layer["wg"]).astype(jnp.float32)) * linear(h, layer["wu"])
+    gate, up = split_fused(linear(h, layer["wgu"]), parts["wgu"], tp)
+    act = jax.nn.silu(gate.astype(jnp.float32)) * up
     return x + linear(act.astype(x.dtype), layer["wd"])
 
 
-def forward(x, params, caches, cfg: Config, linear):
+def forward(x, params, caches, cfg: Config, linear, tp):
     for i, layer in enumerate(params):
-        x = block(x, layer, None if caches is None else caches[i], cfg, linear)
+        x = block(x, layer, None if caches is None else caches[i], cfg, linear, tp)
     return x
 
 
@@ -171,12 +194,13 @@ def weight_bytes(params, device) -> int:
 # ------------------------------------------------------------------------------ runs
 
 
-def decode_steps(cfg: Config, linear, steps: int):
+def decode_steps(cfg: Config, linear, tp: int, steps: int):
     """`steps` decode steps in one program, each step's output feeding the next (so no step
     can be hoisted or skipped)."""
 
     def run(x, params, caches):
-        return jax.lax.fori_loop(0, steps, lambda _, y: forward(y, params, caches, cfg, linear), x)
+        return jax.lax.fori_loop(0, steps,
+                                 lambda _, y: forward(y, params, caches, cfg, linear, tp), x)
 
     return jax.jit(run)
 
@@ -193,7 +217,7 @@ def time_ms(fn, *args, repeats: int) -> float:
 
 def kv_caches(cfg: Config, mesh: Mesh, batch: int, key):
     shape = (batch, cfg.context, cfg.kv_heads, cfg.head_dim)
-    spec = NamedSharding(mesh, P(None, None, "tp", None))  # heads split like wk/wv's outputs
+    spec = NamedSharding(mesh, P(None, None, "tp", None))  # heads split like k/v's outputs
     make = jax.jit(lambda k: jax.random.normal(k, shape, jnp.bfloat16), out_shardings=spec)
     return [(make(k1), make(k2)) for k1, k2 in jax.random.split(key, (cfg.layers, 2))]
 
@@ -206,7 +230,9 @@ def relative_error(a, b) -> float:
 def check_against_one_device(cfg, mesh, params, key) -> float:
     """Relative difference of the sharded NVFP4 prefill from the same model on one device."""
     x = jax.random.normal(key, (2, min(cfg.prefill, 128), cfg.hidden), jnp.bfloat16)
-    fwd = jax.jit(lambda x, p: forward(x, p, None, cfg, nvfp4_linear))
+    # The same fused layout (stacked for the mesh's tp devices) computed on one device.
+    tp = mesh.shape["tp"]
+    fwd = jax.jit(lambda x, p: forward(x, p, None, cfg, nvfp4_linear, tp))
     sharded = fwd(jax.device_put(x, NamedSharding(mesh, P())), params)
     one = SingleDeviceSharding(mesh.devices.flat[0])
     single = fwd(jax.device_put(x, one), jax.device_put(params, one))
@@ -217,17 +243,19 @@ def measure(cfg: Config, mesh: Mesh, models, steps: int, repeats: int):
     """[(label, {model: ms})]: decode steps per batch size, then the prefill."""
     replicated = NamedSharding(mesh, P())
     key = jax.random.key(3)
+    tp = mesh.shape["tp"]
     rows = []
     for batch in cfg.decode_batches:
         x = jax.device_put(jax.random.normal(key, (batch, 1, cfg.hidden), jnp.bfloat16),
                            replicated)
         caches = kv_caches(cfg, mesh, batch, jax.random.key(2))
-        ms = {name: time_ms(decode_steps(cfg, lin, steps), x, params, caches,
+        ms = {name: time_ms(decode_steps(cfg, lin, tp, steps), x, params, caches,
                             repeats=repeats) / steps for name, lin, params in models}
         rows.append((f"decode step, batch {batch}, context {cfg.context}", ms))
     x = jax.device_put(jax.random.normal(key, (1, cfg.prefill, cfg.hidden), jnp.bfloat16),
                        replicated)
-    ms = {name: time_ms(jax.jit(functools.partial(forward, caches=None, cfg=cfg, linear=lin)),
+    ms = {name: time_ms(jax.jit(functools.partial(forward, caches=None, cfg=cfg, linear=lin,
+                                                  tp=tp)),
                         x, params, repeats=repeats) for name, lin, params in models}
     rows.append((f"prefill, {cfg.prefill} tokens", ms))
     return rows
@@ -242,8 +270,8 @@ def render(cfg: Config, devices, rows, mem, err) -> str:
         "",
         f"{datetime.date.today()} · jax {jax.__version__} · NVFP4 GEMM: {gemm} · "
         f"hidden {cfg.hidden}, MLP {cfg.intermediate}, heads {cfg.heads}/{cfg.kv_heads} KV, "
-        f"{cfg.layers} layers · mesh tp={len(devices)} (q/k/v/gate/up column-, o/down "
-        f"row-parallel) · sharded NVFP4 vs one device: relative difference {err:.1e}",
+        f"{cfg.layers} layers · mesh tp={len(devices)} (fused q/k/v and gate/up column-, "
+        f"o/down row-parallel) · sharded NVFP4 vs one device: relative difference {err:.1e}",
         "",
         "| | NVFP4 ms | bf16 ms | speedup |",
         "|---|---:|---:|---:|",

@@ -9,6 +9,8 @@ import functools
 import warnings
 
 import jax
+import numpy as np
+from jaxlib import xla_client
 
 try:
     from jax_nvfp4 import _nvfp4_cuda as _ext
@@ -20,16 +22,25 @@ except ImportError:  # CPU-only build or source checkout
 _ARCH_OF_CC = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
 
 
+def _graph_safe_traits() -> dict:
+    """The registration keyword that lets XLA capture our calls into CUDA graphs (command
+    buffers): every handler launches the same work for the same shapes, with no host sync and its
+    workspace as an XLA-allocated result (cuda/common/workspace_registry.h)."""
+    traits = getattr(xla_client, "CustomCallTargetTraits", None)
+    return {} if traits is None else {"traits": traits.COMMAND_BUFFER_COMPATIBLE}
+
+
 def _register_targets() -> dict:
     if _ext is None:
         return {}
     targets = dict(_ext.targets())
     for name, capsule in targets.items():
-        jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+        jax.ffi.register_ffi_target(name, capsule, platform="CUDA", **_graph_safe_traits())
     return targets
 
 
 _TARGETS = _register_targets()
+_WORKSPACE_TARGETS = frozenset(_ext.workspace_targets()) if _ext is not None else frozenset()
 
 
 def extension_path() -> str | None:
@@ -57,19 +68,47 @@ def device_arch(device) -> str | None:
 
 
 @functools.cache
-def _cuda_device_arch() -> str | None:
+def _cuda_compute_capability() -> tuple[int, int] | None:
+    """(major, minor) of the visible CUDA GPUs, or None (no GPU, or GPUs of several kinds)."""
     try:
         devices = jax.devices("cuda")
     except RuntimeError:
         return None
-    archs = {device_arch(d) for d in devices}
-    return archs.pop() if len(archs) == 1 else None  # mixed GPUs: no kernel path
+    ccs = {tuple(int(v) for v in str(d.compute_capability).split(".")) for d in devices}
+    return ccs.pop() if len(ccs) == 1 else None
+
+
+def _cuda_device_arch() -> str | None:
+    cc = _cuda_compute_capability()
+    return None if cc is None else _ARCH_OF_CC.get(cc)
 
 
 def kernel_available(target: str) -> bool:
     """Whether FFI target `target` exists and was compiled for the visible CUDA GPUs."""
     arch = _cuda_device_arch()
     return target in _TARGETS and arch is not None and arch in cuda_archs()
+
+
+def host_calls(target: str) -> int:
+    """How many times FFI target `target`'s handler has run on the host in this process; a call
+    XLA replays from a CUDA graph (command buffer) does not run it."""
+    return 0 if _ext is None else int(_ext.host_calls(target))
+
+
+def workspace_bytes(target: str, operands, results, attrs=None) -> int | None:
+    """Bytes of the workspace result that FFI target `target` takes as its last result, for a
+    call on the visible GPU with these operands and (other) results (anything with .shape and
+    .dtype) and integer attributes; None when the target takes no workspace."""
+    if _ext is None or target not in _WORKSPACE_TARGETS:
+        return None
+    cc = _cuda_compute_capability()
+    if cc is None:
+        raise RuntimeError(f"jax_nvfp4: sizing the workspace of {target} needs one kind of CUDA GPU")
+    major, minor = cc
+    shapes = lambda xs: [(tuple(int(d) for d in x.shape), np.dtype(x.dtype).name) for x in xs]
+    ints = {name: int(v) for name, v in (attrs or {}).items()}
+    return int(_ext.workspace_bytes(target, 10 * major + minor, shapes(operands), shapes(results),
+                                    ints))
 
 
 @functools.cache

@@ -5,6 +5,9 @@
 #
 # OPS     ops whose kernels are built (default: all); ARCHS (default 90a: Hopper only, fast)
 # BENCH   bench/bench_<name>.py scripts to run after the tests (default: none)
+# PREBUILT a folder holding a jax_nvfp4 wheel built elsewhere for this machine's Python (e.g. on
+#         the CPU box: `pip wheel --no-build-isolation --no-deps -w .prebuilt .` under Python 3.12
+#         with JAX_NVFP4_CUDA_ARCHS=90a; carry the folder): installed instead of building here
 # Logs and benchmark tables go to $OUT (the device tool's return folder) or ./gpu_out.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -13,24 +16,33 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 
 # Build requirements the device machine lacks (the nvidia-cutlass wheel for CUTLASS/CuTe headers)
-# travel in .whl/ (carry it): see docs/development.md.
+# travel in .whl/ (carry it): see the README's Development section.
+# A fresh folder each round: a warm machine keeps what an earlier round installed.
+SITE=$(mktemp -d /tmp/gpu_round_site.XXXXXX)
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 if ls .whl/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl || exit 1
 fi
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv \
   | tee "$OUT/gpu.txt"
 "$PY" -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$OUT/gpu.txt"
 
-echo "== build (OPS=${OPS:-quantize;gemm;conv} ARCHS=${ARCHS:-90a})"
-if ! JAX_NVFP4_CUDA=ON JAX_NVFP4_CUDA_ARCHS="${ARCHS:-90a}" JAX_NVFP4_OPS="${OPS:-quantize;gemm;conv}" \
-    "$PY" -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1; then
-  grep -E "error|Error" "$OUT/build.log" | head -40
-  echo "BUILD FAILED (see build.log)"
-  exit 1
+if [ -n "${PREBUILT:-}" ]; then
+  echo "== install $(ls "$PREBUILT"/jax_nvfp4-*.whl)"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$PREBUILT"/jax_nvfp4-*.whl || exit 1
+else
+  echo "== build (OPS=${OPS:-quantize;gemm;conv} ARCHS=${ARCHS:-90a})"
+  if ! JAX_NVFP4_CUDA=ON JAX_NVFP4_CUDA_ARCHS="${ARCHS:-90a}" JAX_NVFP4_OPS="${OPS:-quantize;gemm;conv}" \
+      "$PY" -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1; then
+    grep -E "error|Error" "$OUT/build.log" | head -40
+    echo "BUILD FAILED (see build.log)"
+    exit 1
+  fi
+  grep -E "warning|spill" "$OUT/build.log" | grep -v "^ *$" | head -20
 fi
-grep -E "warning|spill" "$OUT/build.log" | grep -v "^ *$" | head -20
+
+"$PY" -P -c "import jax_nvfp4 as j; print('testing', j.__file__, j.cuda_archs())" | tee -a "$OUT/gpu.txt"
 
 echo "== tests"
 # -P and importlib mode (pyproject) keep the source tree off sys.path: the tests import the

@@ -57,7 +57,67 @@ def test_without_a_kernel_for_the_gpu_the_reference_runs_with_a_warning(monkeypa
 @pytest.mark.parametrize("target,fn,args", _ops(), ids=lambda v: v if isinstance(v, str) else "")
 def test_with_a_kernel_the_cuda_lowering_calls_the_ffi_target(monkeypatch, target, fn, args):
     monkeypatch.setattr(_extension, "kernel_available", lambda name: True)
+    monkeypatch.setattr(_extension, "_cuda_compute_capability", lambda: (9, 0))
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         text = _cuda_module_text(fn, *args)
     assert f"@{target}" in text
+
+
+needs_extension = pytest.mark.skipif(_extension.extension_path() is None,
+                                     reason="package built without the CUDA extension")
+
+
+def _spec(shape, dtype):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _gemm_workspace(cc, m, n, k, *, out=None):
+    f4, f8, f32 = jnp.float4_e2m1fn, jnp.float8_e4m3fn, jnp.float32
+    operands = [_spec((m, k), jnp.bfloat16), _spec((0,), f8), _spec((), f32), _spec((n, k), f4),
+                _spec((1,), f8), _spec((), f32), _spec((0,), f32), _spec((0,) if out is None else (), f32)]
+    results = [_spec((m, n), jnp.bfloat16)] if out is None else out
+    target = "jax_nvfp4_gemm" if out is None else "jax_nvfp4_gemm_nvfp4_out"
+    return _extension._ext.workspace_bytes(
+        target, cc, [(o.shape, np.dtype(o.dtype).name) for o in operands],
+        [(r.shape, np.dtype(r.dtype).name) for r in results])
+
+
+@needs_extension
+@pytest.mark.skipif("sm_90a" not in _extension.cuda_archs(), reason="no sm_90a kernels built")
+def test_gemm_workspace_follows_the_sm90_path():
+    assert _gemm_workspace(90, 1, 4096, 4096) == 0  # decode: split-K through shared memory
+    # prefill: the weights dequantized to bf16 in the workspace
+    assert _gemm_workspace(90, 1024, 4096, 4096) >= 4096 * 4096 * 2
+    nvfp4_out = [_spec((1, 256), jnp.float4_e2m1fn), _spec((128 * 4,), jnp.float8_e4m3fn),
+                 _spec((), jnp.float32)]
+    assert _gemm_workspace(90, 1, 256, 4096, out=nvfp4_out) >= 256 * 4  # the float32 result
+    assert _gemm_workspace(80, 1024, 4096, 4096) == 0  # no kernel for an A100: nothing to size
+
+
+@needs_extension
+def test_quantize_workspace_only_for_the_amax_pass():
+    def size(s_enc_shape):
+        return _extension._ext.workspace_bytes(
+            "jax_nvfp4_quantize", 90, [((64, 128), "bfloat16"), (s_enc_shape, "float32")], [])
+    assert size((0,)) > 0  # S_enc from the tensor's amax, reduced in the workspace
+    assert size(()) == 0
+
+
+@needs_extension
+def test_targets_without_workspace_are_not_sized():
+    assert set(_extension._ext.workspace_targets()) == {
+        "jax_nvfp4_quantize", "jax_nvfp4_gemm", "jax_nvfp4_gemm_nvfp4_out"}
+    with pytest.raises(ValueError, match="takes no workspace"):
+        _extension._ext.workspace_bytes("jax_nvfp4_conv", 90, [], [])
+
+
+@needs_extension
+def test_the_lowered_gemm_call_carries_its_workspace_as_a_result(monkeypatch):
+    monkeypatch.setattr(_extension, "kernel_available", lambda name: True)
+    monkeypatch.setattr(_extension, "_cuda_compute_capability", lambda: (9, 0))
+    x = jnp.zeros((1024, 256), jnp.bfloat16)
+    w = jn.quantize(jnp.ones((512, 256), jnp.float32))
+    text = _cuda_module_text(jn.matmul, x, w)
+    nbytes = _gemm_workspace(90, 1024, 512, 256)
+    assert nbytes > 0 and f"tensor<{nbytes}xui8>" in text

@@ -1,7 +1,7 @@
 """jax_nvfp4.matmul on a CUDA GPU (skips without one) against the float64 NumPy oracle.
 
 Each case runs through both sm_90a kernel families where they exist: JAX_NVFP4_GEMM_SM90_PATH
-forces the decode or prefill path (read by the FFI handler at every call). Before each call the
+forces the decode or prefill path (read when the call is lowered, so the cache is cleared). Before each call the
 allocator is handed a NaN-filled buffer of the output's size and gets it back, so an output
 element the kernel fails to write shows up as NaN or garbage instead of a lucky zero."""
 
@@ -21,7 +21,7 @@ import pytest
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
-from jax_nvfp4.primitives.matmul import GEMM_NVFP4_OUT_TARGET, GEMM_TARGET
+from jax_nvfp4.primitives.matmul import GEMM_NVFP4_OUT_TARGET, GEMM_TARGET, PATH_ENV
 
 HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("matmul_cases", HERE / "matmul_cases.py")
@@ -38,18 +38,20 @@ def kernels(gpu_kernels):
 
 @contextlib.contextmanager
 def forced_path(path):
-    old = os.environ.get("JAX_NVFP4_GEMM_SM90_PATH")
+    old = os.environ.get(PATH_ENV)
     if path == "auto":
-        os.environ.pop("JAX_NVFP4_GEMM_SM90_PATH", None)
+        os.environ.pop(PATH_ENV, None)
     else:
-        os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = path
+        os.environ[PATH_ENV] = path
+    jax.clear_caches()
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop("JAX_NVFP4_GEMM_SM90_PATH", None)
+            os.environ.pop(PATH_ENV, None)
         else:
-            os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = old
+            os.environ[PATH_ENV] = old
+        jax.clear_caches()
 
 
 def w4a16_oracle(device, x, w, bias=None):
@@ -168,6 +170,7 @@ MEMCHECK_SCRIPT = textwrap.dedent("""
     rng = np.random.default_rng(0)
     for path in ("decode", "prefill"):
         os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = path
+        jax.clear_caches()
         for m, n, k, xd in ((3, 37, 208, jnp.bfloat16), (37, 70, 48, jnp.float32), (130, 13, 16, jnp.float16)):
             x = jnp.asarray(rng.standard_normal((m, k)), xd)
             w = jn.quantize(jnp.asarray(rng.standard_normal((n, k)), jnp.float32))

@@ -299,6 +299,19 @@ def test_sharded_llama_example_small(tmp_path, capsys, monkeypatch):
     table = out.read_text()
     assert "| decode step, batch 16" in table and "| weight memory per device" in table
 
+    # The compiled decode step moves activations only: two all-reduces per block, no weight
+    # gathered, and the fused q/k/v and gate/up outputs split without any resharding.
+    cfg = example.SMALL
+    mesh = Mesh(np.array(jax.devices()), ("tp",))
+    _, params = example.make_params(cfg, mesh, jax.random.key(0))
+    caches = example.kv_caches(cfg, mesh, 1, jax.random.key(1))
+    x = jax.device_put(jnp.zeros((1, 1, cfg.hidden), jnp.bfloat16), NamedSharding(mesh, P()))
+    step = example.decode_steps(cfg, example.nvfp4_linear, mesh.shape["tp"], 1)
+    hlo = step.lower(x, params, caches).compile().as_text()
+    for op in ("all-gather", "all-to-all", "collective-permute"):
+        assert op not in hlo, op
+    assert hlo.count("all-reduce-start") + hlo.count(" all-reduce(") == 2 * cfg.layers
+
 
 # ------------------------------------------------------------------------------ explicit axes
 

@@ -2,7 +2,11 @@
 // whole table to Python as capsules. Adding an op means adding files, not editing a list.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "xla/ffi/api/c_api.h"
@@ -13,6 +17,25 @@ inline std::map<std::string, XLA_FFI_Handler*>& ffi_targets() {
   static std::map<std::string, XLA_FFI_Handler*> targets;
   return targets;
 }
+
+// How many times each handler has run on the host. XLA runs a handler once when it records the
+// call into a CUDA graph (command buffer) and not when it replays the graph, so tests read these
+// to see that a loop of calls was captured.
+inline std::atomic<uint64_t>& host_calls(const std::string& target) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<std::atomic<uint64_t>>> counts;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& count = counts[target];
+  if (!count) count = std::make_unique<std::atomic<uint64_t>>(0);
+  return *count;
+}
+
+// Counts one host execution of handler `target` (a string literal).
+#define JAX_NVFP4_COUNT_HOST_CALL(target)                                   \
+  do {                                                                      \
+    static std::atomic<uint64_t>& calls_ = ::jax_nvfp4::host_calls(target); \
+    calls_.fetch_add(1, std::memory_order_relaxed);                         \
+  } while (0)
 
 struct FfiTargetRegistration {
   FfiTargetRegistration(const char* name, XLA_FFI_Handler* handler) { ffi_targets()[name] = handler; }

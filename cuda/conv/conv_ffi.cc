@@ -28,11 +28,12 @@ ffi::Error invalid(const std::string& what) {
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_nvfp4_conv: " + what);
 }
 
-ffi::Error conv_impl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer x,
+ffi::Error conv_impl(cudaStream_t stream, ffi::AnyBuffer x,
                      ffi::AnyBuffer x_scales, ffi::AnyBuffer x_s_dec, ffi::AnyBuffer w_codes,
                      ffi::AnyBuffer w_scales, ffi::AnyBuffer w_s_dec, ffi::AnyBuffer bias,
                      ffi::Result<ffi::AnyBuffer> out, int64_t stride_h, int64_t stride_w,
                      int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w) {
+  JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_conv");
   const auto xd = x.dimensions(), wd = w_codes.dimensions(), od = out->dimensions();
   if (xd.size() != 4 || wd.size() != 4 || od.size() != 4) {
     return invalid("x, w and out must be rank 4 (NHWC, RSKC, NPQK)");
@@ -80,14 +81,7 @@ ffi::Error conv_impl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
     }
 #endif
 #ifdef JAX_NVFP4_HAS_SM100
-    case 100: {
-      p.workspace_bytes = conv_sm100_workspace_bytes(p);
-      if (auto err = allocate_workspace(scratch, p.workspace_bytes, &p.workspace, "jax_nvfp4_conv");
-          err.failure()) {
-        return err;
-      }
-      return cuda_error(conv_sm100(p, stream), "conv_sm100");
-    }
+    case 100: return cuda_error(conv_sm100(p, stream), "conv_sm100");
 #endif
     default:
       return ffi::Error(ffi::ErrorCode::kUnimplemented,
@@ -101,7 +95,6 @@ ffi::Error conv_impl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::An
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvFfi, conv_impl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
                                   .Arg<ffi::AnyBuffer>()  // x
                                   .Arg<ffi::AnyBuffer>()  // x_scales
                                   .Arg<ffi::AnyBuffer>()  // x_s_dec
@@ -115,7 +108,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvFfi, conv_impl,
                                   .Attr<int64_t>("pad_h")
                                   .Attr<int64_t>("pad_w")
                                   .Attr<int64_t>("dil_h")
-                                  .Attr<int64_t>("dil_w"));
+                                  .Attr<int64_t>("dil_w"),
+                              {kGraphSafe});
 
 JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_conv", ConvFfi);
 

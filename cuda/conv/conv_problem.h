@@ -36,9 +36,6 @@ struct ConvProblem {
 
   void* out = nullptr;  // [n, p, q, k]
   DType out_dtype = DType::kBF16;
-
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
 };
 
 }  // namespace jax_nvfp4

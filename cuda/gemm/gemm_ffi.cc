@@ -1,7 +1,7 @@
 // XLA FFI handlers "jax_nvfp4_gemm" (float output) and "jax_nvfp4_gemm_nvfp4_out" (NVFP4 output)
 // of the matmul primitive (jax_nvfp4/primitives/matmul.py): they decode the buffers into a
-// GemmProblem, take the workspace from XLA's scratch allocator and run the kernel family of
-// the device (sm_90a on compute capability 9.0, sm_100a on 10.0).
+// GemmProblem and run the kernel family of the device (sm_90a on compute capability 9.0,
+// sm_100a on 10.0) in the workspace result sized by gemm_call_workspace.
 //
 // Operands, in order (absent ones as placeholders):
 //   a          [M, K] bf16/f16/f32 (W4A16) or float4_e2m1fn codes (W4A4)
@@ -9,7 +9,9 @@
 //   b_codes    [N, K] float4_e2m1fn;  b_scales  tiled e4m3;  b_s_dec  f32 scalar
 //   bias       [N] bf16/f16/f32, or f32[0]
 //   out_s_enc  f32 scalar (NVFP4 output), or f32[0]
-// Results: out [M, N] bf16/f16/f32; or codes [M, N] float4_e2m1fn, tiled scales, s_dec f32.
+// Results: out [M, N] bf16/f16/f32; or codes [M, N] float4_e2m1fn, tiled scales, s_dec f32;
+// then the workspace (uint8, common/workspace_registry.h).
+// Attribute: path (GemmPath: 0 the launcher's choice, 1 decode, 2 prefill).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -18,6 +20,7 @@
 #include "common/ffi_registry.h"
 #include "common/ffi_utils.h"
 #include "common/scale_layout.h"
+#include "common/workspace_registry.h"
 #include "gemm/gemm_problem.h"
 #ifdef JAX_NVFP4_HAS_SM90
 #include "gemm/sm90/gemm_sm90.h"
@@ -37,6 +40,14 @@ std::string dims_str(ffi::AnyBuffer::Dimensions d) {
   std::string s = "[";
   for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
   return s + "]";
+}
+
+ffi::Error decode_path(int64_t path, GemmProblem* p) {
+  if (path < 0 || path > static_cast<int64_t>(GemmPath::kPrefill)) {
+    return invalid("path must be 0 (auto), 1 (decode) or 2 (prefill), got " + std::to_string(path));
+  }
+  p->path = static_cast<GemmPath>(path);
+  return ffi::Error::Success();
 }
 
 // Fills everything but the outputs; checks shapes and dtypes.
@@ -92,29 +103,32 @@ ffi::Error decode_operands(ffi::AnyBuffer a, ffi::AnyBuffer a_scales, ffi::AnyBu
   return ffi::Error::Success();
 }
 
-// Workspace + dispatch on the device's compute capability.
-ffi::Error run(cudaStream_t stream, ffi::ScratchAllocator& scratch, GemmProblem& p) {
-  const int cc = current_compute_capability();
+// Bytes of workspace `p` needs on a device of compute capability `cc` (0 if none runs it).
+size_t workspace_bytes(int cc, const GemmProblem& p) {
   switch (cc) {
 #ifdef JAX_NVFP4_HAS_SM90
-    case 90: {
-      p.workspace_bytes = gemm_sm90_workspace_bytes(p);
-      if (auto err = allocate_workspace(scratch, p.workspace_bytes, &p.workspace, "jax_nvfp4_gemm");
-          err.failure()) {
-        return err;
-      }
-      return cuda_error(gemm_sm90(p, stream), "jax_nvfp4_gemm (sm_90a)");
-    }
+    case 90: return gemm_sm90_workspace_bytes(p);
 #endif
 #ifdef JAX_NVFP4_HAS_SM100
-    case 100: {
-      p.workspace_bytes = gemm_sm100_workspace_bytes(p);
-      if (auto err = allocate_workspace(scratch, p.workspace_bytes, &p.workspace, "jax_nvfp4_gemm");
-          err.failure()) {
-        return err;
-      }
-      return cuda_error(gemm_sm100(p, stream), "jax_nvfp4_gemm (sm_100a)");
-    }
+    case 100: return gemm_sm100_workspace_bytes(p);
+#endif
+    default: return 0;
+  }
+}
+
+ffi::Error run(cudaStream_t stream, ffi::Result<ffi::AnyBuffer>& workspace, GemmProblem& p) {
+  const int cc = current_compute_capability();
+  p.workspace_bytes = workspace_bytes(cc, p);
+  if (auto err = bind_workspace(workspace, p.workspace_bytes, &p.workspace, "jax_nvfp4_gemm");
+      err.failure()) {
+    return err;
+  }
+  switch (cc) {
+#ifdef JAX_NVFP4_HAS_SM90
+    case 90: return cuda_error(gemm_sm90(p, stream), "jax_nvfp4_gemm (sm_90a)");
+#endif
+#ifdef JAX_NVFP4_HAS_SM100
+    case 100: return cuda_error(gemm_sm100(p, stream), "jax_nvfp4_gemm (sm_100a)");
 #endif
     default:
       return ffi::Error(ffi::ErrorCode::kUnimplemented,
@@ -123,34 +137,69 @@ ffi::Error run(cudaStream_t stream, ffi::ScratchAllocator& scratch, GemmProblem&
   }
 }
 
-ffi::Error gemm_impl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
+// The workspace of a call with these operand and result shapes (operands in the order above):
+// the sizes read only the shapes, the dtypes and which of the optional pointers are set.
+size_t gemm_call_workspace(const WorkspaceQuery& q) {
+  static uint8_t placeholder;
+  static const float placeholder_f = 0.f;
+  const ArgShape& a = q.args.at(0);
+  GemmProblem p;
+  const auto path = q.attrs.find("path");
+  if (path != q.attrs.end()) decode_path(path->second, &p);
+  p.m = a.dims.at(0);
+  p.k = a.dims.at(1);
+  p.n = q.args.at(3).dims.at(0);
+  p.a_is_nvfp4 = a.type == ffi::DataType::F4E2M1FN;
+  if (!p.a_is_nvfp4) to_dtype(a.type, &p.a_dtype);
+  if (q.args.at(6).elements() > 0) {
+    p.bias = &placeholder;
+    to_dtype(q.args[6].type, &p.bias_dtype);
+  }
+  if (q.rets.size() == 3) {  // NVFP4 output
+    p.out_codes = &placeholder;
+    p.out_scales = &placeholder;
+    p.out_s_enc = &placeholder_f;
+    p.out_dtype = DType::kF32;
+  } else {
+    to_dtype(q.rets.at(0).type, &p.out_dtype);
+  }
+  return workspace_result_bytes(workspace_bytes(q.compute_capability, p));
+}
+
+ffi::Error gemm_impl(cudaStream_t stream, ffi::AnyBuffer a,
                      ffi::AnyBuffer a_scales, ffi::AnyBuffer a_s_dec, ffi::AnyBuffer b_codes,
                      ffi::AnyBuffer b_scales, ffi::AnyBuffer b_s_dec, ffi::AnyBuffer bias,
-                     ffi::AnyBuffer out_s_enc, ffi::Result<ffi::AnyBuffer> out) {
+                     ffi::AnyBuffer out_s_enc, ffi::Result<ffi::AnyBuffer> out,
+                     ffi::Result<ffi::AnyBuffer> workspace, int64_t path) {
+  JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_gemm");
   (void)out_s_enc;
   GemmProblem p;
   if (auto err = decode_operands(a, a_scales, a_s_dec, b_codes, b_scales, b_s_dec, bias, &p);
       err.failure()) {
     return err;
   }
+  if (auto err = decode_path(path, &p); err.failure()) return err;
   const auto od = out->dimensions();
   if (od.size() != 2 || od[0] != p.m || od[1] != p.n) return invalid("out must be [M, N], got " + dims_str(od));
   if (!to_dtype(out->element_type(), &p.out_dtype)) return invalid("out must be bf16, f16 or f32");
   p.out = out->untyped_data();
-  return run(stream, scratch, p);
+  return run(stream, workspace, p);
 }
 
-ffi::Error gemm_nvfp4_out_impl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
+ffi::Error gemm_nvfp4_out_impl(cudaStream_t stream, ffi::AnyBuffer a,
                                ffi::AnyBuffer a_scales, ffi::AnyBuffer a_s_dec, ffi::AnyBuffer b_codes,
                                ffi::AnyBuffer b_scales, ffi::AnyBuffer b_s_dec, ffi::AnyBuffer bias,
                                ffi::AnyBuffer out_s_enc, ffi::Result<ffi::AnyBuffer> out_codes,
                                ffi::Result<ffi::AnyBuffer> out_scales,
-                               ffi::Result<ffi::AnyBuffer> out_s_dec) {
+                               ffi::Result<ffi::AnyBuffer> out_s_dec,
+                               ffi::Result<ffi::AnyBuffer> workspace, int64_t path) {
+  JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_gemm_nvfp4_out");
   GemmProblem p;
   if (auto err = decode_operands(a, a_scales, a_s_dec, b_codes, b_scales, b_s_dec, bias, &p);
       err.failure()) {
     return err;
   }
+  if (auto err = decode_path(path, &p); err.failure()) return err;
   if (p.n % kBlockSize != 0) return invalid("NVFP4 output needs N a multiple of 16, got " + std::to_string(p.n));
   const auto od = out_codes->dimensions();
   if (out_codes->element_type() != ffi::DataType::F4E2M1FN || od.size() != 2 || od[0] != p.m ||
@@ -168,14 +217,13 @@ ffi::Error gemm_nvfp4_out_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
   p.out_s_enc = static_cast<const float*>(out_s_enc.untyped_data());
   p.out_s_dec = static_cast<float*>(out_s_dec->untyped_data());
   p.out_dtype = DType::kF32;
-  return run(stream, scratch, p);
+  return run(stream, workspace, p);
 }
 
 }  // namespace
 
 #define JAX_NVFP4_GEMM_OPERANDS                 \
   .Ctx<ffi::PlatformStream<cudaStream_t>>()     \
-      .Ctx<ffi::ScratchAllocator>()             \
       .Arg<ffi::AnyBuffer>() /* a */            \
       .Arg<ffi::AnyBuffer>() /* a_scales */     \
       .Arg<ffi::AnyBuffer>() /* a_s_dec */      \
@@ -186,16 +234,24 @@ ffi::Error gemm_nvfp4_out_impl(cudaStream_t stream, ffi::ScratchAllocator scratc
       .Arg<ffi::AnyBuffer>() /* out_s_enc */
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmFfi, gemm_impl,
-                              ffi::Ffi::Bind() JAX_NVFP4_GEMM_OPERANDS.Ret<ffi::AnyBuffer>());
+                              ffi::Ffi::Bind() JAX_NVFP4_GEMM_OPERANDS.Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()  // workspace
+                                  .Attr<int64_t>("path"),
+                              {jax_nvfp4::kGraphSafe});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmNvfp4OutFfi, gemm_nvfp4_out_impl,
                               ffi::Ffi::Bind() JAX_NVFP4_GEMM_OPERANDS.Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()  // workspace
+                                  .Attr<int64_t>("path"),
+                              {jax_nvfp4::kGraphSafe});
 
 #undef JAX_NVFP4_GEMM_OPERANDS
 
 JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_gemm", GemmFfi);
 JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_gemm_nvfp4_out", GemmNvfp4OutFfi);
+JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_gemm", gemm_call_workspace);
+JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_gemm_nvfp4_out", gemm_call_workspace);
 
 }  // namespace jax_nvfp4

@@ -23,8 +23,13 @@ struct Nvfp4Operand {
   const float* s_dec = nullptr;     // one float32 tensor decode scale
 };
 
+// Which kernel family a launcher with several takes: its own shape heuristic, or a forced one
+// (tests and benchmarks run both of Hopper's on one shape; JAX_NVFP4_GEMM_SM90_PATH).
+enum class GemmPath : int { kAuto = 0, kDecode = 1, kPrefill = 2 };
+
 struct GemmProblem {
   int64_t m = 0, n = 0, k = 0;  // k is a multiple of 16
+  GemmPath path = GemmPath::kAuto;
 
   // A operand: float activations [m, k] (W4A16) or NVFP4 (W4A4).
   bool a_is_nvfp4 = false;
@@ -48,7 +53,7 @@ struct GemmProblem {
   const float* out_s_enc = nullptr;
   float* out_s_dec = nullptr;
 
-  void* workspace = nullptr;  // scratch from XLA (split-K partials etc.)
+  void* workspace = nullptr;  // the call's workspace result (common/workspace_registry.h)
   size_t workspace_bytes = 0;
 };
 

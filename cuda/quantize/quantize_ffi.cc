@@ -5,6 +5,7 @@
 
 #include "common/ffi_registry.h"
 #include "common/ffi_utils.h"
+#include "common/workspace_registry.h"
 #include "quantize/quantize.h"
 
 namespace jax_nvfp4 {
@@ -59,9 +60,11 @@ cudaError_t run_dequantize(int cc, const DequantizeProblem& p, cudaStream_t stre
   return cudaSuccess;
 }
 
-ffi::Error Quantize(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer x,
-                    ffi::Buffer<ffi::F32> s_enc, ffi::Result<ffi::AnyBuffer> codes,
-                    ffi::Result<ffi::AnyBuffer> scales, ffi::Result<ffi::Buffer<ffi::F32>> s_dec) {
+ffi::Error Quantize(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> s_enc,
+                    ffi::Result<ffi::AnyBuffer> codes, ffi::Result<ffi::AnyBuffer> scales,
+                    ffi::Result<ffi::Buffer<ffi::F32>> s_dec,
+                    ffi::Result<ffi::AnyBuffer> workspace) {
+  JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_quantize");
   QuantizeProblem p;
   if (!to_dtype(x.element_type(), &p.x_dtype)) {
     return invalid("quantize takes float32, bfloat16 or float16 input");
@@ -90,7 +93,7 @@ ffi::Error Quantize(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
   p.scales = static_cast<uint8_t*>(scales->untyped_data());
   p.s_dec = s_dec->typed_data();
   p.workspace_bytes = quantize_workspace_bytes(p);
-  if (auto err = allocate_workspace(scratch, p.workspace_bytes, &p.workspace, "jax_nvfp4_quantize");
+  if (auto err = bind_workspace(workspace, p.workspace_bytes, &p.workspace, "jax_nvfp4_quantize");
       err.failure()) {
     return err;
   }
@@ -103,6 +106,7 @@ ffi::Error Quantize(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Any
 
 ffi::Error Dequantize(cudaStream_t stream, ffi::AnyBuffer codes, ffi::AnyBuffer scales,
                       ffi::Buffer<ffi::F32> s_dec, ffi::Result<ffi::AnyBuffer> out) {
+  JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_dequantize");
   DequantizeProblem p;
   if (!to_dtype(out->element_type(), &p.out_dtype)) {
     return invalid("dequantize returns float32, bfloat16 or float16");
@@ -134,6 +138,14 @@ ffi::Error Dequantize(cudaStream_t stream, ffi::AnyBuffer codes, ffi::AnyBuffer 
   return cuda_error(err, "jax_nvfp4 dequantize kernel");
 }
 
+// Operands (x, s_enc): only whether S_enc is given (a non-empty s_enc) matters.
+size_t quantize_call_workspace(const WorkspaceQuery& q) {
+  QuantizeProblem p;
+  static const float given = 0.f;  // the size reads only whether s_enc is set
+  p.s_enc = q.args.at(1).elements() > 0 ? &given : nullptr;
+  return workspace_result_bytes(quantize_workspace_bytes(p));
+}
+
 }  // namespace
 
 // The amax pass accumulates into one 32-bit word (float bits) of the workspace.
@@ -141,17 +153,20 @@ size_t quantize_workspace_bytes(const QuantizeProblem& p) {
   return p.s_enc == nullptr ? 16 : 0;
 }
 
+JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_quantize", quantize_call_workspace);
+
 }  // namespace jax_nvfp4
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_nvfp4_quantize_handler, jax_nvfp4::Quantize,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::ScratchAllocator>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>());
+                                  .Arg<xla::ffi::AnyBuffer>()                // x
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // s_enc
+                                  .Ret<xla::ffi::AnyBuffer>()                // codes
+                                  .Ret<xla::ffi::AnyBuffer>()                // scales
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // s_dec
+                                  .Ret<xla::ffi::AnyBuffer>(),               // workspace
+                              {jax_nvfp4::kGraphSafe});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_nvfp4_dequantize_handler, jax_nvfp4::Dequantize,
                               xla::ffi::Ffi::Bind()
@@ -159,7 +174,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jax_nvfp4_dequantize_handler, jax_nvfp4::Dequantiz
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Ret<xla::ffi::AnyBuffer>());
+                                  .Ret<xla::ffi::AnyBuffer>(),
+                              {jax_nvfp4::kGraphSafe});
 
 JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_quantize", jax_nvfp4_quantize_handler);
 JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_dequantize", jax_nvfp4_dequantize_handler);

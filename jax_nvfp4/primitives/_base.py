@@ -18,7 +18,8 @@ try:  # public home of ShapedArray differs across jax releases
 except ImportError:  # pragma: no cover
     from jax._src.core import ShapedArray
 
-__all__ = ["ShapedArray", "define_primitive", "batch_size", "to_front", "map_batcher", "empty_f32"]
+__all__ = ["ShapedArray", "define_primitive", "ffi_kernel_call", "batch_size", "to_front",
+           "map_batcher", "empty_f32"]
 
 
 def define_primitive(name, *, abstract_eval, reference, kernel, ffi_target, multiple_results=True):
@@ -47,6 +48,19 @@ def define_primitive(name, *, abstract_eval, reference, kernel, ffi_target, mult
 
     mlir.register_lowering(prim, cuda_rule, platform="cuda")
     return prim
+
+
+def ffi_kernel_call(target, result_types, *operands, **attrs):
+    """jax.ffi.ffi_call of `target` returning `result_types` (a list of ShapeDtypeStruct).
+
+    A target that needs device scratch memory takes it as one more uint8 result, sized here by
+    the extension for these shapes and the visible GPU, and dropped from what this returns."""
+    nbytes = _extension.workspace_bytes(target, operands, result_types, attrs)
+    types = list(result_types)
+    if nbytes is not None:
+        types.append(jax.ShapeDtypeStruct((nbytes,), jnp.uint8))
+    outs = jax.ffi.ffi_call(target, types)(*operands, **attrs)
+    return outs[:len(result_types)]
 
 
 def batch_size(args, dims) -> int:

@@ -25,7 +25,8 @@ from jax.interpreters import batching
 
 from jax_nvfp4 import reference
 from jax_nvfp4.format import SCALE_DTYPE
-from jax_nvfp4.primitives._base import ShapedArray, define_primitive, empty_f32, map_batcher
+from jax_nvfp4.primitives._base import (ShapedArray, define_primitive, empty_f32, ffi_kernel_call,
+                                        map_batcher)
 
 CONV_TARGET = "jax_nvfp4_conv"
 
@@ -77,10 +78,10 @@ def _kernel(*args, x_nvfp4, has_bias, window_strides, padding, rhs_dilation, out
     )
     out = jax.ShapeDtypeStruct(_out_shape(x, w_codes, window_strides, padding, rhs_dilation),
                                out_dtype)
-    call = jax.ffi.ffi_call(CONV_TARGET, (out,))
     (sh, sw), ((ph, _), (pw, _)), (dh, dw) = window_strides, padding, rhs_dilation
-    return call(*operands, stride_h=np.int64(sh), stride_w=np.int64(sw), pad_h=np.int64(ph),
-                pad_w=np.int64(pw), dil_h=np.int64(dh), dil_w=np.int64(dw))
+    return ffi_kernel_call(CONV_TARGET, [out], *operands, stride_h=np.int64(sh),
+                           stride_w=np.int64(sw), pad_h=np.int64(ph), pad_w=np.int64(pw),
+                           dil_h=np.int64(dh), dil_w=np.int64(dw))
 
 
 conv_p = define_primitive("nvfp4_conv", abstract_eval=_abstract, reference=_reference,

@@ -19,16 +19,34 @@ The kernel tells W4A16 from W4A4 by a's element type.
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.interpreters import batching
 
 from jax_nvfp4 import reference
 from jax_nvfp4.format import CODE_DTYPE, SCALE_DTYPE, tiled_scales_shape
-from jax_nvfp4.primitives._base import ShapedArray, define_primitive, empty_f32, map_batcher
+from jax_nvfp4.primitives._base import (ShapedArray, define_primitive, empty_f32, ffi_kernel_call,
+                                        map_batcher)
 
 GEMM_TARGET = "jax_nvfp4_gemm"
 GEMM_NVFP4_OUT_TARGET = "jax_nvfp4_gemm_nvfp4_out"
+
+# JAX_NVFP4_GEMM_SM90_PATH=decode|prefill forces one of the Hopper kernel families (tests and
+# benchmarks run both on one shape). It is read when a call is lowered: set it before jit compiles
+# the function (jax.clear_caches() drops compiled ones).
+PATH_ENV = "JAX_NVFP4_GEMM_SM90_PATH"
+_PATHS = {"": 0, "auto": 0, "decode": 1, "prefill": 2}
+
+
+def forced_path() -> int:
+    """The kernel-family attribute of the FFI call (0: the launcher's choice), from PATH_ENV."""
+    value = os.environ.get(PATH_ENV, "")
+    if value not in _PATHS:
+        raise ValueError(f"{PATH_ENV} must be 'decode' or 'prefill' (or unset), got {value!r}")
+    return _PATHS[value]
 
 
 def _unpack(args, a_nvfp4, has_bias, out_nvfp4):
@@ -78,8 +96,8 @@ def _kernel(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype):
     )
     outs = _out_avals(m, n, out_nvfp4, out_dtype)
     target = GEMM_NVFP4_OUT_TARGET if out_nvfp4 else GEMM_TARGET
-    call = jax.ffi.ffi_call(target, [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs])
-    return call(*operands)
+    return ffi_kernel_call(target, [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs], *operands,
+                           path=np.int64(forced_path()))
 
 
 matmul_p = define_primitive(

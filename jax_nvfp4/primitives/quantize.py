@@ -17,7 +17,8 @@ from jax.interpreters import batching
 
 from jax_nvfp4 import reference
 from jax_nvfp4.format import CODE_DTYPE, SCALE_DTYPE, tiled_scales_shape
-from jax_nvfp4.primitives._base import ShapedArray, batch_size, define_primitive, empty_f32, to_front
+from jax_nvfp4.primitives._base import (ShapedArray, batch_size, define_primitive, empty_f32,
+                                        ffi_kernel_call, to_front)
 
 QUANTIZE_TARGET = "jax_nvfp4_quantize"
 DEQUANTIZE_TARGET = "jax_nvfp4_dequantize"
@@ -35,8 +36,8 @@ def _quantize_reference(x, *s_enc):
 
 def _quantize_kernel(x, *s_enc):
     outs = _quantize_abstract(x, *s_enc)
-    call = jax.ffi.ffi_call(QUANTIZE_TARGET, [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs])
-    return call(x, s_enc[0] if s_enc else empty_f32())
+    return ffi_kernel_call(QUANTIZE_TARGET, [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs],
+                           x, s_enc[0] if s_enc else empty_f32())
 
 
 quantize_p = define_primitive(
@@ -75,8 +76,9 @@ def _dequantize_reference(codes, scales, s_dec, *, dtype):
 
 
 def _dequantize_kernel(codes, scales, s_dec, *, dtype):
-    call = jax.ffi.ffi_call(DEQUANTIZE_TARGET, jax.ShapeDtypeStruct(codes.shape, dtype))
-    return call(codes, scales, s_dec)
+    (out,) = ffi_kernel_call(DEQUANTIZE_TARGET, [jax.ShapeDtypeStruct(codes.shape, dtype)],
+                             codes, scales, s_dec)
+    return out
 
 
 dequantize_p = define_primitive(

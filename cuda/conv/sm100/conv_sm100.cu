@@ -328,8 +328,6 @@ size_t shared_bytes(const ConvProblem& p) {
 
 }  // namespace
 
-size_t conv_sm100_workspace_bytes(const ConvProblem&) { return 0; }
-
 cudaError_t conv_sm100(const ConvProblem& p, cudaStream_t stream) {
   if (p.n <= 0 || p.p <= 0 || p.q <= 0 || p.k <= 0) return cudaSuccess;  // empty output
   if (p.c <= 0 || p.c % kBlockSize != 0 || p.s > kMaxTaps || p.r < 1 || p.s < 1 ||

@@ -17,10 +17,6 @@
 
 namespace jax_nvfp4 {
 
-// Scratch bytes conv_sm100 needs in p.workspace (it needs none: the result is accumulated in
-// Tensor Memory and written once).
-size_t conv_sm100_workspace_bytes(const ConvProblem& p);
-
 // Enqueues the convolution on `stream`. Float activations (f32/f16/bf16) are rounded to bf16 for
 // the MMA; NVFP4 activations (x_is_nvfp4; scales tiled per [W, C] matrix of each (n, h)) are
 // dequantized exactly. Returns cudaErrorInvalidValue for a problem the kernel cannot take

@@ -2,9 +2,6 @@
 // float32 result (kept in the workspace) with quantize_sm90.
 #include "gemm/sm90/gemm_sm90.h"
 
-#include <cstdlib>
-#include <cstring>
-
 #include "common/scale_layout.h"
 #include "gemm/sm90/gemm_sm90_internal.h"
 #include "quantize/quantize.h"
@@ -64,22 +61,20 @@ QuantizeProblem quantize_stage(const GemmProblem& p, const float* y, void* ws, s
 }
 
 size_t path_workspace(const GemmProblem& p) {
-  return gemm_sm90_path(p.m) == GemmSm90Path::kDecode ? 0 : sm90::prefill_workspace_bytes(p);
+  return gemm_sm90_path(p) == GemmSm90Path::kDecode ? 0 : sm90::prefill_workspace_bytes(p);
 }
 
 cudaError_t run_path(const GemmProblem& p, cudaStream_t stream) {
-  if (gemm_sm90_path(p.m) == GemmSm90Path::kDecode) return sm90::decode_gemm(p, stream);
+  if (gemm_sm90_path(p) == GemmSm90Path::kDecode) return sm90::decode_gemm(p, stream);
   return sm90::prefill_gemm(p, stream);
 }
 
 }  // namespace
 
-GemmSm90Path gemm_sm90_path(int64_t m) {
-  if (const char* forced = std::getenv("JAX_NVFP4_GEMM_SM90_PATH")) {
-    if (std::strcmp(forced, "decode") == 0) return GemmSm90Path::kDecode;
-    if (std::strcmp(forced, "prefill") == 0) return GemmSm90Path::kPrefill;
-  }
-  return m <= kGemmSm90DecodeMaxM ? GemmSm90Path::kDecode : GemmSm90Path::kPrefill;
+GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
+  if (p.path == GemmPath::kDecode) return GemmSm90Path::kDecode;
+  if (p.path == GemmPath::kPrefill) return GemmSm90Path::kPrefill;
+  return p.m <= kGemmSm90DecodeMaxM ? GemmSm90Path::kDecode : GemmSm90Path::kPrefill;
 }
 
 size_t gemm_sm90_workspace_bytes(const GemmProblem& p) {

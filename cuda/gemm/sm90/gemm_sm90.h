@@ -25,10 +25,9 @@ enum class GemmSm90Path : int { kDecode = 0, kPrefill = 1 };
 // The path gemm_sm90 takes for M activation rows: decode for M <= kGemmSm90DecodeMaxM (there the
 // weights' bytes dominate: 4.5 bits of weight read per 2*M flops), prefill above. Measured on an
 // H200 with both paths forced, the crossover sat at M ~ 64 for N, K in 4096..14336 (see
-// docs/gemm_hopper.md). The environment variable JAX_NVFP4_GEMM_SM90_PATH=decode|prefill overrides it (tests
-// and benchmarks run both paths on one shape with it).
+// docs/gemm_hopper.md). p.path other than kAuto forces one.
 constexpr int64_t kGemmSm90DecodeMaxM = 32;
-GemmSm90Path gemm_sm90_path(int64_t m);
+GemmSm90Path gemm_sm90_path(const GemmProblem& p);
 
 // Device scratch gemm_sm90 needs for p (dequantized operands, the float32 result before NVFP4
 // output, the quantizer's and CUTLASS's scratch). p.workspace must hold this many bytes.

@@ -100,14 +100,18 @@ __device__ __forceinline__ void decode_e2m1x8(uint32_t x, uint32_t (&out)[4]) {
   }
 }
 
-// An E4M3 scale as a bf16 pair (exact), without branches: the 7 magnitude bits placed at float
-// bit 20 read as 2^(e-127)(1+m/8) (subnormal m/8*2^-126 for e = 0); times 2^120 that is the E4M3
-// value. 0x7F/0xFF (NaN) stay NaN, so NaN blocks dequantize to NaN.
-__device__ __forceinline__ uint32_t e4m3_scale_bf16x2(uint32_t bits) {
-  const float v = __uint_as_float(((bits & 0x7Fu) << 20) | ((bits & 0x80u) << 24)) * 0x1p120f;
-  const float s = (bits & 0x7Fu) == 0x7Fu ? __uint_as_float(0x7FC00000u) : v;
-  const __nv_bfloat162 r = __float2bfloat162_rn(s);
-  return *reinterpret_cast<const uint32_t*>(&r);
+// Four E4M3 scales (bytes of `bits`) -> four bf16 pairs (each scale twice), exactly: the hardware
+// converts two at a time to f16 (which holds every E4M3 value; NaN stays NaN), then to bf16.
+__device__ __forceinline__ void e4m3x4_scales_bf16x2(uint32_t bits, uint32_t (&out)[4]) {
+  uint32_t h[2];
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h[0]) : "h"(static_cast<uint16_t>(bits & 0xFFFFu)));
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h[1]) : "h"(static_cast<uint16_t>(bits >> 16)));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float f = __half2float(__ushort_as_half(static_cast<unsigned short>(h[i / 2] >> (16 * (i % 2)))));
+    const __nv_bfloat162 r = __float2bfloat162_rn(f);
+    out[i] = *reinterpret_cast<const uint32_t*>(&r);
+  }
 }
 
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
@@ -158,9 +162,9 @@ NVFP4_HD StageLayout stage_layout(const ConvProblem& pb, const Geometry& g, int 
 // Where slot (phase, slot) of the tile reads, for filter row 0 (conv_sm90_schedule.h,
 // slot_origin); h0 is far out of range when the slot is zero for every filter row.
 struct SlotEntry {
-  int64_t pixel0;  // (n * H + h0) * W + w
+  int64_t offset0;  // element offset of the slot's pixel, ((n * H + h0) * W + w) * C
   int h0, n, w;
-  int dst;         // byte offset of the slot's first 8-channel column in a stage buffer
+  int dst;          // byte offset of the slot's first 8-channel column in a stage buffer
 };
 
 constexpr int kNoRow = -(1 << 30);
@@ -218,12 +222,12 @@ struct Kernel {
       SlotEntry se;
       se.dst = (phase * (kChunkC / 8) * g.slots + slot) * 16;
       if (slot_origin(pb, g, g0, phase, slot, &n, &h0, &w)) {
-        se.pixel0 = (n * pb.h + h0) * pb.w + w;
+        se.offset0 = ((n * pb.h + h0) * pb.w + w) * pb.c;
         se.h0 = static_cast<int>(h0);
         se.n = static_cast<int>(n);
         se.w = static_cast<int>(w);
       } else {
-        se.pixel0 = 0;
+        se.offset0 = 0;
         se.h0 = kNoRow;
         se.n = 0;
         se.w = 0;
@@ -232,42 +236,66 @@ struct Kernel {
     }
   }
 
-  // Issues the loads of stage `it` (filter row r, channel chunk cc) into buffer `smem`.
+  // Issues the loads of stage `it` (filter row r, channel chunk cc) into buffer `smem`. Each
+  // thread's share is fixed per CTA, so the loops only step a slot index or a tap.
   static __device__ void load_stage(const ConvProblem& pb, const Geometry& g, const SlotEntry* table,
                                     int64_t k0, int it, uint8_t* smem, const StageLayout& L) {
     const int r = it / g.c_chunks, cc = it % g.c_chunks;
     const int64_t c_base = static_cast<int64_t>(cc) * kChunkC;
     const int dh = r * pb.dil_h;
-    const int64_t dpix = static_cast<int64_t>(dh) * pb.w;
-    // Activations: thread-consecutive 8-channel columns of one slot, so global reads of a pixel
-    // are contiguous and the 8 shared-memory columns (slots*16 bytes apart, slots odd) hit
-    // distinct banks.
-    const int act_chunks = g.phases * g.slots * (kChunkC / 8);
-    for (int id = threadIdx.x; id < act_chunks; id += kThreads) {
-      const int c8 = id % (kChunkC / 8);
-      const SlotEntry se = table[id / (kChunkC / 8)];
-      const int h = se.h0 + dh;
-      const int64_t c = c_base + c8 * 8;
-      const bool valid = c < pb.c && h >= 0 && h < pb.h;
-      uint8_t* dst = smem + se.dst + c8 * g.slots * 16;
-      if constexpr (kAct == ActKind::kBF16) {
-        const auto* x = static_cast<const __nv_bfloat16*>(pb.x);
-        cp_async<16>(dst, valid ? x + (se.pixel0 + dpix) * pb.c + c : x, valid);
-      } else {
-        load_act_chunk<kAct>(pb, dst, valid, se.n, h, se.w, c);
+    // Activations: thread t loads 8-channel column t % 8 of slots t / 8, t / 8 + kThreads / 8, ...
+    // (8 consecutive threads read a pixel's 128 contiguous bytes; its 8 shared-memory columns are
+    // slots*16 bytes apart, slots odd, so they hit distinct banks).
+    const int c8 = threadIdx.x % 8;
+    const int64_t c = c_base + c8 * 8;
+    const int rows = c < pb.c ? static_cast<int>(pb.h) : 0;  // a channel tail past C loads zeros
+    uint8_t* dst_col = smem + c8 * g.slots * 16;
+    const int entries = g.phases * g.slots;
+    if constexpr (kAct == ActKind::kBF16) {
+      const auto* x = static_cast<const __nv_bfloat16*>(pb.x);
+      const int64_t row_off = static_cast<int64_t>(dh) * pb.w * pb.c + c;
+      for (int e = threadIdx.x / 8; e < entries; e += kThreads / 8) {
+        const SlotEntry& se = table[e];
+        const int h = se.h0 + dh;
+        const bool valid = static_cast<unsigned>(h) < static_cast<unsigned>(rows);
+        cp_async<16>(dst_col + se.dst, valid ? x + se.offset0 + row_off : x, valid);
+      }
+    } else {
+      for (int e = threadIdx.x / 8; e < entries; e += kThreads / 8) {
+        const SlotEntry& se = table[e];
+        const int h = se.h0 + dh;
+        const bool valid = static_cast<unsigned>(h) < static_cast<unsigned>(rows);
+        load_act_chunk<kAct>(pb, dst_col + se.dst, valid, se.n, h, se.w, c);
       }
     }
-    // Weight codes: kBM rows x 32 bytes per tap, in 8-byte pieces (C/2 is a multiple of 8).
+    // Weight codes: thread t loads 16 of the 32 bytes of row t / 2 (kThreads = 2 * kBM) of
+    // every tap; taps are K rows apart.
     uint8_t* codes = smem + L.act_bytes;
-    const int64_t row_bytes = pb.c / 2;
-    const int code_chunks = pb.s * kBM * (kCodeRowBytes / 8);
-    for (int id = threadIdx.x; id < code_chunks; id += kThreads) {
-      const int part = id % (kCodeRowBytes / 8), rest = id / (kCodeRowBytes / 8);
-      const int row = rest % kBM, s = rest / kBM;
-      const int64_t k = k0 + row, byte = c_base / 2 + part * 8;
+    {
+      const int64_t row_bytes = pb.c / 2;
+      const int row = threadIdx.x / 2, part = threadIdx.x % 2;
+      const int64_t k = k0 + row, byte = c_base / 2 + part * 16;
+      const int64_t tap_bytes = pb.k * row_bytes;
+      const uint8_t* src = pb.wgt.codes + (static_cast<int64_t>(r) * pb.s * pb.k + k) * row_bytes + byte;
+      uint8_t* dst = codes + row * kCodeRowBytes + part * 16;
+      const int taps = kS > 0 ? kS : pb.s;
       const bool valid = k < pb.k && byte < row_bytes;
-      const uint8_t* src = pb.wgt.codes + ((static_cast<int64_t>(r) * pb.s + s) * pb.k + k) * row_bytes + byte;
-      cp_async<8>(codes + (s * kBM + row) * kCodeRowBytes + part * 8, valid ? src : pb.wgt.codes, valid);
+      if (row_bytes % 16 == 0) {
+#pragma unroll
+        for (int s = 0; s < taps; ++s) {
+          cp_async<16>(dst + s * kBM * kCodeRowBytes, valid ? src + s * tap_bytes : pb.wgt.codes, valid);
+        }
+      } else {
+        // C % 32 == 16: rows are only 8-byte aligned, and the upper half of the last piece lies
+        // past the row.
+        const bool valid_hi = k < pb.k && byte + 8 < row_bytes;
+#pragma unroll
+        for (int s = 0; s < taps; ++s) {
+          cp_async<8>(dst + s * kBM * kCodeRowBytes, valid ? src + s * tap_bytes : pb.wgt.codes, valid);
+          cp_async<8>(dst + s * kBM * kCodeRowBytes + 8, valid_hi ? src + s * tap_bytes + 8 : pb.wgt.codes,
+                      valid_hi);
+        }
+      }
     }
     // Weight scales: the one 512-byte tile of (rows k0 / 128, channel chunk cc) of every tap.
     uint8_t* scales = codes + L.code_bytes;
@@ -293,19 +321,18 @@ struct Kernel {
     const uint4 c0[2] = {p0[0], p0[1]}, c1[2] = {p1[0], p1[1]};
     const uint32_t* w0 = reinterpret_cast<const uint32_t*>(&c0[0]);
     const uint32_t* w1 = reinterpret_cast<const uint32_t*>(&c1[0]);
-    const uint32_t sc0 = *reinterpret_cast<const uint32_t*>(scales + s * kTileBytes + (tr0 % 32) * 16 + (tr0 / 32) * 4);
-    const uint32_t sc1 = *reinterpret_cast<const uint32_t*>(scales + s * kTileBytes + (tr1 % 32) * 16 + (tr1 / 32) * 4);
+    uint32_t s0[4], s1[4];
+    e4m3x4_scales_bf16x2(*reinterpret_cast<const uint32_t*>(scales + s * kTileBytes + (tr0 % 32) * 16 + (tr0 / 32) * 4), s0);
+    e4m3x4_scales_bf16x2(*reinterpret_cast<const uint32_t*>(scales + s * kTileBytes + (tr1 % 32) * 16 + (tr1 / 32) * 4), s1);
 #pragma unroll
     for (int kk = 0; kk < kChunkC / 16; ++kk) {
       const uint32_t lo = prmt(w0[2 * kk], w1[2 * kk], sel), hi = prmt(w0[2 * kk + 1], w1[2 * kk + 1], sel);
       uint32_t v[4];
       decode_e2m1x8(prmt(lo, hi, 0x5410u), v);
-      const uint32_t s0 = e4m3_scale_bf16x2((sc0 >> (8 * kk)) & 0xFF);
-      const uint32_t s1 = e4m3_scale_bf16x2((sc1 >> (8 * kk)) & 0xFF);
-      frag[kk][0] = bf16x2_mul(v[0], s0);  // exact: <= 6 significant bits, in range
-      frag[kk][1] = bf16x2_mul(v[1], s1);
-      frag[kk][2] = bf16x2_mul(v[2], s0);
-      frag[kk][3] = bf16x2_mul(v[3], s1);
+      frag[kk][0] = bf16x2_mul(v[0], s0[kk]);  // exact: <= 6 significant bits, in range
+      frag[kk][1] = bf16x2_mul(v[1], s1[kk]);
+      frag[kk][2] = bf16x2_mul(v[2], s0[kk]);
+      frag[kk][3] = bf16x2_mul(v[3], s1[kk]);
     }
   }
 
@@ -393,9 +420,60 @@ struct Kernel {
     }
   }
 
+  // Epilogue through shared memory, for 2-byte outputs with K % 8 == 0: the scaled accumulators
+  // are written to a [BN pixels][BM + 8] tile over the stage buffers (the 8-element pad puts a
+  // warp's 4 pixel columns on distinct banks), then every 8 channels of a pixel leave with one
+  // 16-byte store instead of 8 scattered 2-byte ones.
+  template <typename T>
+  static __device__ void epilogue_staged(const ConvProblem& pb, const Geometry& g, int64_t g0, int64_t k0,
+                                         const float (&acc)[kAcc], uint8_t* smem) {
+    constexpr int kPitch = kBM + 8;
+    T* tile = reinterpret_cast<T*>(smem);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int t = lane % 4;
+    const int row0 = (warp / 4) * 64 + (warp % 4) * 16 + lane / 4;
+    float alpha = *pb.wgt.s_dec;
+    if (pb.x_is_nvfp4) alpha *= *pb.x_q.s_dec;
+    float bias[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t k = k0 + row0 + 8 * i;
+      if (pb.bias != nullptr && k < pb.k) bias[i] = read_as_float(pb.bias, pb.bias_dtype, k);
+    }
+    __syncthreads();  // every warp's wgmmas have retired: the stage buffers are free
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float v = acc[j * 4 + 2 * i + e] * alpha + bias[i];
+          if constexpr (std::is_same_v<T, __half>) tile[(8 * j + 2 * t + e) * kPitch + row0 + 8 * i] = __float2half_rn(v);
+          else tile[(8 * j + 2 * t + e) * kPitch + row0 + 8 * i] = __float2bfloat16_rn(v);
+        }
+      }
+    }
+    __syncthreads();
+    constexpr int kChunks = kBM / 8;             // 16-byte pieces per pixel
+    constexpr int kStep = kThreads / kChunks;    // pixels per pass (16)
+    const int part = threadIdx.x % kChunks;
+    const int64_t k = k0 + part * 8;
+    if (k >= pb.k) return;
+    T* out = static_cast<T*>(pb.out) + k;
+    ColumnWalker col(g, g0 + threadIdx.x / kChunks);
+#pragma unroll 4
+    for (int j = threadIdx.x / kChunks; j < kBN; j += kStep) {
+      if (col.is_output(pb)) {
+        *reinterpret_cast<uint4*>(out + (col.row * pb.q + col.vq) * pb.k) =
+            *reinterpret_cast<const uint4*>(tile + j * kPitch + part * 8);
+      }
+      col.advance(g, kStep);
+    }
+  }
+
   // nbuf (2 or 3) stage buffers in a ring; one barrier per stage: at the top of iteration it,
   // every thread has retired stage it-1's wgmmas, so its buffer takes stage it + nbuf - 1.
-  static __device__ void run(const ConvProblem& pb, const Geometry& g, int nbuf) {
+  static __device__ void run(const ConvProblem& pb, const Geometry& g, int nbuf, bool staged) {
     extern __shared__ __align__(128) uint8_t smem[];
     const StageLayout L = stage_layout(pb, g, kBM);
     auto* table = reinterpret_cast<SlotEntry*>(smem + nbuf * L.total());
@@ -423,13 +501,20 @@ struct Kernel {
         cp_async_commit();  // possibly empty: keeps one group per stage for the waits above
       });
     }
-    epilogue(pb, g, g0, k0, acc);
+    if (staged) {
+      cp_async_wait<0>();  // only empty groups remain; nothing may land in the tile later
+      if (pb.out_dtype == DType::kF16) epilogue_staged<__half>(pb, g, g0, k0, acc, smem);
+      else epilogue_staged<__nv_bfloat16>(pb, g, g0, k0, acc, smem);
+    } else {
+      epilogue(pb, g, g0, k0, acc);
+    }
   }
 };
 
 template <ActKind kAct, int kBN, int kWGM, int kS>
-__global__ void __launch_bounds__(128 * kWGM, 1) conv_sm90_kernel(const ConvProblem pb, const Geometry g, int nbuf) {
-  Kernel<kAct, kBN, kWGM, kS>::run(pb, g, nbuf);
+__global__ void __launch_bounds__(128 * kWGM, 1) conv_sm90_kernel(const ConvProblem pb, const Geometry g, int nbuf,
+                                                                   bool staged) {
+  Kernel<kAct, kBN, kWGM, kS>::run(pb, g, nbuf, staged);
 }
 
 // Three stage buffers when that still leaves room for two CTAs per SM, else two.
@@ -440,11 +525,16 @@ cudaError_t launch(const ConvProblem& pb, cudaStream_t stream, int max_smem) {
   const int nbuf = pb.r * g.c_chunks > 2 && 3 * stage + table <= 112 * 1024 ? 3 : 2;
   const int smem = nbuf * stage + table;
   if (smem > max_smem) return cudaErrorInvalidValue;
+  // The shared-memory epilogue needs 2-byte outputs, 16-byte aligned pixel rows, and room for
+  // its [BN][BM + 8] tile in the stage buffers.
+  const bool staged = (pb.out_dtype == DType::kBF16 || pb.out_dtype == DType::kF16) && pb.k % 8 == 0 &&
+                      reinterpret_cast<uintptr_t>(pb.out) % 16 == 0 &&
+                      kBN * (64 * kWGM + 8) * 2 <= nbuf * stage;
   auto* kernel = conv_sm90_kernel<kAct, kBN, kWGM, kS>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(g.pixel_tiles), static_cast<unsigned>(ceil_div(pb.k, 64 * kWGM)));
-  kernel<<<grid, 128 * kWGM, smem, stream>>>(pb, g, nbuf);
+  kernel<<<grid, 128 * kWGM, smem, stream>>>(pb, g, nbuf, staged);
   return cudaGetLastError();
 }
 

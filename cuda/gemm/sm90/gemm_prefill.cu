@@ -50,27 +50,38 @@ __device__ __forceinline__ uint4 dequant_word_ordered(uint32_t word, uint32_t sc
 // The preparation kernels walk rows with the grid (one row per block at a time) and a row's
 // elements with the block's threads: 32-bit column math, no per-element 64-bit division.
 
+constexpr int kDequantUnroll = 4;  // words a thread loads before converting any
+
 // NVFP4 [rows, k] -> bf16 [out_rows, copies * k] (each row written `copies` times along K; rows
-// past `rows` zero). One thread per 16-element block of a row.
+// past `rows` zero). Thread t converts words t, t + blockDim, ... of a row (8 codes in, 16 bytes
+// out), so a warp's 4-byte loads and 16-byte stores are both contiguous, and it issues
+// kDequantUnroll loads before it waits on one: the pass is a memory stream (4.5 bits in, 16 out).
 __global__ void dequantize_rows(Nvfp4Operand src, int64_t rows, int64_t out_rows, int64_t k,
                                 int copies, __nv_bfloat16* dst) {
-  const int kb = static_cast<int>(k / kBlockSize);
+  const int words = static_cast<int>(k / 8);
+  const int step = static_cast<int>(blockDim.x);
   for (int64_t r = blockIdx.x; r < out_rows; r += gridDim.x) {
-    const uint8_t* codes = src.codes + r * (k / 2);
-    const uint8_t* scales = src.scales + scale_offset(r, 0, kb);
-    __nv_bfloat16* out_row = dst + r * copies * k;
-    for (int b = threadIdx.x; b < kb; b += blockDim.x) {
-      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-      if (r < rows) {
-        const uint2 c = *reinterpret_cast<const uint2*>(codes + b * 8);
-        const uint32_t s = widen_scale(scales[row_scale_offset(b)]);
-        lo = dequant_word_ordered(c.x, s);
-        hi = dequant_word_ordered(c.y, s);
+    const uint32_t* codes = reinterpret_cast<const uint32_t*>(src.codes + r * (k / 2));
+    const uint8_t* scales = src.scales + scale_offset(r, 0, k / kBlockSize);
+    uint4* out_row = reinterpret_cast<uint4*>(dst + r * copies * k);
+    const bool valid = r < rows;
+    for (int w0 = threadIdx.x; w0 < words; w0 += kDequantUnroll * step) {
+      uint32_t c[kDequantUnroll];
+      uint8_t s[kDequantUnroll];
+#pragma unroll
+      for (int u = 0; u < kDequantUnroll; ++u) {
+        const int w = w0 + u * step;
+        const bool load = valid && w < words;
+        c[u] = load ? __ldg(codes + w) : 0u;
+        s[u] = load ? __ldg(scales + row_scale_offset(w / 2)) : uint8_t{0};
       }
-      for (int c = 0; c < copies; ++c) {
-        uint4* out = reinterpret_cast<uint4*>(out_row + c * k + b * kBlockSize);
-        out[0] = lo;
-        out[1] = hi;
+#pragma unroll
+      for (int u = 0; u < kDequantUnroll; ++u) {
+        const int w = w0 + u * step;
+        if (w < words) {
+          const uint4 v = dequant_word_ordered(c[u], widen_scale(s[u]));
+          for (int copy = 0; copy < copies; ++copy) out_row[copy * words + w] = v;
+        }
       }
     }
   }
@@ -202,13 +213,14 @@ cudaError_t prefill_gemm(const GemmProblem& p, cudaStream_t stream) {
   auto* alpha = reinterpret_cast<float*>(ws + plan.off_alpha);
   auto* bias = reinterpret_cast<float*>(ws + plan.off_bias);
   constexpr int kThreads = 256;
+  constexpr int kDequantThreads = 128;  // K = 4096: every thread's kDequantUnroll loads in use
 
-  dequantize_rows<<<grid_rows(plan.n_pad), kThreads, 0, stream>>>(
+  dequantize_rows<<<grid_rows(plan.n_pad), kDequantThreads, 0, stream>>>(
       p.b, p.n, plan.n_pad, p.k, plan.copies, w_bf16);
   epilogue_operands<<<grid_for(plan.n_pad, kThreads), kThreads, 0, stream>>>(p, plan.n_pad, alpha, bias);
   const void* a = p.a;
   if (p.a_is_nvfp4) {
-    dequantize_rows<<<grid_rows(p.m), kThreads, 0, stream>>>(
+    dequantize_rows<<<grid_rows(p.m), kDequantThreads, 0, stream>>>(
         p.a_q, p.m, p.m, p.k, 1, x_bf16);
     a = x_bf16;
   } else if (p.a_dtype == DType::kF32) {

@@ -23,12 +23,16 @@ namespace sm90 {
 
 using cute::Shape;
 using cute::_1;
+using cute::_2;
 using cute::_64;
 using cute::_128;
 using cute::_256;
 
 // D[M, N] (row-major) = alpha * A[M, K] (row-major) . B[N, K]^T + bias[N], A and B bf16.
-template <class ElementD>
+// The tile, the cluster and the tile scheduler are parameters so bench/prefill_gemm_bench.cu can
+// time alternatives; the defaults are the configuration the library uses.
+template <class ElementD, class TileShape_ = Shape<_128, _256, _64>,
+          class ClusterShape_ = Shape<_1, _1, _1>, class Scheduler = cutlass::gemm::StreamKScheduler>
 struct WgmmaGemm {
   using ElementAB = cutlass::bfloat16_t;
   using LayoutA = cutlass::layout::RowMajor;
@@ -36,8 +40,8 @@ struct WgmmaGemm {
   using LayoutD = cutlass::layout::RowMajor;
   static constexpr int kAlignAB = 8;
   static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
-  using TileShape = Shape<_128, _256, _64>;
-  using ClusterShape = Shape<_1, _1, _1>;
+  using TileShape = TileShape_;
+  using ClusterShape = ClusterShape_;
   using Fusion = cutlass::epilogue::fusion::LinCombPerColBias<ElementD, float, float, ElementD, float>;
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
@@ -52,11 +56,13 @@ struct WgmmaGemm {
           sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
-                                                      cutlass::gemm::StreamKScheduler>;
+                                                      Scheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
+  // max_swizzle_size (1, 2, 4, 8) groups tiles so that consecutive ones share operand rows in L2.
   static typename Gemm::Arguments arguments(int m, int n, int k, const void* a, const void* b,
-                                            void* d, const float* alpha, const float* bias) {
+                                            void* d, const float* alpha, const float* bias,
+                                            int max_swizzle_size = 1) {
     using StrideA = typename Kernel::StrideA;
     using StrideB = typename Kernel::StrideB;
     using StrideC = typename Kernel::StrideC;
@@ -74,6 +80,7 @@ struct WgmmaGemm {
     args.epilogue.thread.alpha_ptr = alpha;
     args.epilogue.thread.beta = 0.f;
     args.epilogue.thread.bias_ptr = bias;
+    args.scheduler.max_swizzle_size = max_swizzle_size;
     return args;
   }
 
@@ -82,9 +89,10 @@ struct WgmmaGemm {
   }
 
   static cudaError_t run(int m, int n, int k, const void* a, const void* b, void* d,
-                         const float* alpha, const float* bias, void* workspace, cudaStream_t stream) {
+                         const float* alpha, const float* bias, void* workspace, cudaStream_t stream,
+                         int max_swizzle_size = 1) {
     Gemm gemm;
-    const auto args = arguments(m, n, k, a, b, d, alpha, bias);
+    const auto args = arguments(m, n, k, a, b, d, alpha, bias, max_swizzle_size);
     if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
     if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) {
       return cudaErrorLaunchFailure;

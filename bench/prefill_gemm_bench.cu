@@ -1,0 +1,149 @@
+// Times configurations of the prefill path's CUTLASS wgmma GEMM (cuda/gemm/sm90/wgmma_gemm.cuh)
+// on the device without JAX, to choose the library's tile, cluster and scheduler.
+//
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -I cuda
+//        -DVARIANT=n -o prefill_gemm_bench_n bench/prefill_gemm_bench.cu
+//   ./prefill_gemm_bench_n
+//
+// One configuration per binary (VARIANT, below), so they compile in parallel. Each shape runs
+// with max_swizzle_size 1 and 4; bf16 operands with random values, bf16 output; a few output
+// elements are checked against a float64 host dot product. Prints one table row per shape.
+#ifndef NDEBUG
+#define NDEBUG  // see wgmma_gemm_bf16.cu: device asserts would serialize the wgmma pipeline
+#endif
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "gemm/sm90/wgmma_gemm.cuh"
+
+namespace jax_nvfp4 {
+namespace sm90 {
+int sm_count() {  // the library's is in gemm_sm90.cu, which this benchmark does not link
+  int device = 0, count = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+  return count;
+}
+}  // namespace sm90
+}  // namespace jax_nvfp4
+
+using namespace jax_nvfp4::sm90;
+using cutlass::gemm::PersistentScheduler;
+using cutlass::gemm::StreamKScheduler;
+
+#ifndef VARIANT
+#define VARIANT 0
+#endif
+#if VARIANT == 0
+using Config = WgmmaGemm<cutlass::bfloat16_t>;  // the library's
+static const char* kName = "128x256 c1x1 streamK";
+#elif VARIANT == 1
+using Config = WgmmaGemm<cutlass::bfloat16_t, Shape<_128, _256, _64>, Shape<_2, _1, _1>>;
+static const char* kName = "128x256 c2x1 streamK";
+#elif VARIANT == 2
+using Config = WgmmaGemm<cutlass::bfloat16_t, Shape<_128, _256, _64>, Shape<_1, _2, _1>>;
+static const char* kName = "128x256 c1x2 streamK";
+#elif VARIANT == 3
+using Config =
+    WgmmaGemm<cutlass::bfloat16_t, Shape<_128, _256, _64>, Shape<_2, _1, _1>, PersistentScheduler>;
+static const char* kName = "128x256 c2x1 persistent";
+#elif VARIANT == 4
+using Config = WgmmaGemm<cutlass::bfloat16_t, Shape<_256, _128, _64>, Shape<_1, _2, _1>>;
+static const char* kName = "256x128 c1x2 streamK";
+#endif
+
+#define CHECK(x)                                                                  \
+  do {                                                                            \
+    cudaError_t e_ = (x);                                                         \
+    if (e_ != cudaSuccess) {                                                      \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                               \
+    }                                                                             \
+  } while (0)
+
+int main() {
+  struct Shape3 { int m, n, k; };
+  const Shape3 shapes[] = {{256, 14336, 4096}, {1024, 14336, 4096}, {4096, 14336, 4096},
+                           {8192, 14336, 4096}, {256, 4096, 4096},   {4096, 4096, 4096},
+                           {4096, 4096, 14336}, {8192, 6144, 4096}};
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device %s, variant %s\n", prop.name, kName);
+  std::mt19937 rng(0);
+  std::normal_distribution<float> normal;
+  cudaStream_t stream;
+  CHECK(cudaStreamCreate(&stream));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+
+  for (const Shape3& s : shapes) {
+    std::vector<__nv_bfloat16> a(size_t(s.m) * s.k), b(size_t(s.n) * s.k);
+    for (auto& v : a) v = __float2bfloat16(normal(rng));
+    for (auto& v : b) v = __float2bfloat16(normal(rng) * 0.05f);
+    void *da, *db, *dd, *ws = nullptr;
+    float *alpha, *bias;
+    CHECK(cudaMalloc(&da, a.size() * 2));
+    CHECK(cudaMalloc(&db, b.size() * 2));
+    CHECK(cudaMalloc(&dd, size_t(s.m) * s.n * 2));
+    CHECK(cudaMalloc(&alpha, sizeof(float)));
+    CHECK(cudaMalloc(&bias, size_t(s.n) * sizeof(float)));
+    CHECK(cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
+    const float one = 1.f;
+    CHECK(cudaMemcpy(alpha, &one, sizeof(float), cudaMemcpyHostToDevice));
+    CHECK(cudaMemset(bias, 0, size_t(s.n) * sizeof(float)));
+    const size_t ws_bytes = Config::workspace_bytes(s.m, s.n, s.k);
+    if (ws_bytes) CHECK(cudaMalloc(&ws, ws_bytes));
+
+    std::printf("| %s | %d | %d | %d |", kName, s.m, s.n, s.k);
+    for (int swizzle : {1, 4}) {
+      auto call = [&] {
+        CHECK(Config::run(s.m, s.n, s.k, da, db, dd, alpha, bias, ws, stream, swizzle));
+      };
+      for (int i = 0; i < 3; ++i) call();
+      constexpr int kCalls = 20;
+      std::vector<float> per_call;
+      for (int rep = 0; rep < 5; ++rep) {
+        CHECK(cudaEventRecord(start, stream));
+        for (int i = 0; i < kCalls; ++i) call();
+        CHECK(cudaEventRecord(stop, stream));
+        CHECK(cudaEventSynchronize(stop));
+        float ms = 0.f;
+        CHECK(cudaEventElapsedTime(&ms, start, stop));
+        per_call.push_back(ms * 1e3f / kCalls);
+      }
+      std::sort(per_call.begin(), per_call.end());
+      const double us = per_call[per_call.size() / 2];
+      std::printf(" %.1f us %.0f TF/s |", us, 2.0 * s.m * s.n * s.k / us * 1e-6);
+    }
+    // A few outputs against a float64 dot product of the same bf16 operands.
+    std::vector<__nv_bfloat16> d(size_t(s.m) * s.n);
+    CHECK(cudaMemcpy(d.data(), dd, d.size() * 2, cudaMemcpyDeviceToHost));
+    double worst = 0.0;
+    for (int t = 0; t < 64; ++t) {
+      const int i = int(rng() % s.m), j = int(rng() % s.n);
+      double want = 0.0, scale = 0.0;
+      for (int q = 0; q < s.k; ++q) {
+        const double p = double(__bfloat162float(a[size_t(i) * s.k + q])) *
+                         double(__bfloat162float(b[size_t(j) * s.k + q]));
+        want += p;
+        scale += std::fabs(p);
+      }
+      worst = std::max(worst, std::fabs(double(__bfloat162float(d[size_t(i) * s.n + j])) - want) / scale);
+    }
+    std::printf(" err %.1e%s\n", worst, worst < 1e-2 ? "" : " FAIL");
+    CHECK(cudaFree(da));
+    CHECK(cudaFree(db));
+    CHECK(cudaFree(dd));
+    CHECK(cudaFree(alpha));
+    CHECK(cudaFree(bias));
+    if (ws) CHECK(cudaFree(ws));
+  }
+  return 0;
+}

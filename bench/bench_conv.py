@@ -49,15 +49,18 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
     p = (h + 2 * ((r - 1) // 2) - r) // stride + 1
     halo = (s - 1) // stride
     wv = q + halo
-    bm = 64 if k <= 64 else 128
-    k_tiles = -(-k // bm)
-    bn = 256 if -(-(n * p * wv) // 256) * k_tiles >= 2 * sms else 128
-    tiles = -(-(n * p * wv) // bn)
+    tiles = lambda bn: -(-(n * p * wv) // bn)  # noqa: E731
+    narrow = k <= 64 or tiles(128) * -(-k // 128) < 2 * sms
+    k_tiles = -(-k // (64 if narrow else 128))
+    if narrow and 2 * tiles(128) * k_tiles <= sms:
+        bn = 64
+    else:
+        bn = 256 if tiles(256) * k_tiles >= 2 * sms else 128
     slots = (bn + halo) | 1
     chunks = -(-c // CHUNK_C)
     per_stage_reuse = stride * slots * CHUNK_C * 2
     per_stage_plain = s * bn * CHUNK_C * 2
-    stages = tiles * k_tiles * r * chunks
+    stages = tiles(bn) * k_tiles * r * chunks
     return stages * per_stage_reuse, stages * per_stage_plain, bn
 
 

@@ -3,8 +3,8 @@ lax.conv_general_dilated and PyTorch's cuDNN conv2d (channels_last, bf16, benchm
 
     python bench/bench_conv.py --out DIR
 
-Ours and XLA are timed on the device: many calls inside one jitted lax.fori_loop whose next input
-depends on the previous output (a one-element in-place update, so XLA cannot hoist the op);
+Ours and XLA are timed on the device: many calls inside one jitted lax.fori_loop
+(_timing.loop_time, without rotating operand copies: all three keep one input set warm in L2);
 PyTorch with CUDA events. Medians of several repeats. Also reports the activation bytes the sm_90a
 kernel loads from global memory into shared memory with and without the shifted-operand reuse,
 counted from its schedule (cuda/conv/sm90/conv_sm90_schedule.h)."""
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import statistics
-import time
 from pathlib import Path
 
 import jax
@@ -23,6 +22,7 @@ import numpy as np
 from jax import lax
 
 import jax_nvfp4 as jn
+from _timing import loop_time  # bench/ is the script's folder
 
 # name: (N, H, W, C, K, R, S, stride, padding)
 SHAPES = [
@@ -62,25 +62,6 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
     per_stage_plain = s * bn * CHUNK_C * 2
     stages = tiles(bn) * k_tiles * r * chunks
     return stages * per_stage_reuse, stages * per_stage_plain, bn
-
-
-def time_jax(fn, x, w, iters=50, repeats=5):
-    """Median seconds per call of fn(x, w) in a jitted fori_loop with a data dependency."""
-
-    @jax.jit
-    def loop(x, w):
-        def body(_, xc):
-            y = fn(xc, w)
-            return xc.at[0, 0, 0, 0].set(y[0, 0, 0, 0].astype(xc.dtype))
-        return lax.fori_loop(0, iters, body, x)
-
-    loop(x, w).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        loop(x, w).block_until_ready()
-        times.append((time.perf_counter() - t0) / iters)
-    return statistics.median(times)
 
 
 def time_torch(n, h, w, c, k, r, s, stride, iters=50, repeats=5):
@@ -125,8 +106,8 @@ def main():
         ours = lambda xc, wq, st=stride: jn.conv(xc, wq, window_strides=(st, st), padding=padding)  # noqa: E731
         xla = lambda xc, wb, st=stride: lax.conv_general_dilated(  # noqa: E731
             xc, wb, (st, st), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
-        t_ours = time_jax(ours, x, wq)
-        t_xla = time_jax(xla, x, w_bf16)
+        t_ours = loop_time(ours, (x, wq), rotate=False)
+        t_xla = loop_time(xla, (x, w_bf16), rotate=False)
         t_torch = time_torch(n, h, w, c, k, r, s, stride)
         out = jn.conv(x, wq, window_strides=(stride, stride), padding=padding)
         flops = 2.0 * out.shape[0] * out.shape[1] * out.shape[2] * k * r * s * c

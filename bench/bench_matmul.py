@@ -105,7 +105,7 @@ def write_report(rows, out, device, bw):
              "%HBM: (NVFP4 weight + bf16 x/out bytes) / time / HBM; %MMA: flops / time / MMA ceiling.",
              "", "| M | N | K | ours W4A16 | ours W4A4 | bf16 dot | fp8 dot | scaled_matmul nvfp4 | "
              "XLA dequant+dot | vs bf16 | vs fp8 | vs scaled_mm | vs dequant+dot | TFLOP/s | %HBM | %MMA |",
-             "|" + "---|" * 17]
+             "|" + "---|" * 16]
     for r in rows:
         o = r["ours_w4a16"]
         lines.append(
@@ -122,6 +122,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("bench_out"))
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
+    ap.add_argument("--ms", type=lambda v: [int(m) for m in v.split(",")], default=None,
+                    help="comma-separated M values (default: all)")
     ap.add_argument("--paths", action="store_true",
                     help="also time the sm90 decode and prefill paths forced at a few M")
     args = ap.parse_args()
@@ -132,7 +134,7 @@ def main():
     names = list(variants(1, 16, 16, jax.random.key(0)))
     rows = []
     for n, k in (QUICK_NK if args.quick else SHAPES_NK):
-        for m in (QUICK_MS if args.quick else MS):
+        for m in args.ms or (QUICK_MS if args.quick else MS):
             row = {"M": m, "N": n, "K": k}
             for name, (fn, ops) in variants(m, n, k, jax.random.key(m + n + k)).items():
                 try:

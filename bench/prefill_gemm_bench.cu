@@ -40,7 +40,7 @@ using cutlass::gemm::StreamKScheduler;
 #define VARIANT 0
 #endif
 #if VARIANT == 0
-using Config = WgmmaGemm<cutlass::bfloat16_t>;  // the library's
+using Config = WgmmaGemm<cutlass::bfloat16_t, Shape<_128, _256, _64>, Shape<_1, _1, _1>>;
 static const char* kName = "128x256 c1x1 streamK";
 #elif VARIANT == 1
 using Config = WgmmaGemm<cutlass::bfloat16_t, Shape<_128, _256, _64>, Shape<_2, _1, _1>>;
@@ -53,7 +53,7 @@ using Config =
     WgmmaGemm<cutlass::bfloat16_t, Shape<_128, _256, _64>, Shape<_2, _1, _1>, PersistentScheduler>;
 static const char* kName = "128x256 c2x1 persistent";
 #elif VARIANT == 4
-using Config = WgmmaGemm<cutlass::bfloat16_t, Shape<_256, _128, _64>, Shape<_1, _2, _1>>;
+using Config = WgmmaGemm<cutlass::bfloat16_t>;  // the library's: 256x128, cluster 1x2, stream-K
 static const char* kName = "256x128 c1x2 streamK";
 #endif
 

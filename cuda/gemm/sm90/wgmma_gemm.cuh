@@ -2,10 +2,11 @@
 // (wgmma_gemm_{f32,bf16,f16}.cu, compiled in parallel).
 //
 // CUTLASS's sm90 kernel built from its collective builders: TMA loads into a multi-stage
-// shared-memory pipeline, a producer warp and two consumer warpgroups issuing wgmma (HGMMA) with
-// float32 accumulators, a persistent stream-K tile scheduler (it splits K, deterministically,
-// when M x N has too few 128x256 tiles to fill the GPU), and an epilogue computing
-// alpha * acc + bias[n] (alpha read from device memory) with a TMA store.
+// shared-memory pipeline (256x128x64 tiles; clusters of 2 along N share each A tile by TMA
+// multicast), a producer warp and two consumer warpgroups issuing wgmma (HGMMA) with float32
+// accumulators, a persistent stream-K tile scheduler (it splits K, deterministically, when M x N
+// has too few tiles to fill the GPU), and an epilogue computing alpha * acc + bias[n] (alpha read
+// from device memory) with a TMA store.
 #pragma once
 
 #include "cute/tensor.hpp"
@@ -31,8 +32,8 @@ using cute::_256;
 // D[M, N] (row-major) = alpha * A[M, K] (row-major) . B[N, K]^T + bias[N], A and B bf16.
 // The tile, the cluster and the tile scheduler are parameters so bench/prefill_gemm_bench.cu can
 // time alternatives; the defaults are the configuration the library uses.
-template <class ElementD, class TileShape_ = Shape<_128, _256, _64>,
-          class ClusterShape_ = Shape<_1, _1, _1>, class Scheduler = cutlass::gemm::StreamKScheduler>
+template <class ElementD, class TileShape_ = Shape<_256, _128, _64>,
+          class ClusterShape_ = Shape<_1, _2, _1>, class Scheduler = cutlass::gemm::StreamKScheduler>
 struct WgmmaGemm {
   using ElementAB = cutlass::bfloat16_t;
   using LayoutA = cutlass::layout::RowMajor;

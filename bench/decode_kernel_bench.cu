@@ -27,21 +27,6 @@
 #include "common/scale_layout.h"
 #include "gemm/sm90/gemm_sm90_internal.h"
 
-namespace jax_nvfp4 {
-namespace sm90 {
-// The library defines this in gemm_sm90.cu (with the CUTLASS kernels); the benchmark links
-// gemm_decode.cu alone.
-int sm_count() {
-  static int count = [] {
-    int dev = 0, n = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n;
-  }();
-  return count;
-}
-}  // namespace sm90
-}  // namespace jax_nvfp4
 
 using namespace jax_nvfp4;
 

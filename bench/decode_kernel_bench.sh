@@ -19,7 +19,8 @@ echo "cuBLAS: $CUBLAS_LIB"
 IFS=';' read -ra specs <<< "$VARIANTS"
 for spec in "${specs[@]}"; do
   IFS='|' read -r label src flags <<< "$spec"
-  $NVCC $flags -o "build/decode_bench/$label" bench/decode_kernel_bench.cu "$src" -ldl \
+  $NVCC $flags -o "build/decode_bench/$label" bench/decode_kernel_bench.cu "$src" \
+    cuda/gemm/sm90/sm_count.cu -ldl \
     > "$OUT/build_$label.log" 2>&1 || echo "BUILD FAILED: $label" &
 done
 wait

@@ -2,7 +2,7 @@
 // on the device without JAX, to choose the library's tile, cluster and scheduler.
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -I cuda
-//        -DVARIANT=n -o prefill_gemm_bench_n bench/prefill_gemm_bench.cu
+//        -DVARIANT=n -o prefill_gemm_bench_n bench/prefill_gemm_bench.cu cuda/gemm/sm90/sm_count.cu
 //   ./prefill_gemm_bench_n
 //
 // One configuration per binary (VARIANT, below), so they compile in parallel. Each shape runs
@@ -21,16 +21,6 @@
 
 #include "gemm/sm90/wgmma_gemm.cuh"
 
-namespace jax_nvfp4 {
-namespace sm90 {
-int sm_count() {  // the library's is in gemm_sm90.cu, which this benchmark does not link
-  int device = 0, count = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-  return count;
-}
-}  // namespace sm90
-}  // namespace jax_nvfp4
 
 using namespace jax_nvfp4::sm90;
 using cutlass::gemm::PersistentScheduler;

@@ -25,19 +25,12 @@
 #include <vector>
 
 #include "common/scale_layout.h"
+#include "cuda_check.h"
 #include "gemm/sm90/gemm_sm90_internal.h"
 
 
 using namespace jax_nvfp4;
 
-#define CK(x)                                                                         \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
 
 namespace {
 
@@ -82,8 +75,8 @@ HostNvfp4 random_nvfp4(int64_t rows, int64_t k, std::mt19937& rng) {
 template <typename T>
 T* to_device(const std::vector<T>& v) {
   T* d = nullptr;
-  CK(cudaMalloc(&d, std::max<size_t>(v.size() * sizeof(T), 16)));
-  CK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(v.size() * sizeof(T), 16)));
+  CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
 }
 
@@ -161,18 +154,18 @@ bool run_check(const CheckCase& c, std::mt19937& rng, double* err_out) {
   }
   const size_t esize = c.out == DType::kF32 ? 4 : 2;
   void* out = nullptr;
-  CK(cudaMalloc(&out, c.m * c.n * esize));
-  CK(cudaMemset(out, 0xFF, c.m * c.n * esize));
+  CUDA_CHECK(cudaMalloc(&out, c.m * c.n * esize));
+  CUDA_CHECK(cudaMemset(out, 0xFF, c.m * c.n * esize));
   frees.push_back(out);
   p.out = out;
   p.out_dtype = c.out;
-  CK(sm90::decode_gemm(p, 0));
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
+  CUDA_CHECK(sm90::decode_gemm(p, 0));
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<uint16_t> o16(c.m * c.n);
   std::vector<float> o32(c.m * c.n);
-  if (esize == 4) CK(cudaMemcpy(o32.data(), out, c.m * c.n * 4, cudaMemcpyDeviceToHost));
-  else CK(cudaMemcpy(o16.data(), out, c.m * c.n * 2, cudaMemcpyDeviceToHost));
+  if (esize == 4) CUDA_CHECK(cudaMemcpy(o32.data(), out, c.m * c.n * 4, cudaMemcpyDeviceToHost));
+  else CUDA_CHECK(cudaMemcpy(o16.data(), out, c.m * c.n * 2, cudaMemcpyDeviceToHost));
   // Checked rows of w: all of them for small N, a strided subset (plus the last) for large N.
   const int64_t stride = c.n * c.k > (int64_t{1} << 24) ? 37 : 1;
   double num = 0, den = 0;
@@ -194,7 +187,7 @@ bool run_check(const CheckCase& c, std::mt19937& rng, double* err_out) {
     }
     if (n == c.n - 1) break;
   }
-  for (void* f : frees) CK(cudaFree(f));
+  for (void* f : frees) CUDA_CHECK(cudaFree(f));
   const double err = std::sqrt(num / std::max(den, 1e-300));
   *err_out = err;
   const double tol = c.out == DType::kF32 ? 1e-5 : c.out == DType::kBF16 ? 8e-3 : 1e-3;
@@ -244,32 +237,32 @@ constexpr int kRepeats = 7;
 template <typename F>
 double time_graph(F enqueue, cudaStream_t s) {
   for (int i = 0; i < 3; ++i) enqueue(i);
-  CK(cudaStreamSynchronize(s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
   cudaGraph_t g;
   cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   for (int i = 0; i < kCallsPerGraph; ++i) enqueue(i);
-  CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  CK(cudaGraphLaunch(ge, s));
-  CK(cudaStreamSynchronize(s));
+  CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  CUDA_CHECK(cudaGraphLaunch(ge, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
   cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
   std::vector<double> t;
   for (int r = 0; r < kRepeats; ++r) {
-    CK(cudaEventRecord(a, s));
-    CK(cudaGraphLaunch(ge, s));
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
+    CUDA_CHECK(cudaEventRecord(a, s));
+    CUDA_CHECK(cudaGraphLaunch(ge, s));
+    CUDA_CHECK(cudaEventRecord(b, s));
+    CUDA_CHECK(cudaEventSynchronize(b));
     float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     t.push_back(ms * 1e3 / kCallsPerGraph);
   }
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
+  CUDA_CHECK(cudaGraphExecDestroy(ge));
+  CUDA_CHECK(cudaGraphDestroy(g));
+  CUDA_CHECK(cudaEventDestroy(a));
+  CUDA_CHECK(cudaEventDestroy(b));
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
@@ -314,25 +307,25 @@ struct Cublas {
 
 int time_all(bool peers, const char* label) {
   cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   double copy_gbs = 0;
   Cublas cublas;
   if (peers) {
     const size_t bytes = size_t{512} << 20;
     void *a, *b;
-    CK(cudaMalloc(&a, bytes));
-    CK(cudaMalloc(&b, bytes));
-    CK(cudaMemset(a, 1, bytes));
+    CUDA_CHECK(cudaMalloc(&a, bytes));
+    CUDA_CHECK(cudaMalloc(&b, bytes));
+    CUDA_CHECK(cudaMemset(a, 1, bytes));
     const int grid = prop.multiProcessorCount * 8;
     const double us = time_graph(
         [&](int) { copy_kernel<<<grid, 512, 0, s>>>(static_cast<const uint4*>(a), static_cast<uint4*>(b), bytes / 16); }, s);
     copy_gbs = 2.0 * bytes / (us * 1e3);
     std::printf("device %s, %d SMs, L2 %d MB; copy kernel %zu MB: %.1f us, %.0f GB/s (read+write)\n",
                 prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, bytes >> 20, us, copy_gbs);
-    CK(cudaFree(a));
-    CK(cudaFree(b));
+    CUDA_CHECK(cudaFree(a));
+    CUDA_CHECK(cudaFree(b));
     cublas.init(s);
   }
   std::printf("\n| variant | M | N | K | ours us | GB/s (weights) | %% of copy | cuBLAS bf16 us | speedup |\n");
@@ -345,32 +338,32 @@ int time_all(bool peers, const char* label) {
     const size_t w_bytes = code_bytes + scale_bytes;
     const int copies = static_cast<int>(std::max<size_t>(2, (kRotateBytes + w_bytes - 1) / w_bytes));
     uint8_t *codes, *scales;
-    CK(cudaMalloc(&codes, code_bytes * copies));
-    CK(cudaMalloc(&scales, scale_bytes * copies));
+    CUDA_CHECK(cudaMalloc(&codes, code_bytes * copies));
+    CUDA_CHECK(cudaMalloc(&scales, scale_bytes * copies));
     {
       const HostNvfp4 h = random_nvfp4(n, k, rng);
       for (int c = 0; c < copies; ++c) {
-        CK(cudaMemcpy(codes + c * code_bytes, h.codes.data(), code_bytes, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(scales + c * scale_bytes, h.scales.data(), scale_bytes, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(codes + c * code_bytes, h.codes.data(), code_bytes, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(scales + c * scale_bytes, h.scales.data(), scale_bytes, cudaMemcpyHostToDevice));
       }
     }
     float* s_dec = device_scalar(0.37f);
     void *x, *y;
-    CK(cudaMalloc(&x, 32 * k * 2));
-    CK(cudaMalloc(&y, 32 * n * 4));
+    CUDA_CHECK(cudaMalloc(&x, 32 * k * 2));
+    CUDA_CHECK(cudaMalloc(&y, 32 * n * 4));
     {
       std::vector<__nv_bfloat16> hx(32 * k);
       std::normal_distribution<float> nd;
       for (auto& v : hx) v = __float2bfloat16(nd(rng));
-      CK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
     }
     // bf16 weights for cuBLAS, rotated the same way.
     const size_t wb_bytes = n * k * 2;
     const int wb_copies = static_cast<int>(std::max<size_t>(2, (kRotateBytes + wb_bytes - 1) / wb_bytes));
     void* wb = nullptr;
     if (cublas.ok) {
-      CK(cudaMalloc(&wb, wb_bytes * wb_copies));
-      CK(cudaMemset(wb, 0x3C, wb_bytes * wb_copies));
+      CUDA_CHECK(cudaMalloc(&wb, wb_bytes * wb_copies));
+      CUDA_CHECK(cudaMemset(wb, 0x3C, wb_bytes * wb_copies));
     }
     for (int64_t m : {1, 4, 8, 16, 32}) {
       GemmProblem p;
@@ -387,7 +380,7 @@ int time_all(bool peers, const char* label) {
             GemmProblem q = p;
             q.b.codes = codes + (i % copies) * code_bytes;
             q.b.scales = scales + (i % copies) * scale_bytes;
-            CK(sm90::decode_gemm(q, s));
+            CUDA_CHECK(sm90::decode_gemm(q, s));
           },
           s);
       const double gbs = w_bytes / (us * 1e3);
@@ -407,12 +400,12 @@ int time_all(bool peers, const char* label) {
                   copy_gbs > 0 ? 100.0 * gbs / copy_gbs : NAN, cb, cb / us);
       std::fflush(stdout);
     }
-    CK(cudaFree(codes));
-    CK(cudaFree(scales));
-    CK(cudaFree(s_dec));
-    CK(cudaFree(x));
-    CK(cudaFree(y));
-    if (wb) CK(cudaFree(wb));
+    CUDA_CHECK(cudaFree(codes));
+    CUDA_CHECK(cudaFree(scales));
+    CUDA_CHECK(cudaFree(s_dec));
+    CUDA_CHECK(cudaFree(x));
+    CUDA_CHECK(cudaFree(y));
+    if (wb) CUDA_CHECK(cudaFree(wb));
   }
   return 0;
 }

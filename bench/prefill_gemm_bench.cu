@@ -19,6 +19,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda_check.h"
 #include "gemm/sm90/wgmma_gemm.cuh"
 
 
@@ -47,30 +48,21 @@ using Config = WgmmaGemm<cutlass::bfloat16_t>;  // the library's: 256x128, clust
 static const char* kName = "256x128 c1x2 streamK";
 #endif
 
-#define CHECK(x)                                                                  \
-  do {                                                                            \
-    cudaError_t e_ = (x);                                                         \
-    if (e_ != cudaSuccess) {                                                      \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                               \
-    }                                                                             \
-  } while (0)
-
 int main() {
   struct Shape3 { int m, n, k; };
   const Shape3 shapes[] = {{256, 14336, 4096}, {1024, 14336, 4096}, {4096, 14336, 4096},
                            {8192, 14336, 4096}, {256, 4096, 4096},   {4096, 4096, 4096},
                            {4096, 4096, 14336}, {8192, 6144, 4096}};
   cudaDeviceProp prop;
-  CHECK(cudaGetDeviceProperties(&prop, 0));
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s, variant %s\n", prop.name, kName);
   std::mt19937 rng(0);
   std::normal_distribution<float> normal;
   cudaStream_t stream;
-  CHECK(cudaStreamCreate(&stream));
+  CUDA_CHECK(cudaStreamCreate(&stream));
   cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
 
   for (const Shape3& s : shapes) {
     std::vector<__nv_bfloat16> a(size_t(s.m) * s.k), b(size_t(s.n) * s.k);
@@ -78,34 +70,34 @@ int main() {
     for (auto& v : b) v = __float2bfloat16(normal(rng) * 0.05f);
     void *da, *db, *dd, *ws = nullptr;
     float *alpha, *bias;
-    CHECK(cudaMalloc(&da, a.size() * 2));
-    CHECK(cudaMalloc(&db, b.size() * 2));
-    CHECK(cudaMalloc(&dd, size_t(s.m) * s.n * 2));
-    CHECK(cudaMalloc(&alpha, sizeof(float)));
-    CHECK(cudaMalloc(&bias, size_t(s.n) * sizeof(float)));
-    CHECK(cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&da, a.size() * 2));
+    CUDA_CHECK(cudaMalloc(&db, b.size() * 2));
+    CUDA_CHECK(cudaMalloc(&dd, size_t(s.m) * s.n * 2));
+    CUDA_CHECK(cudaMalloc(&alpha, sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&bias, size_t(s.n) * sizeof(float)));
+    CUDA_CHECK(cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
     const float one = 1.f;
-    CHECK(cudaMemcpy(alpha, &one, sizeof(float), cudaMemcpyHostToDevice));
-    CHECK(cudaMemset(bias, 0, size_t(s.n) * sizeof(float)));
+    CUDA_CHECK(cudaMemcpy(alpha, &one, sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(bias, 0, size_t(s.n) * sizeof(float)));
     const size_t ws_bytes = Config::workspace_bytes(s.m, s.n, s.k);
-    if (ws_bytes) CHECK(cudaMalloc(&ws, ws_bytes));
+    if (ws_bytes) CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
 
     std::printf("| %s | %d | %d | %d |", kName, s.m, s.n, s.k);
     for (int swizzle : {1, 4}) {
       auto call = [&] {
-        CHECK(Config::run(s.m, s.n, s.k, da, db, dd, alpha, bias, ws, stream, swizzle));
+        CUDA_CHECK(Config::run(s.m, s.n, s.k, da, db, dd, alpha, bias, ws, stream, swizzle));
       };
       for (int i = 0; i < 3; ++i) call();
       constexpr int kCalls = 20;
       std::vector<float> per_call;
       for (int rep = 0; rep < 5; ++rep) {
-        CHECK(cudaEventRecord(start, stream));
+        CUDA_CHECK(cudaEventRecord(start, stream));
         for (int i = 0; i < kCalls; ++i) call();
-        CHECK(cudaEventRecord(stop, stream));
-        CHECK(cudaEventSynchronize(stop));
+        CUDA_CHECK(cudaEventRecord(stop, stream));
+        CUDA_CHECK(cudaEventSynchronize(stop));
         float ms = 0.f;
-        CHECK(cudaEventElapsedTime(&ms, start, stop));
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
         per_call.push_back(ms * 1e3f / kCalls);
       }
       std::sort(per_call.begin(), per_call.end());
@@ -114,7 +106,7 @@ int main() {
     }
     // A few outputs against a float64 dot product of the same bf16 operands.
     std::vector<__nv_bfloat16> d(size_t(s.m) * s.n);
-    CHECK(cudaMemcpy(d.data(), dd, d.size() * 2, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(d.data(), dd, d.size() * 2, cudaMemcpyDeviceToHost));
     double worst = 0.0;
     for (int t = 0; t < 64; ++t) {
       const int i = int(rng() % s.m), j = int(rng() % s.n);
@@ -128,12 +120,12 @@ int main() {
       worst = std::max(worst, std::fabs(double(__bfloat162float(d[size_t(i) * s.n + j])) - want) / scale);
     }
     std::printf(" err %.1e%s\n", worst, worst < 1e-2 ? "" : " FAIL");
-    CHECK(cudaFree(da));
-    CHECK(cudaFree(db));
-    CHECK(cudaFree(dd));
-    CHECK(cudaFree(alpha));
-    CHECK(cudaFree(bias));
-    if (ws) CHECK(cudaFree(ws));
+    CUDA_CHECK(cudaFree(da));
+    CUDA_CHECK(cudaFree(db));
+    CUDA_CHECK(cudaFree(dd));
+    CUDA_CHECK(cudaFree(alpha));
+    CUDA_CHECK(cudaFree(bias));
+    if (ws) CUDA_CHECK(cudaFree(ws));
   }
   return 0;
 }

@@ -12,6 +12,8 @@
 // pixel of shift, by the tap's weights, which each thread dequantizes (e2m1 * e4m3, exact in
 // bf16) straight into its wgmma A-operand registers while the previous tap's wgmmas run.
 // The slot -> input pixel map of the tile is computed once per CTA into a shared-memory table.
+// Small grids split the stages of each tile over a cluster of CTAs (split-K), whose partial sums
+// meet in CTA 0 through distributed shared memory.
 // Epilogue: alpha = s_dec_w (* s_dec_x), bias, conversion to the output dtype.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -61,6 +63,40 @@ __device__ __forceinline__ void cp_async_wait() {
 // Makes this thread's shared-memory writes visible to the tensor cores (async proxy).
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Thread-block cluster primitives for the split-K reduction through distributed shared memory.
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t cluster_size() {
+  uint32_t n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+  return n;
+}
+
+// All threads of all CTAs of the cluster; orders shared-memory writes before it with reads after.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// The address of this CTA's shared-memory location `addr` in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t map_to_rank(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+
+__device__ __forceinline__ float4 load_cluster_f32x4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
 }
 
 // Two E2M1 codes (one byte: element 2i low nibble) times a block scale -> bf16x2, exactly.
@@ -207,7 +243,7 @@ __device__ __forceinline__ void load_act_chunk(const ConvProblem& pb, uint8_t* d
   }
 }
 
-template <ActKind kAct, int kBN, int kWGM, int kS>
+template <ActKind kAct, int kBN, int kWGM, int kS, bool kSplit>
 struct Kernel {
   static constexpr int kBM = 64 * kWGM;
   static constexpr int kThreads = 128 * kWGM;
@@ -471,8 +507,43 @@ struct Kernel {
     }
   }
 
-  // nbuf (2 or 3) stage buffers in a ring; one barrier per stage: at the top of iteration it,
-  // every thread has retired stage it-1's wgmmas, so its buffer takes stage it + nbuf - 1.
+  // Split-K across a cluster along z: CTAs 1.. leave their partial sums in their own shared
+  // memory, CTA 0 adds them to its accumulators (in rank order) through distributed shared memory.
+  // Returns whether this CTA holds the sums and runs the epilogue.
+  static __device__ bool reduce_split_partials(float (&acc)[kAcc], uint8_t* smem) {
+    float4* partial = reinterpret_cast<float4*>(smem);  // [kAcc / 4][kThreads], coalesced
+    const uint32_t rank = cluster_rank();
+    __syncthreads();  // every warp's wgmmas have retired: the stage buffers are free
+    if (rank != 0) {
+#pragma unroll
+      for (int j = 0; j < kAcc / 4; ++j) {
+        partial[j * kThreads + threadIdx.x] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+      }
+    }
+    cluster_sync();
+    if (rank == 0) {
+      const uint32_t local = smem_addr(partial + threadIdx.x);
+      for (uint32_t src = 1; src < cluster_size(); ++src) {
+        const uint32_t remote = map_to_rank(local, src);
+#pragma unroll
+        for (int j = 0; j < kAcc / 4; ++j) {
+          const float4 v = load_cluster_f32x4(remote + j * kThreads * 16);
+          acc[4 * j] += v.x;
+          acc[4 * j + 1] += v.y;
+          acc[4 * j + 2] += v.z;
+          acc[4 * j + 3] += v.w;
+        }
+      }
+    }
+    cluster_sync();  // CTA 0 has read every partial: the others may exit
+    return rank == 0;
+  }
+
+  // nbuf (2 or 3) stage buffers in a ring; one barrier per stage: at the top of iteration i,
+  // every thread has retired stage i-1's wgmmas, so its buffer takes stage i + nbuf - 1.
+  // kSplit: the grid's z is a cluster of CTAs that each run the z-th of gridDim.z equal ranges of
+  // the stages, and the partial sums meet in CTA 0 (its own instantiation: compiled into the
+  // unsplit kernel, the split's code made that one up to 10 % slower).
   static __device__ void run(const ConvProblem& pb, const Geometry& g, int nbuf, bool staged) {
     extern __shared__ __align__(128) uint8_t smem[];
     const StageLayout L = stage_layout(pb, g, kBM);
@@ -485,21 +556,30 @@ struct Kernel {
 
     build_slot_table(pb, g, g0, table);
     __syncthreads();
-    const int stages = pb.r * g.c_chunks;
-    for (int it = 0; it < nbuf - 1; ++it) {
-      if (it < stages) load_stage(pb, g, table, k0, it, smem + it * L.total(), L);
+    int first = 0, stages = pb.r * g.c_chunks;
+    if constexpr (kSplit) {
+      const int total = stages, splits = static_cast<int>(gridDim.z), z = static_cast<int>(blockIdx.z);
+      first = total * z / splits;
+      stages = total * (z + 1) / splits - first;
+    }
+    for (int i = 0; i < nbuf - 1; ++i) {
+      if (i < stages) load_stage(pb, g, table, k0, first + i, smem + i * L.total(), L);
       cp_async_commit();
     }
-    for (int it = 0; it < stages; ++it) {
+    for (int i = 0; i < stages; ++i) {
       if (nbuf == 3) cp_async_wait<1>();
       else cp_async_wait<0>();
       fence_proxy_async();
       __syncthreads();
-      const int next = it + nbuf - 1;
-      compute_stage(pb, g, k0, smem + (it % nbuf) * L.total(), L, acc, [&] {
-        if (next < stages) load_stage(pb, g, table, k0, next, smem + (next % nbuf) * L.total(), L);
+      const int next = i + nbuf - 1;
+      compute_stage(pb, g, k0, smem + (i % nbuf) * L.total(), L, acc, [&] {
+        if (next < stages) load_stage(pb, g, table, k0, first + next, smem + (next % nbuf) * L.total(), L);
         cp_async_commit();  // possibly empty: keeps one group per stage for the waits above
       });
+    }
+    if constexpr (kSplit) {
+      cp_async_wait<0>();  // only empty groups remain; nothing may land in the buffers later
+      if (!reduce_split_partials(acc, smem)) return;
     }
     if (staged) {
       cp_async_wait<0>();  // only empty groups remain; nothing may land in the tile later
@@ -511,40 +591,99 @@ struct Kernel {
   }
 };
 
-template <ActKind kAct, int kBN, int kWGM, int kS>
+template <ActKind kAct, int kBN, int kWGM, int kS, bool kSplit>
 __global__ void __launch_bounds__(128 * kWGM, 1) conv_sm90_kernel(const ConvProblem pb, const Geometry g, int nbuf,
                                                                    bool staged) {
-  Kernel<kAct, kBN, kWGM, kS>::run(pb, g, nbuf, staged);
+  Kernel<kAct, kBN, kWGM, kS, kSplit>::run(pb, g, nbuf, staged);
 }
 
-// Three stage buffers when that still leaves room for two CTAs per SM, else two.
+// How a problem runs: stage buffers, shared memory, and the split of the stages over a cluster.
+struct LaunchPlan {
+  int nbuf = 2, smem = 0, splits = 1;
+};
+
+// Three stage buffers when the CTA runs more than two stages and they still leave room for two
+// CTAs per SM, else two.
+inline LaunchPlan plan_for(int stage_bytes, int table_bytes, int stages, int splits) {
+  LaunchPlan plan;
+  plan.splits = splits;
+  plan.nbuf = ceil_div(stages, splits) > 2 && 3 * stage_bytes + table_bytes <= 112 * 1024 ? 3 : 2;
+  plan.smem = plan.nbuf * stage_bytes + table_bytes;
+  return plan;
+}
+
+// Split-K when the grid leaves SMs idle: the stages of each tile are divided over a cluster of
+// `splits` CTAs along z. The largest split (at most 8, the portable cluster size) that keeps the
+// grid within two CTAs per SM (a third CTA per SM was slower, on an H200), each CTA at three stages
+// or more, and the partial sums within the stage buffers.
+inline LaunchPlan choose_plan(int stage_bytes, int table_bytes, int partial_bytes, int64_t tiles, int stages,
+                              int sms) {
+  LaunchPlan plan = plan_for(stage_bytes, table_bytes, stages, 1);
+  for (int splits = 2; splits <= 8 && tiles * splits <= 2 * sms && stages >= 3 * splits; ++splits) {
+    const LaunchPlan wider = plan_for(stage_bytes, table_bytes, stages, splits);
+    if (partial_bytes > wider.nbuf * stage_bytes) break;
+    plan = wider;
+  }
+  return plan;
+}
+
+// Launches a split kernel with the grid's z as one cluster.
+template <typename KernelFn>
+cudaError_t launch_split(KernelFn kernel, dim3 grid, int threads, const LaunchPlan& plan, const ConvProblem& pb,
+                         const Geometry& g, bool staged, cudaStream_t stream) {
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem);
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = plan.smem;
+  config.stream = stream;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = grid.z;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, pb, g, plan.nbuf, staged);
+}
+
 template <ActKind kAct, int kBN, int kWGM, int kS>
-cudaError_t launch(const ConvProblem& pb, cudaStream_t stream, int max_smem) {
+cudaError_t launch(const ConvProblem& pb, cudaStream_t stream, int max_smem, int sms) {
+  using K = Kernel<kAct, kBN, kWGM, kS, false>;
   const Geometry g = make_geometry(pb, kBN);
-  const int stage = stage_layout(pb, g, 64 * kWGM).total(), table = slot_table_bytes(g);
-  const int nbuf = pb.r * g.c_chunks > 2 && 3 * stage + table <= 112 * 1024 ? 3 : 2;
-  const int smem = nbuf * stage + table;
-  if (smem > max_smem) return cudaErrorInvalidValue;
+  const int stage = stage_layout(pb, g, K::kBM).total(), table = slot_table_bytes(g);
+  const int64_t tiles = g.pixel_tiles * ceil_div(pb.k, K::kBM);
+  if (plan_for(stage, table, pb.r * g.c_chunks, 1).smem > max_smem) return cudaErrorInvalidValue;
+  // Split-K only for one-warpgroup CTAs (the narrow tiles that small grids get).
+  const LaunchPlan plan = kWGM == 1 ? choose_plan(stage, table, K::kAcc * K::kThreads * 4, tiles, pb.r * g.c_chunks, sms)
+                                    : plan_for(stage, table, pb.r * g.c_chunks, 1);
   // The shared-memory epilogue needs 2-byte outputs, 16-byte aligned pixel rows, and room for
   // its [BN][BM + 8] tile in the stage buffers.
   const bool staged = (pb.out_dtype == DType::kBF16 || pb.out_dtype == DType::kF16) && pb.k % 8 == 0 &&
                       reinterpret_cast<uintptr_t>(pb.out) % 16 == 0 &&
-                      kBN * (64 * kWGM + 8) * 2 <= nbuf * stage;
-  auto* kernel = conv_sm90_kernel<kAct, kBN, kWGM, kS>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+                      kBN * (K::kBM + 8) * 2 <= plan.nbuf * stage;
+  const dim3 grid(static_cast<unsigned>(g.pixel_tiles), static_cast<unsigned>(ceil_div(pb.k, K::kBM)),
+                  static_cast<unsigned>(plan.splits));
+  if constexpr (kWGM == 1) {
+    if (plan.splits > 1) {
+      return launch_split(conv_sm90_kernel<kAct, kBN, kWGM, kS, true>, grid, K::kThreads, plan, pb, g, staged, stream);
+    }
+  }
+  auto* kernel = conv_sm90_kernel<kAct, kBN, kWGM, kS, false>;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem);
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(g.pixel_tiles), static_cast<unsigned>(ceil_div(pb.k, 64 * kWGM)));
-  kernel<<<grid, 128 * kWGM, smem, stream>>>(pb, g, nbuf, staged);
+  kernel<<<grid, K::kThreads, plan.smem, stream>>>(pb, g, plan.nbuf, staged);
   return cudaGetLastError();
 }
 
 // bf16 activations with 3 taps along W (the common case) get the unrolled tap loop.
 template <ActKind kAct, int kBN, int kWGM>
-cudaError_t launch_taps(const ConvProblem& pb, cudaStream_t stream, int max_smem) {
+cudaError_t launch_taps(const ConvProblem& pb, cudaStream_t stream, int max_smem, int sms) {
   if constexpr (kAct == ActKind::kBF16) {
-    if (pb.s == 3) return launch<kAct, kBN, kWGM, 3>(pb, stream, max_smem);
+    if (pb.s == 3) return launch<kAct, kBN, kWGM, 3>(pb, stream, max_smem, sms);
   }
-  return launch<kAct, kBN, kWGM, 0>(pb, stream, max_smem);
+  return launch<kAct, kBN, kWGM, 0>(pb, stream, max_smem, sms);
 }
 
 int device_attribute(cudaDeviceAttr attr) {
@@ -566,16 +705,16 @@ cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream) {
   // CTAs than two per SM (more, smaller CTAs keep every SM busy).
   const bool narrow = p.k <= 64 || make_geometry(p, 128).pixel_tiles * ceil_div(p.k, 128) < 2 * sms;
   if (p.x_is_nvfp4) {
-    return narrow ? launch_taps<ActKind::kNvfp4, 128, 1>(p, stream, max_smem)
-                  : launch_taps<ActKind::kNvfp4, 128, 2>(p, stream, max_smem);
+    return narrow ? launch_taps<ActKind::kNvfp4, 128, 1>(p, stream, max_smem, sms)
+                  : launch_taps<ActKind::kNvfp4, 128, 2>(p, stream, max_smem, sms);
   }
   if (p.x_dtype == DType::kF32) {
-    return narrow ? launch_taps<ActKind::kF32, 128, 1>(p, stream, max_smem)
-                  : launch_taps<ActKind::kF32, 128, 2>(p, stream, max_smem);
+    return narrow ? launch_taps<ActKind::kF32, 128, 1>(p, stream, max_smem, sms)
+                  : launch_taps<ActKind::kF32, 128, 2>(p, stream, max_smem, sms);
   }
   if (p.x_dtype == DType::kF16) {
-    return narrow ? launch_taps<ActKind::kF16, 128, 1>(p, stream, max_smem)
-                  : launch_taps<ActKind::kF16, 128, 2>(p, stream, max_smem);
+    return narrow ? launch_taps<ActKind::kF16, 128, 1>(p, stream, max_smem, sms)
+                  : launch_taps<ActKind::kF16, 128, 2>(p, stream, max_smem, sms);
   }
   // bf16: 256-pixel tiles when they still give every SM two CTAs (more reuse per weight decode);
   // 64-pixel tiles when 128-pixel ones would fill at most half the SMs (batch 1: 1.2-2x faster;
@@ -583,16 +722,16 @@ cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream) {
   const int64_t k_tiles = ceil_div(p.k, narrow ? 64 : 128);
   const bool wide = make_geometry(p, 256).pixel_tiles * k_tiles >= 2 * sms;
   if (narrow && 2 * make_geometry(p, 128).pixel_tiles * k_tiles <= sms) {
-    const cudaError_t err = launch_taps<ActKind::kBF16, 64, 1>(p, stream, max_smem);
+    const cudaError_t err = launch_taps<ActKind::kBF16, 64, 1>(p, stream, max_smem, sms);
     if (err != cudaErrorInvalidValue) return err;
   }
   if (wide) {
-    const cudaError_t err = narrow ? launch_taps<ActKind::kBF16, 256, 1>(p, stream, max_smem)
-                                   : launch_taps<ActKind::kBF16, 256, 2>(p, stream, max_smem);
+    const cudaError_t err = narrow ? launch_taps<ActKind::kBF16, 256, 1>(p, stream, max_smem, sms)
+                                   : launch_taps<ActKind::kBF16, 256, 2>(p, stream, max_smem, sms);
     if (err != cudaErrorInvalidValue) return err;
   }
-  return narrow ? launch_taps<ActKind::kBF16, 128, 1>(p, stream, max_smem)
-                : launch_taps<ActKind::kBF16, 128, 2>(p, stream, max_smem);
+  return narrow ? launch_taps<ActKind::kBF16, 128, 1>(p, stream, max_smem, sms)
+                : launch_taps<ActKind::kBF16, 128, 2>(p, stream, max_smem, sms);
 }
 
 }  // namespace jax_nvfp4

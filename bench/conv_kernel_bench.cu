@@ -1,0 +1,177 @@
+// Times the sm_90a convolution kernel alone (no JAX) on the ResNet-50 3x3 stages, to compare
+// kernel variants and to separate the kernel's time from what a JAX call adds around it.
+//
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -I cuda
+//        -o conv_kernel_bench bench/conv_kernel_bench.cu cuda/conv/sm90/conv_sm90.cu
+//   ./conv_kernel_bench [--label NAME]
+//
+// Random bf16 activations and NVFP4 weights (random codes, E4M3 scales in [2^-4, 2]), bf16
+// output. Each shape: 64 sampled outputs checked against a float64 host convolution of the same
+// operands; time per launch from CUDA events over back-to-back launches, median of 7 repeats
+// (operands warm in L2, as PyTorch's cuDNN timing loop has them); an FNV hash of the output so
+// two variants can be compared bit for bit.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/nvfp4_decode.cuh"
+#include "common/scale_layout.h"
+#include "conv/sm90/conv_sm90.h"
+#include "cuda_check.h"
+
+using namespace jax_nvfp4;
+
+namespace {
+
+struct Shape {
+  const char* name;
+  int n, h, w, c, k;
+};
+
+const Shape kShapes[] = {
+    {"resnet56x56x64 b32", 32, 56, 56, 64, 64},   {"resnet28x28x128 b32", 32, 28, 28, 128, 128},
+    {"resnet14x14x256 b32", 32, 14, 14, 256, 256}, {"resnet7x7x512 b32", 32, 7, 7, 512, 512},
+    {"resnet56x56x64 b1", 1, 56, 56, 64, 64},     {"resnet28x28x128 b1", 1, 28, 28, 128, 128},
+    {"resnet14x14x256 b1", 1, 14, 14, 256, 256},   {"resnet7x7x512 b1", 1, 7, 7, 512, 512},
+};
+
+template <typename T>
+T* to_device(const std::vector<T>& v) {
+  T* d = nullptr;
+  CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(T)));
+  CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+// The host copy of one problem's operands, for the sampled float64 check.
+struct HostOperands {
+  std::vector<__nv_bfloat16> x;
+  std::vector<uint8_t> codes, scales;
+};
+
+double weight_value(const ConvProblem& p, const HostOperands& h, int r, int s, int64_t k, int64_t c) {
+  const int64_t row = (static_cast<int64_t>(r) * p.s + s) * p.k + k;
+  const uint8_t byte = h.codes[(row * p.c + c) / 2];
+  const int64_t kb = p.c / kBlockSize;
+  const int64_t scale_at = (static_cast<int64_t>(r) * p.s + s) * scale_matrix_bytes(p.k, kb) +
+                           scale_offset(k, c / kBlockSize, kb);
+  return e2m1_to_float(c % 2 ? byte >> 4 : byte & 15) * e4m3_to_float(h.scales[scale_at]);
+}
+
+double reference_output(const ConvProblem& p, const HostOperands& h, int64_t n, int64_t pp, int64_t q,
+                        int64_t k) {
+  double sum = 0;
+  for (int r = 0; r < p.r; ++r) {
+    for (int s = 0; s < p.s; ++s) {
+      const int64_t hh = pp * p.stride_h - p.pad_h + r * p.dil_h, ww = q * p.stride_w - p.pad_w + s * p.dil_w;
+      if (hh < 0 || hh >= p.h || ww < 0 || ww >= p.w) continue;
+      for (int64_t c = 0; c < p.c; ++c) {
+        sum += static_cast<double>(__bfloat162float(h.x[((n * p.h + hh) * p.w + ww) * p.c + c])) *
+               weight_value(p, h, r, s, k, c);
+      }
+    }
+  }
+  return sum;
+}
+
+uint64_t fnv_hash(const std::vector<uint16_t>& v) {
+  uint64_t hsh = 1469598103934665603ull;
+  for (uint16_t e : v) hsh = (hsh ^ e) * 1099511628211ull;
+  return hsh;
+}
+
+void run_shape(const Shape& sh, const char* label) {
+  ConvProblem p;
+  p.n = sh.n; p.h = sh.h; p.w = sh.w; p.c = sh.c; p.k = sh.k;
+  p.r = 3; p.s = 3; p.pad_h = 1; p.pad_w = 1;
+  p.p = sh.h; p.q = sh.w;
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  HostOperands h;
+  h.x.resize(p.n * p.h * p.w * p.c);
+  for (auto& v : h.x) v = __float2bfloat16(normal(rng));
+  const int64_t kb = p.c / kBlockSize;
+  h.codes.resize(p.r * p.s * p.k * p.c / 2);
+  h.scales.resize(p.r * p.s * scale_matrix_bytes(p.k, kb));
+  for (auto& v : h.codes) v = static_cast<uint8_t>(rng());
+  for (auto& v : h.scales) v = static_cast<uint8_t>(0x20 + rng() % 0x21);  // 2^-4 .. 2
+  const float one = 1.f;
+
+  p.x = to_device(h.x);
+  p.x_dtype = DType::kBF16;
+  p.wgt.codes = to_device(h.codes);
+  p.wgt.scales = to_device(h.scales);
+  p.wgt.s_dec = to_device(std::vector<float>{one});
+  const int64_t out_elems = p.n * p.p * p.q * p.k;
+  CUDA_CHECK(cudaMalloc(&p.out, out_elems * 2));
+  p.out_dtype = DType::kBF16;
+
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreate(&stream));
+  CUDA_CHECK(conv_sm90(p, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<uint16_t> out(out_elems);
+  CUDA_CHECK(cudaMemcpy(out.data(), p.out, out_elems * 2, cudaMemcpyDeviceToHost));
+
+  double worst = 0;
+  for (int i = 0; i < 64; ++i) {
+    const int64_t e = static_cast<int64_t>(rng() % static_cast<uint64_t>(out_elems));
+    const int64_t k = e % p.k, q = (e / p.k) % p.q, pp = (e / (p.k * p.q)) % p.p, n = e / (p.k * p.q * p.p);
+    const double want = reference_output(p, h, n, pp, q, k);
+    uint32_t bits = static_cast<uint32_t>(out[e]) << 16;
+    float got;
+    std::memcpy(&got, &bits, 4);
+    worst = std::max(worst, std::fabs(got - want) / (std::fabs(want) + 1.0));
+  }
+
+  const int iters = 200;
+  std::vector<float> times;
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  for (int rep = 0; rep < 7; ++rep) {
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int i = 0; i < iters; ++i) CUDA_CHECK(conv_sm90(p, stream));
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms * 1e3f / iters);
+  }
+  std::sort(times.begin(), times.end());
+  const double us = times[times.size() / 2];
+  const double flops = 2.0 * out_elems * p.r * p.s * p.c;
+  std::printf("| %s | %s | %.1f | %.0f | %.1e | %016llx |\n", label, sh.name, us, flops / us / 1e6, worst,
+              static_cast<unsigned long long>(fnv_hash(out)));
+  std::fflush(stdout);
+  CUDA_CHECK(cudaFree(const_cast<void*>(p.x)));
+  CUDA_CHECK(cudaFree(const_cast<uint8_t*>(p.wgt.codes)));
+  CUDA_CHECK(cudaFree(const_cast<uint8_t*>(p.wgt.scales)));
+  CUDA_CHECK(cudaFree(const_cast<float*>(p.wgt.s_dec)));
+  CUDA_CHECK(cudaFree(p.out));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* label = "ours";
+  const char* only = nullptr;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--label")) label = argv[i + 1];
+    if (!std::strcmp(argv[i], "--shape")) only = argv[i + 1];
+  }
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs\n| variant | shape | us | TFLOP/s | max rel err (64 samples) | output hash |\n"
+              "|---|---|---|---|---|---|\n", prop.name, prop.multiProcessorCount);
+  for (const Shape& sh : kShapes) {
+    if (only == nullptr || std::strstr(sh.name, only)) run_shape(sh, label);
+  }
+  return 0;
+}

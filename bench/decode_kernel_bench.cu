@@ -1,13 +1,14 @@
 // Kernel-level benchmark and check of the sm_90a decode GEMM (no JAX): built together with
 // cuda/gemm/sm90/gemm_decode.cu by bench/decode_kernel_bench.sh.
 //
-//   decode_kernel_bench [--check] [--time] [--peers] [--label NAME]
+//   decode_kernel_bench [--check] [--time] [--peers] [--label NAME] [--only M N]
 //
 // --check  random codes/scales/activations (every x dtype, bias, out dtypes, tails in M, N, K)
 //          against a float64 host reference: relative Frobenius error of the checked outputs.
 // --tails  with --check: only the small tail-heavy cases (for compute-sanitizer).
 // --time   CUDA-graph replay of back-to-back calls, rotating among enough weight copies that
 //          they exceed the L2 several times (HBM, not L2, is measured); median of repeats.
+// --only   with --time: only that M and N (e.g. under a profiler).
 // --peers  the same for cuBLAS bf16 GEMM (bf16 in, f32 compute, bf16 out, rotating weights)
 //          and a device-to-device copy (bytes read + written) as the bandwidth ceiling.
 #include <cuda_bf16.h>
@@ -305,7 +306,8 @@ struct Cublas {
   }
 };
 
-int time_all(bool peers, const char* label) {
+// `only_m`/`only_n` > 0 restrict the timing to that M and N (e.g. for a profiler run).
+int time_all(bool peers, const char* label, int64_t only_m, int64_t only_n) {
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaDeviceProp prop;
@@ -334,6 +336,7 @@ int time_all(bool peers, const char* label) {
   std::mt19937 rng(7);
   for (auto& sh : shapes) {
     const int64_t n = sh[0], k = sh[1];
+    if (only_n > 0 && n != only_n) continue;
     const size_t code_bytes = n * k / 2, scale_bytes = scale_matrix_bytes(n, k / kBlockSize);
     const size_t w_bytes = code_bytes + scale_bytes;
     const int copies = static_cast<int>(std::max<size_t>(2, (kRotateBytes + w_bytes - 1) / w_bytes));
@@ -366,6 +369,7 @@ int time_all(bool peers, const char* label) {
       CUDA_CHECK(cudaMemset(wb, 0x3C, wb_bytes * wb_copies));
     }
     for (int64_t m : {1, 4, 8, 16, 32}) {
+      if (only_m > 0 && m != only_m) continue;
       GemmProblem p;
       p.m = m;
       p.n = n;
@@ -415,15 +419,20 @@ int time_all(bool peers, const char* label) {
 int main(int argc, char** argv) {
   bool check = false, tails = false, time = false, peers = false;
   const char* label = "ours";
+  int64_t only_m = 0, only_n = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--check")) check = true;
     else if (!std::strcmp(argv[i], "--tails")) tails = true;
     else if (!std::strcmp(argv[i], "--time")) time = true;
     else if (!std::strcmp(argv[i], "--peers")) peers = true;
     else if (!std::strcmp(argv[i], "--label") && i + 1 < argc) label = argv[++i];
+    else if (!std::strcmp(argv[i], "--only") && i + 2 < argc) {  // --only M N
+      only_m = std::atoll(argv[++i]);
+      only_n = std::atoll(argv[++i]);
+    }
   }
   int rc = 0;
   if (check) rc |= check_all(tails) != 0;
-  if (time) rc |= time_all(peers, label);
+  if (time) rc |= time_all(peers, label, only_m, only_n);
   return rc;
 }

@@ -17,7 +17,9 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <array>
 #include <cstdint>
+#include <mutex>
 
 #include "common/scale_layout.h"
 #include "gemm/sm90/gemm_sm90_internal.h"
@@ -439,33 +441,73 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const GemmProblem p, i
   cluster.sync();  // keep this block's partials alive until every rank has read them
 }
 
+// A launch of `grid` whose blocks along z (the K split) form one cluster.
+struct ClusterLaunch {
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t cfg;
+  ClusterLaunch(dim3 grid, int split, cudaStream_t stream) : attr{}, cfg{} {
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = static_cast<unsigned>(split);
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kThreads);
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
+// Blocks of decode_kernel<T, XK> the current device runs at once in clusters of s (entry s,
+// 1..kMaxClusterSplit; 0 where the launch is impossible).
+template <int T, XKind XK>
+std::array<int64_t, kMaxClusterSplit + 1> query_resident_blocks() {
+  std::array<int64_t, kMaxClusterSplit + 1> blocks{};
+  for (int s = 1; s <= kMaxClusterSplit; ++s) {
+    const ClusterLaunch probe(dim3(1, 1, s), s, nullptr);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, decode_kernel<T, XK>, &probe.cfg) != cudaSuccess) {
+      (void)cudaGetLastError();  // leave no sticky error for the launch to report
+      clusters = 0;
+    }
+    blocks[s] = static_cast<int64_t>(clusters) * s;
+  }
+  return blocks;
+}
+
+// The same, cached per device: the queries cost more than a decode-size kernel.
+template <int T, XKind XK>
+std::array<int64_t, kMaxClusterSplit + 1> resident_blocks() {
+  constexpr int kMaxDevices = 64;
+  static std::array<int64_t, kMaxClusterSplit + 1> cache[kMaxDevices];
+  static std::once_flag done[kMaxDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) {
+    return query_resident_blocks<T, XK>();
+  }
+  std::call_once(done[device], [device] { cache[device] = query_resident_blocks<T, XK>(); });
+  return cache[device];
+}
+
 template <int T, XKind XK>
 cudaError_t launch(const GemmProblem& p, cudaStream_t stream) {
   const int64_t chunks = ceil_div(p.k, kChunk);
   const int64_t n_tiles = ceil_div(p.n, kRowsPerBlock), m_tiles = ceil_div(p.m, 8 * T);
   if (m_tiles > 65535) return cudaErrorInvalidValue;
-  // Split K until the grid has `waves` blocks per SM, keeping >= 2 chunks per block. Fewer,
-  // longer blocks won on an H200: 2 per SM for one n8 tile, 1 for more (their blocks hold more
-  // registers and do T times the MMA work per byte).
-  const int64_t waves = T == 1 ? 2 : 1;
-  const int64_t target_blocks = waves * sm_count();
+  // Split K into as many parts as keep the whole grid resident at once (one wave: a second,
+  // partial wave would double the time of its blocks), at most a cluster of 8, and at least
+  // 2 chunks a part. More resident warps hide more of the load and MMA latency.
+  const std::array<int64_t, kMaxClusterSplit + 1> capacity = resident_blocks<T, XK>();
   int split = 1;
-  while (split < kMaxClusterSplit && n_tiles * m_tiles * split < target_blocks &&
-         chunks >= 4LL * split) {
-    split *= 2;
+  while (split < kMaxClusterSplit && n_tiles * m_tiles * (split + 1) <= capacity[split + 1] &&
+         chunks >= 2LL * (split + 1)) {
+    ++split;
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles), split);
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = split;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, decode_kernel<T, XK>, p, chunks);
+  const ClusterLaunch launch(
+      dim3(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles), split), split, stream);
+  return cudaLaunchKernelEx(&launch.cfg, decode_kernel<T, XK>, p, chunks);
 }
 
 template <XKind XK>

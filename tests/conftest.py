@@ -112,6 +112,10 @@ def kernel_sass():
         sass = _extension_sass(arch)
         if sass is None:
             _missing("the CUDA extension is not built")
+        from jax_nvfp4 import _extension
+
+        if arch not in _extension.cuda_archs():  # e.g. JAX_NVFP4_CUDA_ARCHS=90a
+            _missing(f"the CUDA extension is built without {arch}")
         funcs = {n: s for n, s in _split_functions(sass).items() if re.search(pattern, n)}
         if not funcs:
             pytest.fail(f"no {arch} kernel matching {pattern!r} in the extension")

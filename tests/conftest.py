@@ -38,6 +38,16 @@ def gpu():
 
 
 @pytest.fixture
+def on_cpu():
+    """Runs the test with the CPU as JAX's default device, also on GPU machines: for checks of
+    the reference path at float32 tolerances (GPU kernels round float32 activations to bf16)."""
+    import jax
+
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+@pytest.fixture
 def gpu_kernels(gpu):
     """gpu_kernels(*targets) skips unless every FFI target has a kernel built for the GPU, and
     returns the GPU's jax.Device."""

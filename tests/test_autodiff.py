@@ -11,13 +11,9 @@ from jax_nvfp4.primitives.autodiff import qat_conv, qat_matmul
 N, K = 48, 64
 
 
-@pytest.fixture(autouse=True)
-def on_cpu():
-    """The differentiation rules are checked on the CPU path at float32 tolerances; on a GPU
-    machine the default device would run the kernels, whose float32 activations are split into
-    bf16 hi + lo (about 2^-17 relative), too coarse for these checks."""
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
+# The rules are checked on the CPU path at float32 tolerances (GPU kernels split float32
+# activations into bf16 hi + lo, about 2^-17 relative).
+pytestmark = pytest.mark.usefixtures("on_cpu")
 
 
 def _rel(a, b):

@@ -20,13 +20,8 @@ _spec.loader.exec_module(cc)
 SCHEDULE = HERE / "host" / "conv_sm90_schedule_test.cc"
 
 
-@pytest.fixture(autouse=True)
-def on_cpu():
-    """These tests hold the CPU reference path to float32 tolerances; on a GPU machine the
-    default device would run the kernel, which rounds float32 activations to bf16 (docs/conv.md).
-    The kernel's own tests are in test_conv_gpu.py."""
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
+# Float32 tolerances on the CPU reference path; the kernel's own tests are test_conv_gpu.py.
+pytestmark = pytest.mark.usefixtures("on_cpu")
 
 
 def make_operands(case, seed=0, x_dtype=jnp.float32):

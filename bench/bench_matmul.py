@@ -29,7 +29,8 @@ SHAPES_NK = [(14336, 4096), (4096, 4096), (6144, 4096), (4096, 14336)]
 MS = [1, 4, 16, 64, 256, 1024, 4096, 8192]
 QUICK_NK = [(14336, 4096), (4096, 4096)]
 QUICK_MS = [1, 16, 256, 4096]
-PATH_MS = [16, 64, 256, 1024]  # --paths: forced decode/prefill timings at these M
+PATH_MS = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]  # --paths: forced-path timings at these M
+DECODE_MAX_FORCED_M = 64  # the decode kernel is not timed beyond this M (far off its range)
 
 
 def hbm_bandwidth() -> float:
@@ -114,6 +115,15 @@ def write_report(rows, out, device, bw):
             f"{r['bf16_dot'] / o:.2f}x | {r['fp8_dot'] / o:.2f}x | {r['scaled_matmul_nvfp4'] / o:.2f}x | "
             f"{r['xla_dequant_dot'] / o:.2f}x | {r['ours_tflops']:.0f} | {r['ours_hbm_pct']:.0f} | "
             f"{r['ours_mma_pct']:.0f} |")
+    forced = [r for r in rows if "forced_fused" in r]
+    if forced:
+        lines += ["", "Each sm_90a kernel family forced (JAX_NVFP4_GEMM_SM90_PATH), W4A16, us per call:", "",
+                  "| M | N | K | decode | fused | prefill | auto |", "|---|---|---|---|---|---|---|"]
+        for r in forced:
+            cells = [f"{r[f'forced_{p}']:.1f}" if f"forced_{p}" in r else "-"
+                     for p in ("decode", "fused", "prefill")]
+            lines.append(f"| {r['M']} | {r['N']} | {r['K']} | " + " | ".join(cells) +
+                         f" | {r['ours_w4a16']:.1f} |")
     (out / "matmul_bench.md").write_text("\n".join(lines) + "\n")
     return lines
 
@@ -125,7 +135,7 @@ def main():
     ap.add_argument("--ms", type=lambda v: [int(m) for m in v.split(",")], default=None,
                     help="comma-separated M values (default: all)")
     ap.add_argument("--paths", action="store_true",
-                    help="also time the sm90 decode and prefill paths forced at a few M")
+                    help="also time each sm90 kernel family (decode, fused, prefill) forced, at a few M")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     device = jax.devices()[0].device_kind
@@ -144,7 +154,9 @@ def main():
                     row[name] = float("nan")
             if args.paths and m in PATH_MS and (n, k) in QUICK_NK:
                 fn, ops = variants(m, n, k, jax.random.key(1))["ours_w4a16"]
-                for path in ("decode", "prefill"):
+                for path in ("decode", "fused", "prefill"):
+                    if path == "decode" and m > DECODE_MAX_FORCED_M:
+                        continue
                     os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = path
                     jax.clear_caches()  # the path is read when the call is lowered
                     try:
@@ -152,8 +164,9 @@ def main():
                     finally:
                         os.environ.pop("JAX_NVFP4_GEMM_SM90_PATH")
                         jax.clear_caches()
-                print(f"  forced paths M={m}: decode {row['forced_decode']:.1f}us, "
-                      f"prefill {row['forced_prefill']:.1f}us", flush=True)
+                print(f"  forced paths M={m}: " + ", ".join(
+                    f"{path} {row[f'forced_{path}']:.1f}us" for path in ("decode", "fused", "prefill")
+                    if f"forced_{path}" in row), flush=True)
             flops = 2.0 * m * n * k
             weight_bytes = n * k * 0.5625 + m * k * 2 + m * n * 2
             t = row["ours_w4a16"] * 1e-6

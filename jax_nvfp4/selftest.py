@@ -128,8 +128,8 @@ register_check("quantize", "jax_nvfp4_quantize", check_quantize)
 register_check("dequantize", "jax_nvfp4_dequantize", check_dequantize)
 
 
-# (M, N, K): decode- and prefill-sized M on Hopper, N and K off the tile sizes.
-_MATMUL_PROBLEMS = [(1, 48, 64), (5, 130, 208), (70, 64, 96), (300, 40, 160)]
+# (M, N, K): decode-, fused- and prefill-sized M on Hopper, N and K off the tile sizes.
+_MATMUL_PROBLEMS = [(1, 48, 64), (5, 130, 208), (70, 64, 96), (300, 40, 160), (600, 24, 80)]
 
 
 def _matmul_operands(m, n, k, seed):

@@ -3,6 +3,7 @@ its API (validation, jit, vmap, NVFP4 output), the sm_90a dequantization math on
 the SASS of the built sm_90a GEMM kernels."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 import jax
@@ -170,6 +171,19 @@ def test_sm90_prefill_kernel_uses_wgmma(kernel_sass):
     for name, sass in kernels.items():
         assert "HGMMA" in sass, f"{name} has no HGMMA"
         assert "UTMALDG" in sass, f"{name} has no TMA load"
+
+
+def test_sm90_fused_kernel_uses_wgmma_with_register_a(kernel_sass):
+    """The mid-M kernel dequantizes into wgmma's A registers, its activations come by cp.async,
+    and its 8 k-steps of one chunk are issued back to back, not serialized by ptxas."""
+    kernels = kernel_sass("sm_90a", r"12fused_kernel")
+    assert len(kernels) == 4, sorted(kernels)  # 64 or 128 activation rows x 16- or 8-byte weight copies
+    for name, sass in kernels.items():
+        assert re.search(r"HGMMA\.64x(64|128)x16\.F32\.BF16 R\d+, R\d+, gdesc", sass), name
+        assert "LDGSTS" in sass, f"{name} has no cp.async"
+        assert "LDL" not in sass and "STL" not in sass, f"{name} spills to local memory"
+        # ptxas inserts a wait after each wgmma when it cannot prove the pipeline safe.
+        assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass, f"{name}: no wgmma left in flight"
 
 
 def test_sm90_decode_kernel_uses_tensor_cores(kernel_sass):

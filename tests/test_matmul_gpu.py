@@ -1,7 +1,7 @@
 """jax_nvfp4.matmul on a CUDA GPU (skips without one) against the float64 NumPy oracle.
 
-Each case runs through both sm_90a kernel families where they exist: JAX_NVFP4_GEMM_SM90_PATH
-forces the decode or prefill path (read when the call is lowered, so the cache is cleared). Before each call the
+Each case runs through every sm_90a kernel family where they exist: JAX_NVFP4_GEMM_SM90_PATH
+forces the decode, fused or prefill path (read when the call is lowered, so the cache is cleared). Before each call the
 allocator is handed a NaN-filled buffer of the output's size and gets it back, so an output
 element the kernel fails to write shows up as NaN or garbage instead of a lucky zero."""
 
@@ -28,7 +28,7 @@ _spec = importlib.util.spec_from_file_location("matmul_cases", HERE / "matmul_ca
 mc = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mc)
 
-PATHS = ["auto", "decode", "prefill"]
+PATHS = ["auto", "decode", "fused", "prefill"]
 
 
 @pytest.fixture
@@ -155,12 +155,15 @@ def test_jit_and_vmap(kernels):
     mc.assert_close(f(xs).reshape(24, 48), w4a16_oracle(kernels, xs.reshape(24, 128), w), 1e-5)
 
 
-def test_deterministic(kernels):
-    x = mc.random_float((8, 4096), jnp.bfloat16, 14)
+@pytest.mark.parametrize("path,m", [("decode", 8), ("fused", 64)])
+def test_deterministic(kernels, path, m):
+    """Few output tiles and a long K: the split-K cluster reduction runs, in a fixed order."""
+    x = mc.random_float((m, 4096), jnp.bfloat16, 14)
     w = mc.random_weight(512, 4096, 15)
-    a = np.asarray(run("decode", x, w, out_dtype=jnp.float32))
-    b = np.asarray(run("decode", x, w, out_dtype=jnp.float32))
+    a = np.asarray(run(path, x, w, out_dtype=jnp.float32))
+    b = np.asarray(run(path, x, w, out_dtype=jnp.float32))
     np.testing.assert_array_equal(a, b)
+    mc.assert_close(a, w4a16_oracle(kernels, x, w), 1e-5)
 
 
 MEMCHECK_SCRIPT = textwrap.dedent("""
@@ -168,7 +171,7 @@ MEMCHECK_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     import jax_nvfp4 as jn
     rng = np.random.default_rng(0)
-    for path in ("decode", "prefill"):
+    for path in ("decode", "fused", "prefill"):
         os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = path
         jax.clear_caches()
         for m, n, k, xd in ((3, 37, 208, jnp.bfloat16), (37, 70, 48, jnp.float32), (130, 13, 16, jnp.float16)):

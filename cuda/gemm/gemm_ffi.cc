@@ -43,8 +43,8 @@ std::string dims_str(ffi::AnyBuffer::Dimensions d) {
 }
 
 ffi::Error decode_path(int64_t path, GemmProblem* p) {
-  if (path < 0 || path > static_cast<int64_t>(GemmPath::kPrefill)) {
-    return invalid("path must be 0 (auto), 1 (decode) or 2 (prefill), got " + std::to_string(path));
+  if (path < 0 || path > static_cast<int64_t>(GemmPath::kFused)) {
+    return invalid("path must be 0 (auto), 1 (decode), 2 (prefill) or 3 (fused), got " + std::to_string(path));
   }
   p->path = static_cast<GemmPath>(path);
   return ffi::Error::Success();

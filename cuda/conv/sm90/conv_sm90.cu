@@ -22,48 +22,19 @@
 
 #include "common/nvfp4_decode.cuh"
 #include "common/scale_layout.h"
+#include "common/sm90_async.cuh"
 #include "conv/sm90/conv_sm90.h"
 #include "conv/sm90/conv_sm90_schedule.h"
-#include "conv/sm90/wgmma_rs.cuh"
 
 namespace jax_nvfp4 {
 namespace conv90 {
 namespace {
 
+using namespace hopper;
+
 enum class ActKind { kBF16, kF16, kF32, kNvfp4 };
 
 constexpr int kCodeRowBytes = kChunkC / 2;  // 32 bytes of packed codes per weight row per stage
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// cp.async of `bytes` (4, 8 or 16); src_bytes = 0 fills the destination with zeros.
-template <int kBytes>
-__device__ __forceinline__ void cp_async(void* dst, const void* src, bool valid) {
-  const int src_bytes = valid ? kBytes : 0;
-  if constexpr (kBytes == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "n"(kBytes), "r"(src_bytes)
-                 : "memory");
-  }
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-// Makes this thread's shared-memory writes visible to the tensor cores (async proxy).
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 
 // Thread-block cluster primitives for the split-K reduction through distributed shared memory.
 __device__ __forceinline__ uint32_t cluster_rank() {

@@ -17,11 +17,11 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
-#include <array>
 #include <cstdint>
-#include <mutex>
 
 #include "common/scale_layout.h"
+#include "gemm/sm90/cluster_split.cuh"
+#include "gemm/sm90/gemm_device_utils.cuh"
 #include "gemm/sm90/gemm_sm90_internal.h"
 #include "gemm/sm90/nvfp4_bf16x2.h"
 
@@ -35,23 +35,15 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRowsPerBlock = kWarps * 16;
 constexpr int kChunk = 128;  // K elements per step: 4 lanes x 32
-constexpr int kMaxClusterSplit = 8;
 // K chunks of weights in flight per lane (registers). Measured on an H200 (bench/
 // decode_kernel_bench.sh): 4 was slower than 2 on most shapes, its registers cost occupancy.
 constexpr int kDepth = 2;
 static_assert(kDepth % 2 == 0, "the activation double buffer alternates with the chunk parity");
 
-enum class XKind { kBF16, kF16, kF32, kNvfp4 };
-
 // Words of raw activation data one lane holds per chunk and n8-tile.
 template <XKind XK>
 constexpr int x_words() {
   return XK == XKind::kF32 ? 32 : XK == XKind::kNvfp4 ? 4 : 16;
-}
-// Whether x is split into bf16 hi + lo (two MMAs): f16 exactly, f32 to ~2^-17.
-template <XKind XK>
-constexpr bool x_split() {
-  return XK == XKind::kF16 || XK == XKind::kF32;
 }
 
 struct WeightRaw {
@@ -101,35 +93,6 @@ __device__ __forceinline__ uint32_t load_scales(const uint8_t* scales, int64_t r
                                                 int64_t k) {
   const int64_t off = scale_offset(row, e0 / kBlockSize, k / kBlockSize);
   return *reinterpret_cast<const uint16_t*>(scales + off);
-}
-
-// Two E4M3 scales -> two bf16x2 registers, each the scale times 2^119 in both halves.
-__device__ __forceinline__ void widen_scales(uint32_t two, uint32_t& s0, uint32_t& s1) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
-  const float2 f = __half22float2(__half2(h));
-  const float b0 = f.x * kScaleBoost, b1 = f.y * kScaleBoost;  // exact: powers of two
-  const __nv_bfloat162 p0 = __floats2bfloat162_rn(b0, b0), p1 = __floats2bfloat162_rn(b1, b1);
-  s0 = *reinterpret_cast<const uint32_t*>(&p0);
-  s1 = *reinterpret_cast<const uint32_t*>(&p1);
-}
-
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
-// The 4 dequantized pairs of one word (E2M1 * E4M3 * 2^-7, exact).
-__device__ __forceinline__ void dequant_word(uint32_t word, uint32_t scale, uint32_t (&p)[4]) {
-  p[0] = mul_bf16x2(e2m1_pair_bits<0>(word), scale);
-  p[1] = mul_bf16x2(e2m1_pair_bits<1>(word), scale);
-  p[2] = mul_bf16x2(e2m1_pair_bits<2>(word), scale);
-  p[3] = mul_bf16x2(e2m1_pair_bits<3>(word), scale);
-}
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -338,22 +301,6 @@ __device__ __forceinline__ void compute_chunk(const WeightRaw& w, const ActRaw<X
   }
 }
 
-__device__ __forceinline__ float load_as_float(const void* base, DType t, int64_t i) {
-  switch (t) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-    default: return __half2float(static_cast<const __half*>(base)[i]);
-  }
-}
-
-__device__ __forceinline__ void store_as(void* base, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::kF32: static_cast<float*>(base)[i] = v; break;
-    case DType::kBF16: static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v); break;
-    default: static_cast<__half*>(base)[i] = __float2half_rn(v); break;
-  }
-}
-
 template <int T, XKind XK>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const GemmProblem p, int64_t chunks) {
   __shared__ float partial[4 * T][kThreads];
@@ -441,72 +388,17 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const GemmProblem p, i
   cluster.sync();  // keep this block's partials alive until every rank has read them
 }
 
-// A launch of `grid` whose blocks along z (the K split) form one cluster.
-struct ClusterLaunch {
-  cudaLaunchAttribute attr;
-  cudaLaunchConfig_t cfg;
-  ClusterLaunch(dim3 grid, int split, cudaStream_t stream) : attr{}, cfg{} {
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = static_cast<unsigned>(split);
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(kThreads);
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-  }
-  ClusterLaunch(const ClusterLaunch&) = delete;
-  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
-};
-
-// Blocks of decode_kernel<T, XK> the current device runs at once in clusters of s (entry s,
-// 1..kMaxClusterSplit; 0 where the launch is impossible).
-template <int T, XKind XK>
-std::array<int64_t, kMaxClusterSplit + 1> query_resident_blocks() {
-  std::array<int64_t, kMaxClusterSplit + 1> blocks{};
-  for (int s = 1; s <= kMaxClusterSplit; ++s) {
-    const ClusterLaunch probe(dim3(1, 1, s), s, nullptr);
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, decode_kernel<T, XK>, &probe.cfg) != cudaSuccess) {
-      (void)cudaGetLastError();  // leave no sticky error for the launch to report
-      clusters = 0;
-    }
-    blocks[s] = static_cast<int64_t>(clusters) * s;
-  }
-  return blocks;
-}
-
-// The same, cached per device: the queries cost more than a decode-size kernel.
-template <int T, XKind XK>
-std::array<int64_t, kMaxClusterSplit + 1> resident_blocks() {
-  constexpr int kMaxDevices = 64;
-  static std::array<int64_t, kMaxClusterSplit + 1> cache[kMaxDevices];
-  static std::once_flag done[kMaxDevices];
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) {
-    return query_resident_blocks<T, XK>();
-  }
-  std::call_once(done[device], [device] { cache[device] = query_resident_blocks<T, XK>(); });
-  return cache[device];
-}
-
 template <int T, XKind XK>
 cudaError_t launch(const GemmProblem& p, cudaStream_t stream) {
   const int64_t chunks = ceil_div(p.k, kChunk);
   const int64_t n_tiles = ceil_div(p.n, kRowsPerBlock), m_tiles = ceil_div(p.m, 8 * T);
   if (m_tiles > 65535) return cudaErrorInvalidValue;
-  // Split K into as many parts as keep the whole grid resident at once (one wave: a second,
-  // partial wave would double the time of its blocks), at most a cluster of 8, and at least
-  // 2 chunks a part. More resident warps hide more of the load and MMA latency.
-  const std::array<int64_t, kMaxClusterSplit + 1> capacity = resident_blocks<T, XK>();
-  int split = 1;
-  while (split < kMaxClusterSplit && n_tiles * m_tiles * (split + 1) <= capacity[split + 1] &&
-         chunks >= 2LL * (split + 1)) {
-    ++split;
-  }
-  const ClusterLaunch launch(
-      dim3(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles), split), split, stream);
+  // Split K over a cluster, as far as the grid stays resident (cluster_split.cuh), at least 2
+  // chunks a part.
+  const int split = one_wave_split(n_tiles * m_tiles, chunks, 2,
+                                   resident_blocks<decode_kernel<T, XK>>(dim3(kThreads), 0));
+  const ClusterLaunch launch(dim3(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles), split),
+                             dim3(kThreads), 0, split, stream);
   return cudaLaunchKernelEx(&launch.cfg, decode_kernel<T, XK>, p, chunks);
 }
 

@@ -15,6 +15,7 @@
 
 #include "common/nvfp4_decode.cuh"
 #include "common/scale_layout.h"
+#include "gemm/sm90/gemm_device_utils.cuh"
 #include "gemm/sm90/gemm_sm90_internal.h"
 #include "gemm/sm90/nvfp4_bf16x2.h"
 
@@ -23,12 +24,6 @@ namespace sm90 {
 namespace {
 
 // --- Preparation kernels --------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
 
 // One E4M3 scale -> bf16x2 of scale * 2^119 in both halves.
 __device__ __forceinline__ uint32_t widen_scale(uint8_t bits) {
@@ -99,14 +94,6 @@ __global__ void split_rows(const T* x, int64_t m, int64_t k, __nv_bfloat16* dst)
       out[c] = h;
       out[k + c] = __float2bfloat16_rn(v - __bfloat162float(h));
     }
-  }
-}
-
-__device__ __forceinline__ float load_as_float(const void* base, DType t, int64_t i) {
-  switch (t) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-    default: return __half2float(static_cast<const __half*>(base)[i]);
   }
 }
 

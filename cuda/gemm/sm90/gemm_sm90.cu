@@ -1,4 +1,4 @@
-// The sm_90a GEMM launcher: picks decode or prefill, and adds NVFP4 output by quantizing the
+// The sm_90a GEMM launcher: picks decode, fused or prefill, and adds NVFP4 output by quantizing the
 // float32 result (kept in the workspace) with quantize_sm90.
 #include "gemm/sm90/gemm_sm90.h"
 
@@ -43,12 +43,19 @@ QuantizeProblem quantize_stage(const GemmProblem& p, const float* y, void* ws, s
 }
 
 size_t path_workspace(const GemmProblem& p) {
-  return gemm_sm90_path(p) == GemmSm90Path::kDecode ? 0 : sm90::prefill_workspace_bytes(p);
+  switch (gemm_sm90_path(p)) {
+    case GemmSm90Path::kDecode: return 0;
+    case GemmSm90Path::kFused: return sm90::fused_workspace_bytes(p);
+    default: return sm90::prefill_workspace_bytes(p);
+  }
 }
 
 cudaError_t run_path(const GemmProblem& p, cudaStream_t stream) {
-  if (gemm_sm90_path(p) == GemmSm90Path::kDecode) return sm90::decode_gemm(p, stream);
-  return sm90::prefill_gemm(p, stream);
+  switch (gemm_sm90_path(p)) {
+    case GemmSm90Path::kDecode: return sm90::decode_gemm(p, stream);
+    case GemmSm90Path::kFused: return sm90::fused_gemm(p, stream);
+    default: return sm90::prefill_gemm(p, stream);
+  }
 }
 
 }  // namespace
@@ -56,7 +63,9 @@ cudaError_t run_path(const GemmProblem& p, cudaStream_t stream) {
 GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
   if (p.path == GemmPath::kDecode) return GemmSm90Path::kDecode;
   if (p.path == GemmPath::kPrefill) return GemmSm90Path::kPrefill;
-  return p.m <= kGemmSm90DecodeMaxM ? GemmSm90Path::kDecode : GemmSm90Path::kPrefill;
+  if (p.path == GemmPath::kFused) return GemmSm90Path::kFused;
+  if (p.m <= kGemmSm90DecodeMaxM) return GemmSm90Path::kDecode;
+  return p.m <= kGemmSm90FusedMaxM ? GemmSm90Path::kFused : GemmSm90Path::kPrefill;
 }
 
 size_t gemm_sm90_workspace_bytes(const GemmProblem& p) {

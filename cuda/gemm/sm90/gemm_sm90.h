@@ -1,9 +1,12 @@
-// Hopper (sm_90a) NVFP4 GEMM: two kernel families behind one launcher.
+// Hopper (sm_90a) NVFP4 GEMM: three kernel families behind one launcher.
 //
 //   decode   small M, memory-bound: streams the 4.5-bit weights, dequantizes them in registers
 //            and multiplies on the tensor cores with mma.sync (weights as the 16-row A operand,
 //            the few activation rows as B), split-K across a thread-block cluster reduced
 //            through distributed shared memory (deterministic, no workspace).
+//   fused    mid M: the weights are dequantized in the main loop straight into wgmma A-operand
+//            registers (never written back as bf16), the activations, staged once per call in
+//            the workspace in the matching K order, are the shared-memory B operand.
 //   prefill  large M, compute-bound: one pass dequantizes the weights to bf16 in the workspace
 //            (and converts x when it is not bf16), then CUTLASS's TMA warp-specialized
 //            persistent wgmma GEMM runs with alpha and bias in its epilogue.
@@ -20,13 +23,14 @@
 
 namespace jax_nvfp4 {
 
-enum class GemmSm90Path : int { kDecode = 0, kPrefill = 1 };
+enum class GemmSm90Path : int { kDecode = 0, kPrefill = 1, kFused = 2 };
 
 // The path gemm_sm90 takes for M activation rows: decode for M <= kGemmSm90DecodeMaxM (there the
-// weights' bytes dominate: 4.5 bits of weight read per 2*M flops), prefill above. Measured on an
-// H200 with both paths forced, the crossover sat at M ~ 64 for N, K in 4096..14336 (see
-// docs/gemm_hopper.md). p.path other than kAuto forces one.
-constexpr int64_t kGemmSm90DecodeMaxM = 32;
+// weights' bytes dominate: 4.5 bits of weight read per 2*M flops), fused up to
+// kGemmSm90FusedMaxM, prefill above (see docs/gemm_hopper.md for the measurements behind the
+// bounds). p.path other than kAuto forces one.
+constexpr int64_t kGemmSm90DecodeMaxM = 16;
+constexpr int64_t kGemmSm90FusedMaxM = 256;
 GemmSm90Path gemm_sm90_path(const GemmProblem& p);
 
 // Device scratch gemm_sm90 needs for p (dequantized operands, the float32 result before NVFP4

@@ -13,6 +13,10 @@ namespace sm90 {
 // Small-M kernel: writes p.out (float dtype) directly; needs no workspace.
 cudaError_t decode_gemm(const GemmProblem& p, cudaStream_t stream);
 
+// Mid-M kernel: stages x in the workspace, dequantizes the weights in its main loop.
+size_t fused_workspace_bytes(const GemmProblem& p);
+cudaError_t fused_gemm(const GemmProblem& p, cudaStream_t stream);
+
 // Large-M path: dequantize pass + CUTLASS wgmma GEMM, writing p.out (float dtype).
 size_t prefill_workspace_bytes(const GemmProblem& p);
 cudaError_t prefill_gemm(const GemmProblem& p, cudaStream_t stream);

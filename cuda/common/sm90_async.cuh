@@ -1,13 +1,45 @@
-// Inline-PTX wrappers of the Hopper warpgroup MMA used by the sm_90a convolution:
-// wgmma.mma_async (bf16 x bf16 -> f32) with A in registers and B from shared memory, plus the
-// fence / commit / wait that order it. Accumulators are always added to (scale-d = 1): callers
-// zero them first.
+// Hopper (sm_90a) asynchronous-copy and warpgroup-MMA primitives shared by the sm_90a kernels
+// (GEMM and convolution): cp.async with zero fill, the proxy fence that makes its writes visible
+// to the tensor cores, and wgmma.mma_async (bf16 x bf16 -> f32) with A in registers and B from
+// shared memory, plus the fence / commit / wait that order it. Accumulators are always added to
+// (scale-d = 1): callers zero them first.
 #pragma once
 
 #include <cstdint>
 
 namespace jax_nvfp4 {
-namespace conv90 {
+namespace hopper {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// cp.async of `bytes` (4, 8 or 16); src_bytes = 0 fills the destination with zeros.
+template <int kBytes>
+__device__ __forceinline__ void cp_async(void* dst, const void* src, bool valid) {
+  const int src_bytes = valid ? kBytes : 0;
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "n"(kBytes), "r"(src_bytes)
+                 : "memory");
+  }
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Makes this thread's shared-memory writes visible to the tensor cores (async proxy).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 
@@ -34,6 +66,14 @@ __device__ __forceinline__ uint64_t smem_descriptor(uint32_t smem_addr, uint32_t
   return static_cast<uint64_t>((smem_addr >> 4) & 0x3FFF) |
          (static_cast<uint64_t>((lead_bytes >> 4) & 0x3FFF) << 16) |
          (static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32);
+}
+
+// Descriptor of a K-major operand in the 128-byte swizzle layout: rows of 64 bf16 (128 bytes),
+// the 16-byte chunk c of row r stored at chunk c ^ (r % 8) within 1024-byte-aligned atoms of 8
+// rows, atoms `stride_bytes` apart along M/N. A k-step starts 32 bytes further along the row.
+__device__ __forceinline__ uint64_t smem_descriptor_swizzle128(uint32_t smem_addr, uint32_t stride_bytes) {
+  return static_cast<uint64_t>((smem_addr >> 4) & 0x3FFF) | (uint64_t{1} << 16) |
+         (static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
 }
 
 // D[64 x 64] += A[64 x 16] (registers) * B[16 x 64] (shared memory, K-major, no swizzle).
@@ -134,5 +174,5 @@ struct WgmmaRS<256> {
   }
 };
 
-}  // namespace conv90
+}  // namespace hopper
 }  // namespace jax_nvfp4

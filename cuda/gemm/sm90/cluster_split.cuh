@@ -1,0 +1,91 @@
+// Split-K over a thread-block cluster, for the sm_90a GEMM kernels that reduce their partial
+// sums through distributed shared memory: the cluster launch, and the largest split whose whole
+// grid the GPU keeps resident at once (one wave: a second, partial wave would double the time
+// of its blocks; more resident warps hide more load and MMA latency).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+
+namespace jax_nvfp4 {
+namespace sm90 {
+
+constexpr int kMaxClusterSplit = 8;  // the portable cluster size
+
+// A launch of `grid` whose blocks along z (the K split) form one cluster.
+struct ClusterLaunch {
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t cfg;
+  ClusterLaunch(dim3 grid, dim3 block, size_t smem_bytes, int split, cudaStream_t stream)
+      : attr{}, cfg{} {
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = static_cast<unsigned>(split);
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem_bytes;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
+// Entry s (1..kMaxClusterSplit): blocks the device runs at once in clusters of s; 0 where the
+// launch is impossible.
+using ResidentBlocks = std::array<int64_t, kMaxClusterSplit + 1>;
+
+template <typename Kernel>
+ResidentBlocks query_resident_blocks(Kernel kernel, dim3 block, size_t smem_bytes) {
+  ResidentBlocks blocks{};
+  if (smem_bytes > 48 * 1024 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem_bytes)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return blocks;
+  }
+  for (int s = 1; s <= kMaxClusterSplit; ++s) {
+    const ClusterLaunch probe(dim3(1, 1, s), block, smem_bytes, s, nullptr);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe.cfg) != cudaSuccess) {
+      (void)cudaGetLastError();  // leave no sticky error for the launch to report
+      clusters = 0;
+    }
+    blocks[s] = static_cast<int64_t>(clusters) * s;
+  }
+  return blocks;
+}
+
+// The same, for kernel kKernel, cached per device: the queries cost more than a decode-size
+// kernel. Also sets the kernel's dynamic shared memory limit on the device (once).
+template <auto kKernel>
+ResidentBlocks resident_blocks(dim3 block, size_t smem_bytes) {
+  constexpr int kMaxDevices = 64;
+  static ResidentBlocks cache[kMaxDevices];
+  static std::once_flag done[kMaxDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) {
+    return query_resident_blocks(kKernel, block, smem_bytes);
+  }
+  std::call_once(done[device], [&] { cache[device] = query_resident_blocks(kKernel, block, smem_bytes); });
+  return cache[device];
+}
+
+// The largest split (<= kMaxClusterSplit, >= min_chunks K chunks a part) that keeps `tiles`
+// output tiles resident in one wave; 1 if none does.
+inline int one_wave_split(int64_t tiles, int64_t chunks, int64_t min_chunks, const ResidentBlocks& capacity) {
+  int split = 1;
+  while (split < kMaxClusterSplit && tiles * (split + 1) <= capacity[split + 1] &&
+         chunks >= min_chunks * (split + 1)) {
+    ++split;
+  }
+  return split;
+}
+
+}  // namespace sm90
+}  // namespace jax_nvfp4

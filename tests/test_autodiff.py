@@ -68,7 +68,10 @@ def test_grad_under_jit_and_vmap(problem):
     wq = jn.quantize(w)
     f = lambda x: _loss(jn.matmul(x, wq, bias=b, out_dtype=jnp.float32))
     eager = jax.grad(f)(x)
-    np.testing.assert_allclose(jax.jit(jax.grad(f))(x), eager, rtol=1e-6, atol=1e-6)
+    # The backward rounds the cotangent to bf16 (BACKWARD_DTYPE); under jit XLA may keep it in
+    # float32 (excess precision, as jax 0.11's CPU backend does), so jit and eager agree to the
+    # backward's precision, not to float32's.
+    assert _rel(jax.jit(jax.grad(f))(x), eager) < 1e-2
     per_example = jax.vmap(jax.grad(f))(x)
     np.testing.assert_allclose(per_example, jnp.stack([jax.grad(f)(xi) for xi in x]),
                                rtol=1e-6, atol=1e-6)

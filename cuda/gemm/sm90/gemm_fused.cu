@@ -41,6 +41,7 @@
 #include "common/scale_layout.h"
 #include "common/sm90_async.cuh"
 #include "gemm/sm90/cluster_split.cuh"
+#include "gemm/sm90/fused_staging.h"
 #include "gemm/sm90/gemm_device_utils.cuh"
 #include "gemm/sm90/gemm_sm90_internal.h"
 #include "gemm/sm90/nvfp4_bf16x2.h"
@@ -84,29 +85,7 @@ constexpr int staged_rows_per_row() {
   return x_split<XK>() ? 2 : 1;
 }
 
-// --- Staging of the activations -------------------------------------------------------------
-//
-// Order: within a chunk, lane t of the weight layout holds elements 32t .. 32t+31 and
-// dequantizes pair j of word q as elements 32t + 8q + {j, j + 4}, which feed k slots 2t, 2t + 1
-// of k-group (8 slots) kg = 4q + j, the first or second half of k-step kg / 2. So word t of a
-// staged row in k-group kg is that pair of x.
-//
-// Layout: one [MT x 128] bf16 tile per (m_tile, chunk), in wgmma's K-major 128-byte swizzle
-// layout: two 64-slot halves of the chunk (kg / 8), each MT rows of 128 bytes, 8-row atoms of
-// 1024 bytes, the 16-byte k-group kg % 8 of row r stored at position (kg % 8) ^ (r % 8).
-
-// Word index, within a tile, of word t of k-group kg of row `row`.
-template <int MT>
-__host__ __device__ constexpr int staged_word(int kg, int row, int t) {
-  return ((kg / 8) * MT * 128 + (row / 8) * 1024 + (row % 8) * 128 + (((kg % 8) ^ (row % 8)) * 16)) / 4 + t;
-}
-
-// Byte offset, within a tile, of k-step s (k-groups 2s, 2s + 1) in the descriptor's terms: the
-// start of row 0's k-group 2s before swizzling.
-template <int MT>
-__host__ __device__ constexpr int staged_k_step_offset(int s) {
-  return (s / 4) * MT * 128 + (s % 4) * 32;
-}
+// --- Staging of the activations (order and layout: fused_staging.h) ------------------------
 
 // Pair j (elements j, j + 4) of 8 consecutive activations e0 .. e0+7 of effective row r, as
 // bf16x2 (zero past M or K).
@@ -170,10 +149,7 @@ __global__ void stage_activations(const GemmProblem p, int64_t staged_rows, int6
     uint32_t* tile = xs + ((r / MT) * chunks + c) * kTileWords;
     const int64_t row = r % MT;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int kg = 4 * q + j;
-      tile[staged_word<MT>(kg, row, t)] = pair[j];
-    }
+    for (int j = 0; j < 4; ++j) tile[staged_word<MT>(staged_k_group(32 * t + 8 * q + j), row, t)] = pair[j];
   }
 }
 

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "common/dtype_io.cuh"
 #include "common/nvfp4_decode.cuh"
 #include "common/scale_layout.h"
 #include "common/sm90_async.cuh"
@@ -137,22 +138,6 @@ __device__ __forceinline__ float load_float(const T* p) {
   if constexpr (std::is_same_v<T, float>) return *p;
   else if constexpr (std::is_same_v<T, __half>) return __half2float(*p);
   else return __bfloat162float(*p);
-}
-
-__device__ __forceinline__ float read_as_float(const void* base, DType t, int64_t i) {
-  switch (t) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kF16: return __half2float(static_cast<const __half*>(base)[i]);
-    default: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-  }
-}
-
-__device__ __forceinline__ void store_out(void* base, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::kF32: static_cast<float*>(base)[i] = v; break;
-    case DType::kF16: static_cast<__half*>(base)[i] = __float2half_rn(v); break;
-    default: static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v); break;
-  }
 }
 
 // Shared-memory bytes of one pipeline stage.
@@ -407,7 +392,7 @@ struct Kernel {
     float bias[2] = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      if (pb.bias != nullptr && k_rows[i] < pb.k) bias[i] = read_as_float(pb.bias, pb.bias_dtype, k_rows[i]);
+      if (pb.bias != nullptr && k_rows[i] < pb.k) bias[i] = load_as_float(pb.bias, pb.bias_dtype, k_rows[i]);
     }
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
@@ -420,7 +405,7 @@ struct Kernel {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           if (k_rows[i] < pb.k) {
-            store_out(pb.out, pb.out_dtype, pixel * pb.k + k_rows[i], acc[j * 4 + 2 * i + e] * alpha + bias[i]);
+            store_as(pb.out, pb.out_dtype, pixel * pb.k + k_rows[i], acc[j * 4 + 2 * i + e] * alpha + bias[i]);
           }
         }
       }
@@ -445,7 +430,7 @@ struct Kernel {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int64_t k = k0 + row0 + 8 * i;
-      if (pb.bias != nullptr && k < pb.k) bias[i] = read_as_float(pb.bias, pb.bias_dtype, k);
+      if (pb.bias != nullptr && k < pb.k) bias[i] = load_as_float(pb.bias, pb.bias_dtype, k);
     }
     __syncthreads();  // every warp's wgmmas have retired: the stage buffers are free
 #pragma unroll

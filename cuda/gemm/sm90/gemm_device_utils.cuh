@@ -1,5 +1,6 @@
 // Device helpers shared by the sm_90a GEMM kernels: NVFP4 words to bf16x2 registers (the order
-// of nvfp4_bf16x2.h), the activation kinds, and float loads and stores of any output dtype.
+// of nvfp4_bf16x2.h), the activation kinds, and (common/dtype_io.cuh) float loads and stores of
+// any operand or output dtype.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,7 +9,7 @@
 
 #include <cstdint>
 
-#include "common/dtype.h"
+#include "common/dtype_io.cuh"
 #include "gemm/sm90/nvfp4_bf16x2.h"
 
 namespace jax_nvfp4 {
@@ -49,22 +50,6 @@ __device__ __forceinline__ void dequant_word(uint32_t word, uint32_t scale, uint
   p[1] = mul_bf16x2(e2m1_pair_bits<1>(word), scale);
   p[2] = mul_bf16x2(e2m1_pair_bits<2>(word), scale);
   p[3] = mul_bf16x2(e2m1_pair_bits<3>(word), scale);
-}
-
-__device__ __forceinline__ float load_as_float(const void* base, DType t, int64_t i) {
-  switch (t) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-    default: return __half2float(static_cast<const __half*>(base)[i]);
-  }
-}
-
-__device__ __forceinline__ void store_as(void* base, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::kF32: static_cast<float*>(base)[i] = v; break;
-    case DType::kBF16: static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v); break;
-    default: static_cast<__half*>(base)[i] = __float2half_rn(v); break;
-  }
 }
 
 }  // namespace sm90

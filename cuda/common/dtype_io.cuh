@@ -1,0 +1,30 @@
+// Device loads and stores of one element of a float operand or output of any DType, as float32
+// (stores round to nearest even).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "common/dtype.h"
+
+namespace jax_nvfp4 {
+
+__device__ __forceinline__ float load_as_float(const void* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF32: return static_cast<const float*>(base)[i];
+    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    default: return __half2float(static_cast<const __half*>(base)[i]);
+  }
+}
+
+__device__ __forceinline__ void store_as(void* base, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::kF32: static_cast<float*>(base)[i] = v; break;
+    case DType::kBF16: static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v); break;
+    default: static_cast<__half*>(base)[i] = __float2half_rn(v); break;
+  }
+}
+
+}  // namespace jax_nvfp4

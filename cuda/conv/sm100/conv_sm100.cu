@@ -24,6 +24,7 @@
 
 #include <cute/arch/mma_sm100_desc.hpp>
 
+#include "common/dtype_io.cuh"
 #include "common/nvfp4_decode.cuh"
 #include "common/scale_layout.h"
 #include "conv/sm100/conv_sm100.h"
@@ -194,24 +195,6 @@ __device__ void load_weight_tap(const ConvProblem& p, int fr, int fs, int64_t n0
   }
 }
 
-__device__ __forceinline__ float load_bias(const ConvProblem& p, int64_t k) {
-  if (p.bias == nullptr) return 0.f;
-  switch (p.bias_dtype) {
-    case DType::kF32: return static_cast<const float*>(p.bias)[k];
-    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p.bias)[k]);
-    case DType::kF16: return __half2float(static_cast<const __half*>(p.bias)[k]);
-  }
-  return 0.f;
-}
-
-__device__ __forceinline__ void store_out(const ConvProblem& p, int64_t idx, float v) {
-  switch (p.out_dtype) {
-    case DType::kF32: static_cast<float*>(p.out)[idx] = v; break;
-    case DType::kBF16: static_cast<__nv_bfloat16*>(p.out)[idx] = __float2bfloat16_rn(v); break;
-    case DType::kF16: static_cast<__half*>(p.out)[idx] = __float2half_rn(v); break;
-  }
-}
-
 __global__ void __launch_bounds__(kThreads, 1)
     conv_sm100_ashift_kernel(const ConvProblem p, const Geometry g) {
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -309,7 +292,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       const int64_t k = n0 + col + i;
-      if (k < p.k) store_out(p, out_row + k, alpha * __uint_as_float(acc[i]) + load_bias(p, k));
+      if (k < p.k) {
+        const float bias = p.bias ? load_as_float(p.bias, p.bias_dtype, k) : 0.f;
+        store_as(p.out, p.out_dtype, out_row + k, alpha * __uint_as_float(acc[i]) + bias);
+      }
     }
   }
   tcgen05::fence_before_sync();

@@ -23,6 +23,7 @@
 #include "common/scale_layout.h"
 #include "conv/sm90/conv_sm90.h"
 #include "cuda_check.h"
+#include "event_timing.h"
 
 using namespace jax_nvfp4;
 
@@ -129,22 +130,7 @@ void run_shape(const Shape& sh, const char* label) {
     worst = std::max(worst, std::fabs(got - want) / (std::fabs(want) + 1.0));
   }
 
-  const int iters = 200;
-  std::vector<float> times;
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  for (int rep = 0; rep < 7; ++rep) {
-    CUDA_CHECK(cudaEventRecord(start, stream));
-    for (int i = 0; i < iters; ++i) CUDA_CHECK(conv_sm90(p, stream));
-    CUDA_CHECK(cudaEventRecord(stop, stream));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms * 1e3f / iters);
-  }
-  std::sort(times.begin(), times.end());
-  const double us = times[times.size() / 2];
+  const double us = median_us_per_call(stream, 7, 200, [&](int) { CUDA_CHECK(conv_sm90(p, stream)); });
   const double flops = 2.0 * out_elems * p.r * p.s * p.c;
   std::printf("| %s | %s | %.1f | %.0f | %.1e | %016llx |\n", label, sh.name, us, flops / us / 1e6, worst,
               static_cast<unsigned long long>(fnv_hash(out)));

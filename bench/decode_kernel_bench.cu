@@ -27,6 +27,7 @@
 
 #include "common/scale_layout.h"
 #include "cuda_check.h"
+#include "event_timing.h"
 #include "gemm/sm90/gemm_sm90_internal.h"
 
 
@@ -247,25 +248,10 @@ double time_graph(F enqueue, cudaStream_t s) {
   CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
   CUDA_CHECK(cudaGraphLaunch(ge, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<double> t;
-  for (int r = 0; r < kRepeats; ++r) {
-    CUDA_CHECK(cudaEventRecord(a, s));
-    CUDA_CHECK(cudaGraphLaunch(ge, s));
-    CUDA_CHECK(cudaEventRecord(b, s));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e3 / kCallsPerGraph);
-  }
+  const double us = median_us_per_call(s, kRepeats, 1, [&](int) { CUDA_CHECK(cudaGraphLaunch(ge, s)); });
   CUDA_CHECK(cudaGraphExecDestroy(ge));
   CUDA_CHECK(cudaGraphDestroy(g));
-  CUDA_CHECK(cudaEventDestroy(a));
-  CUDA_CHECK(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return us / kCallsPerGraph;
 }
 
 // The bandwidth ceiling: a plain 16-byte-per-thread copy kernel (a graph's memcpy node may run

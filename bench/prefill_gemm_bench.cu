@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "event_timing.h"
 #include "gemm/sm90/wgmma_gemm.cuh"
 
 
@@ -60,9 +61,6 @@ int main() {
   std::normal_distribution<float> normal;
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreate(&stream));
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
 
   for (const Shape3& s : shapes) {
     std::vector<__nv_bfloat16> a(size_t(s.m) * s.k), b(size_t(s.n) * s.k);
@@ -89,19 +87,7 @@ int main() {
         CUDA_CHECK(Config::run(s.m, s.n, s.k, da, db, dd, alpha, bias, ws, stream, swizzle));
       };
       for (int i = 0; i < 3; ++i) call();
-      constexpr int kCalls = 20;
-      std::vector<float> per_call;
-      for (int rep = 0; rep < 5; ++rep) {
-        CUDA_CHECK(cudaEventRecord(start, stream));
-        for (int i = 0; i < kCalls; ++i) call();
-        CUDA_CHECK(cudaEventRecord(stop, stream));
-        CUDA_CHECK(cudaEventSynchronize(stop));
-        float ms = 0.f;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-        per_call.push_back(ms * 1e3f / kCalls);
-      }
-      std::sort(per_call.begin(), per_call.end());
-      const double us = per_call[per_call.size() / 2];
+      const double us = median_us_per_call(stream, 5, 20, [&](int) { call(); });
       std::printf(" %.1f us %.0f TF/s |", us, 2.0 * s.m * s.n * s.k / us * 1e-6);
     }
     // A few outputs against a float64 dot product of the same bf16 operands.

@@ -316,13 +316,38 @@ def test_sharded_llama_example_small(tmp_path, capsys, monkeypatch):
 # ------------------------------------------------------------------------------ explicit axes
 
 
+@pytest.fixture(scope="module")
+def explicit_mesh():
+    return jax.make_mesh((N_DEV,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,),
+                         devices=jax.devices()[:N_DEV])
+
+
 @multidevice
-def test_grad_under_a_mesh_with_explicit_axes():
+@pytest.mark.parametrize("x_spec,w_spec", [(P("x", None), P(None, None)),
+                                           (P(None, None), P("x", None)),
+                                           (P(None, "x"), P(None, "x"))],
+                         ids=["data-parallel", "column-parallel", "row-parallel"])
+def test_ops_under_a_mesh_with_explicit_axes(explicit_mesh, x_spec, w_spec):
+    """Under Explicit mesh axes the per-shard bodies run untyped by the mesh: quantize, matmul
+    (each pattern) and dequantize give the values of a one-device run."""
+    mesh = explicit_mesh
+    x = row_scaled(jax.random.key(5), (16 * N_DEV, 128 * N_DEV))
+    w = nv.quantize(row_scaled(jax.random.key(6), (128 * N_DEV, 128 * N_DEV)))
+    f = jax.jit(lambda a, b: (nv.matmul(a, b, out_dtype=jnp.float32), nv.quantize(a),
+                              nv.dequantize(b, jnp.float32)))
+    want = f(x, w)
+    with jax.set_mesh(mesh):
+        got = f(put(x, mesh, x_spec), shard_nvfp4(w, mesh, w_spec))
+    y, y_want = np.asarray(got[0]), np.asarray(want[0])  # row-parallel: another sum order
+    assert np.linalg.norm(y - y_want) <= 1e-6 * np.linalg.norm(y_want)
+    assert same_bytes(got[1:], want[1:])
+
+
+@multidevice
+def test_grad_under_a_mesh_with_explicit_axes(explicit_mesh):
     """Under Explicit mesh axes every type carries its sharding: the cotangent of a row-sharded
     x must come back typed like x (autodiff reshards it), with the values of a one-device run."""
-    n = N_DEV
-    mesh = jax.make_mesh((n,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,),
-                         devices=jax.devices()[:n])
+    mesh, n = explicit_mesh, N_DEV
     x = jax.random.normal(jax.random.key(3), (8 * n, 128), jnp.float32)
     w = nv.quantize(jax.random.normal(jax.random.key(4), (48, 128), jnp.float32))
     bias = jnp.linspace(-1.0, 1.0, 48, dtype=jnp.float32)

@@ -61,7 +61,8 @@ def _partitioned(inner, op, avals_key, params_key):
 
     def partition(mesh, arg_shapes, result_shape):
         plan = plan_from(mesh, arg_shapes)
-        return (mesh, plan.body, shardings(mesh, plan.results), shardings(mesh, plan.operands))
+        return (mesh, _per_device(plan.body), shardings(mesh, plan.results),
+                shardings(mesh, plan.operands))
 
     def infer_sharding_from_operands(mesh, arg_shapes, result_shape):
         return shardings(mesh, plan_from(mesh, arg_shapes).results)
@@ -79,6 +80,23 @@ def _partitioned(inner, op, avals_key, params_key):
     accepted = inspect.signature(fn.def_partition).parameters
     fn.def_partition(**{k: v for k, v in callbacks.items() if k in accepted})  # GSPMD's may go
     return fn
+
+
+_NO_MESH = jax.sharding.AbstractMesh((), ())
+
+
+def _per_device(body):
+    """`body` traced without the caller's mesh. It runs on one device's shard, after SPMD
+    partitioning; under a mesh with Explicit axes (`jax.set_mesh`) its values would otherwise be
+    typed as global arrays and carry sharding ops that nothing partitions any more (jax 0.11
+    then fails at run time: "No registered implementation for untyped custom call to
+    Sharding"). Collectives still name the mesh axes: custom_partitioning binds them."""
+
+    def traced_without_mesh(*operands):
+        with jax.sharding.use_abstract_mesh(_NO_MESH):
+            return body(*operands)
+
+    return traced_without_mesh
 
 
 _partitioned_cached = functools.lru_cache(maxsize=256)(_partitioned)

@@ -29,7 +29,7 @@ SHAPES_NK = [(14336, 4096), (4096, 4096), (6144, 4096), (4096, 14336)]
 MS = [1, 4, 16, 64, 256, 1024, 4096, 8192]
 QUICK_NK = [(14336, 4096), (4096, 4096)]
 QUICK_MS = [1, 16, 256, 4096]
-PATH_MS = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]  # --paths: forced-path timings at these M
+PATH_MS = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]  # --paths: default M of the forced timings
 DECODE_MAX_FORCED_M = 64  # the decode kernel is not timed beyond this M (far off its range)
 
 
@@ -136,6 +136,8 @@ def main():
                     help="comma-separated M values (default: all)")
     ap.add_argument("--paths", action="store_true",
                     help="also time each sm90 kernel family (decode, fused, prefill) forced, at a few M")
+    ap.add_argument("--path-ms", type=lambda v: [int(m) for m in v.split(",")], default=PATH_MS,
+                    help="with --paths: the M values of the forced timings (every shape measured)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     device = jax.devices()[0].device_kind
@@ -152,7 +154,7 @@ def main():
                 except Exception as e:  # a peer XLA cannot run at this size is reported, not fatal
                     print(f"  {name} M={m} N={n} K={k}: {type(e).__name__}: {str(e)[:200]}")
                     row[name] = float("nan")
-            if args.paths and m in PATH_MS and (n, k) in QUICK_NK:
+            if args.paths and m in args.path_ms:
                 fn, ops = variants(m, n, k, jax.random.key(1))["ours_w4a16"]
                 for path in ("decode", "fused", "prefill"):
                     if path == "decode" and m > DECODE_MAX_FORCED_M:

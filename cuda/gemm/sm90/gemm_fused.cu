@@ -432,6 +432,11 @@ cudaError_t run(const GemmProblem& p, const Plan& pl, cudaStream_t stream) {
 
 size_t fused_workspace_bytes(const GemmProblem& p) { return make_plan(p).staged_bytes; }
 
+int64_t fused_output_tiles(const GemmProblem& p) {
+  const Plan pl = make_plan(p);
+  return pl.n_tiles * pl.m_tiles;
+}
+
 cudaError_t fused_gemm(const GemmProblem& p, cudaStream_t stream) {
   const Plan pl = make_plan(p);
   if (pl.m_tiles > 65535 || pl.n_tiles > INT32_MAX || p.workspace_bytes < pl.staged_bytes) {

@@ -65,7 +65,9 @@ GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
   if (p.path == GemmPath::kPrefill) return GemmSm90Path::kPrefill;
   if (p.path == GemmPath::kFused) return GemmSm90Path::kFused;
   if (p.m <= kGemmSm90DecodeMaxM) return GemmSm90Path::kDecode;
-  return p.m <= kGemmSm90FusedMaxM ? GemmSm90Path::kFused : GemmSm90Path::kPrefill;
+  if (p.m <= kGemmSm90FusedMaxM) return GemmSm90Path::kFused;
+  const bool one_wave = sm90::fused_output_tiles(p) <= sm90::sm_count();
+  return p.m <= kGemmSm90FusedOneWaveMaxM && one_wave ? GemmSm90Path::kFused : GemmSm90Path::kPrefill;
 }
 
 size_t gemm_sm90_workspace_bytes(const GemmProblem& p) {

@@ -27,10 +27,13 @@ enum class GemmSm90Path : int { kDecode = 0, kPrefill = 1, kFused = 2 };
 
 // The path gemm_sm90 takes for M activation rows: decode for M <= kGemmSm90DecodeMaxM (there the
 // weights' bytes dominate: 4.5 bits of weight read per 2*M flops), fused up to
-// kGemmSm90FusedMaxM, prefill above (see docs/gemm_hopper.md for the measurements behind the
-// bounds). p.path other than kAuto forces one.
+// kGemmSm90FusedMaxM, and fused up to kGemmSm90FusedOneWaveMaxM while its output tiles
+// (128 weight rows x 128 activation rows, one CTA per SM) fit in one wave on the GPU; prefill
+// otherwise (see docs/gemm_hopper.md for the measurements behind the bounds). p.path other than
+// kAuto forces one.
 constexpr int64_t kGemmSm90DecodeMaxM = 16;
 constexpr int64_t kGemmSm90FusedMaxM = 256;
+constexpr int64_t kGemmSm90FusedOneWaveMaxM = 1024;
 GemmSm90Path gemm_sm90_path(const GemmProblem& p);
 
 // Device scratch gemm_sm90 needs for p (dequantized operands, the float32 result before NVFP4

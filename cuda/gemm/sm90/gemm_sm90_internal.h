@@ -15,6 +15,7 @@ cudaError_t decode_gemm(const GemmProblem& p, cudaStream_t stream);
 
 // Mid-M kernel: stages x in the workspace, dequantizes the weights in its main loop.
 size_t fused_workspace_bytes(const GemmProblem& p);
+int64_t fused_output_tiles(const GemmProblem& p);  // CTAs of the fused kernel before split-K
 cudaError_t fused_gemm(const GemmProblem& p, cudaStream_t stream);
 
 // Large-M path: dequantize pass + CUTLASS wgmma GEMM, writing p.out (float dtype).

@@ -2,7 +2,9 @@
 // kernel variants and to separate the kernel's time from what a JAX call adds around it.
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -I cuda
-//        -o conv_kernel_bench bench/conv_kernel_bench.cu cuda/conv/sm90/conv_sm90.cu
+//        -isystem <cutlass>/include -o conv_kernel_bench bench/conv_kernel_bench.cu
+//        cuda/conv/sm90/conv_sm90.cu
+//   (<cutlass>: the nvidia-cutlass wheel's cutlass_library/source, for CuTe's wgmma and stmatrix)
 //   ./conv_kernel_bench [--label NAME]
 //
 // Random bf16 activations and NVFP4 weights (random codes, E4M3 scales in [2^-4, 2]), bf16

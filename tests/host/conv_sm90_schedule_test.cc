@@ -69,6 +69,14 @@ int main(int argc, char** argv) {
       std::vector<double> smem(static_cast<size_t>(g.phases) * g.slots * pb.c, 0.0);
       for (int f = 0; f < g.phases; ++f)
         for (int slot = 0; slot < g.slots; ++slot) {
+          // The kernel's 32-bit index math must place every slot where the 64-bit one does.
+          int64_t n64 = 0, h64 = 0, w64 = 0, n32 = 0, h32 = 0, w32 = 0;
+          const bool in64 = c90::slot_origin<int64_t>(pb, g, g0, f, slot, &n64, &h64, &w64);
+          const bool in32 = c90::slot_origin<int32_t>(pb, g, g0, f, slot, &n32, &h32, &w32);
+          if (in64 != in32 || (in64 && (n64 != n32 || h64 != h32 || w64 != w32))) {
+            std::printf("FAIL slot %d of tile %lld: 32-bit origin differs\n", slot, static_cast<long long>(tile));
+            return 1;
+          }
           int64_t n, h, ww;
           if (!c90::slot_source(pb, g, g0, f, slot, r, &n, &h, &ww)) continue;
           for (int64_t c = 0; c < pb.c; ++c) smem[(static_cast<size_t>(f) * g.slots + slot) * pb.c + c] = X(n, h, ww, c);

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "cute/arch/copy_sm90.hpp"
 #include "common/dtype_io.cuh"
 #include "common/nvfp4_decode.cuh"
 #include "common/scale_layout.h"
@@ -133,6 +134,17 @@ __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// Two floats as the 2-byte output type T (bf16 or f16), a in the low half.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 v = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    return pack_bf16(a, b);
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ float load_float(const T* p) {
   if constexpr (std::is_same_v<T, float>) return *p;
@@ -205,15 +217,19 @@ struct Kernel {
   static constexpr int kThreads = 128 * kWGM;
   static constexpr int kAcc = kBN / 2;  // f32 accumulators per thread (64 x kBN per warpgroup)
 
-  // Fills the tile's slot table (one division chain per slot, once per CTA).
+  // Fills the tile's slot table (one division chain per slot, once per CTA), in 32-bit index
+  // math when every virtual pixel index fits.
   static __device__ void build_slot_table(const ConvProblem& pb, const Geometry& g, int64_t g0,
                                           SlotEntry* table) {
+    const bool narrow_index = g.virtual_pixels + g.slots <= INT32_MAX;
     for (int e = threadIdx.x; e < g.phases * g.slots; e += kThreads) {
       const int phase = e / g.slots, slot = e - phase * g.slots;
       int64_t n = 0, h0 = 0, w = 0;
       SlotEntry se;
       se.dst = (phase * (kChunkC / 8) * g.slots + slot) * 16;
-      if (slot_origin(pb, g, g0, phase, slot, &n, &h0, &w)) {
+      const bool inside = narrow_index ? slot_origin<int32_t>(pb, g, g0, phase, slot, &n, &h0, &w)
+                                       : slot_origin<int64_t>(pb, g, g0, phase, slot, &n, &h0, &w);
+      if (inside) {
         se.offset0 = ((n * pb.h + h0) * pb.w + w) * pb.c;
         se.h0 = static_cast<int>(h0);
         se.n = static_cast<int>(n);
@@ -413,17 +429,18 @@ struct Kernel {
   }
 
   // Epilogue through shared memory, for 2-byte outputs with K % 8 == 0: the scaled accumulators
-  // are written to a [BN pixels][BM + 8] tile over the stage buffers (the 8-element pad puts a
-  // warp's 4 pixel columns on distinct banks), then every 8 channels of a pixel leave with one
-  // 16-byte store instead of 8 scattered 2-byte ones.
+  // are written to a [BN pixels][BM + 8] tile over the stage buffers with stmatrix (transposed:
+  // the fragment's channel rows become 16-byte pixel rows; the 8-element pad puts a matrix's 8
+  // rows on distinct banks), then every 8 channels of a pixel leave with one 16-byte store
+  // instead of 8 scattered 2-byte ones.
   template <typename T>
   static __device__ void epilogue_staged(const ConvProblem& pb, const Geometry& g, int64_t g0, int64_t k0,
                                          const float (&acc)[kAcc], uint8_t* smem) {
     constexpr int kPitch = kBM + 8;
     T* tile = reinterpret_cast<T*>(smem);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int t = lane % 4;
-    const int row0 = (warp / 4) * 64 + (warp % 4) * 16 + lane / 4;
+    const int rows = (warp / 4) * 64 + (warp % 4) * 16;  // the warp's 16 channels in the tile
+    const int row0 = rows + lane / 4;
     float alpha = *pb.wgt.s_dec;
     if (pb.x_is_nvfp4) alpha *= *pb.x_q.s_dec;
     float bias[2] = {0.f, 0.f};
@@ -433,17 +450,20 @@ struct Kernel {
       if (pb.bias != nullptr && k < pb.k) bias[i] = load_as_float(pb.bias, pb.bias_dtype, k);
     }
     __syncthreads();  // every warp's wgmmas have retired: the stage buffers are free
+    // One stmatrix.x4 per two n8 blocks: matrix m = (block j + m / 2, channel half m % 2), whose
+    // pixel row lane % 8 lane gives the address of.
+    const int m = lane / 8;
+    T* row_dst = tile + (8 * (m / 2) + lane % 8) * kPitch + rows + 8 * (m % 2);
 #pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) {
+    for (int j = 0; j < kBN / 8; j += 2) {
+      uint32_t frag[4];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float v = acc[j * 4 + 2 * i + e] * alpha + bias[i];
-          if constexpr (std::is_same_v<T, __half>) tile[(8 * j + 2 * t + e) * kPitch + row0 + 8 * i] = __float2half_rn(v);
-          else tile[(8 * j + 2 * t + e) * kPitch + row0 + 8 * i] = __float2bfloat16_rn(v);
-        }
+      for (int q = 0; q < 4; ++q) {
+        const int a = (j + q / 2) * 4 + 2 * (q % 2);  // channel half q % 2: pixels 2t, 2t+1
+        frag[q] = pack2<T>(acc[a] * alpha + bias[q % 2], acc[a + 1] * alpha + bias[q % 2]);
       }
+      cute::SM90_U16x8_STSM_T::copy(frag[0], frag[1], frag[2], frag[3],
+                                    *reinterpret_cast<cute::uint128_t*>(row_dst + 8 * j * kPitch));
     }
     __syncthreads();
     constexpr int kChunks = kBM / 8;             // 16-byte pieces per pixel

@@ -9,6 +9,8 @@
 // from device memory) with a TMA store.
 #pragma once
 
+#include <type_traits>
+
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -29,11 +31,23 @@ using cute::_64;
 using cute::_128;
 using cute::_256;
 
+// The order in which the persistent scheduler hands out output tiles: along M or N (or CUTLASS's
+// choice: along the shorter side), in groups of `swizzle` (1, 2, 4, 8) tiles across it, so that
+// the tiles in flight at once share operand rows in L2.
+struct TileOrder {
+  int swizzle = 1;
+  cutlass::gemm::kernel::detail::RasterOrderOptions raster =
+      cutlass::gemm::kernel::detail::RasterOrderOptions::Heuristic;
+};
+
 // D[M, N] (row-major) = alpha * A[M, K] (row-major) . B[N, K]^T + bias[N], A and B bf16.
-// The tile, the cluster and the tile scheduler are parameters so bench/prefill_gemm_bench.cu can
-// time alternatives; the defaults are the configuration the library uses.
+// The tile, the cluster, the tile scheduler and the kernel schedule (cooperative: both consumer
+// warpgroups on one tile; ping-pong: one tile each, one's epilogue under the other's MMAs) are
+// parameters so bench/prefill_gemm_bench.cu can time alternatives; the defaults are the
+// configuration the library uses.
 template <class ElementD, class TileShape_ = Shape<_256, _128, _64>,
-          class ClusterShape_ = Shape<_1, _2, _1>, class Scheduler = cutlass::gemm::StreamKScheduler>
+          class ClusterShape_ = Shape<_1, _2, _1>, class Scheduler = cutlass::gemm::StreamKScheduler,
+          bool kPingpong = false>
 struct WgmmaGemm {
   using ElementAB = cutlass::bfloat16_t;
   using LayoutA = cutlass::layout::RowMajor;
@@ -48,22 +62,24 @@ struct WgmmaGemm {
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD,
-      ElementD, LayoutD, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative,
+      ElementD, LayoutD, kAlignD,
+      std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
+                         cutlass::epilogue::TmaWarpSpecializedCooperative>,
       Fusion>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, LayoutA, kAlignAB, ElementAB,
       LayoutB, kAlignAB, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                         cutlass::gemm::KernelTmaWarpSpecializedCooperative>>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
                                                       Scheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  // max_swizzle_size (1, 2, 4, 8) groups tiles so that consecutive ones share operand rows in L2.
   static typename Gemm::Arguments arguments(int m, int n, int k, const void* a, const void* b,
                                             void* d, const float* alpha, const float* bias,
-                                            int max_swizzle_size = 1) {
+                                            TileOrder order = {}) {
     using StrideA = typename Kernel::StrideA;
     using StrideB = typename Kernel::StrideB;
     using StrideC = typename Kernel::StrideC;
@@ -81,7 +97,8 @@ struct WgmmaGemm {
     args.epilogue.thread.alpha_ptr = alpha;
     args.epilogue.thread.beta = 0.f;
     args.epilogue.thread.bias_ptr = bias;
-    args.scheduler.max_swizzle_size = max_swizzle_size;
+    args.scheduler.max_swizzle_size = order.swizzle;
+    args.scheduler.raster_order = order.raster;
     return args;
   }
 
@@ -91,9 +108,9 @@ struct WgmmaGemm {
 
   static cudaError_t run(int m, int n, int k, const void* a, const void* b, void* d,
                          const float* alpha, const float* bias, void* workspace, cudaStream_t stream,
-                         int max_swizzle_size = 1) {
+                         TileOrder order = {}) {
     Gemm gemm;
-    const auto args = arguments(m, n, k, a, b, d, alpha, bias, max_swizzle_size);
+    const auto args = arguments(m, n, k, a, b, d, alpha, bias, order);
     if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
     if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) {
       return cudaErrorLaunchFailure;

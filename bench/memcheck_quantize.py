@@ -19,9 +19,11 @@ SHAPES = [(1, 16), (3, 48), (129, 80), (2, 130, 208), (257, 1040)]
 
 def main() -> int:
     gpu = jax.devices("cuda")[0]
-    cpu_quantize = jax.jit(reference.quantize, backend="cpu")
-    cpu_dequantize = jax.jit(functools.partial(reference.dequantize, dtype=jnp.bfloat16),
-                             backend="cpu")
+    cpu = jax.devices("cpu")[0]
+    quantize_ref = jax.jit(reference.quantize)
+    dequantize_ref = jax.jit(functools.partial(reference.dequantize, dtype=jnp.bfloat16))
+    cpu_quantize = lambda x: quantize_ref(jax.device_put(x, cpu))  # noqa: E731
+    cpu_dequantize = lambda *q: dequantize_ref(*jax.device_put(q, cpu))  # noqa: E731
     failures = 0
     for shape in SHAPES:
         for dtype in (np.float32, jnp.bfloat16, np.float16):

@@ -131,7 +131,12 @@ int main() {
   std::printf(" cuBLAS |");
 #endif
   for (const NamedOrder& o : kOrders) std::printf(" %s |", o.name);
-  std::printf(" check |\n");
+  std::printf(" check |\n|---|---|---|");
+#ifdef WITH_CUBLAS
+  std::printf("---|");
+#endif
+  for (size_t i = 0; i < sizeof(kOrders) / sizeof(kOrders[0]); ++i) std::printf("---|");
+  std::printf("---|\n");
   std::mt19937 rng(0);
   std::normal_distribution<float> normal;
   cudaStream_t stream;

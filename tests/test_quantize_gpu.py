@@ -1,6 +1,6 @@
 """The CUDA quantize/dequantize kernels against the XLA reference (skips without a GPU).
 
-The reference runs on the CPU (jax.jit(..., backend="cpu")) except for the subnormal cases,
+The reference runs on the CPU (jitted, its inputs placed there) except for the subnormal cases,
 where XLA:CPU flushes to zero and the NumPy recipe of test_quantize.py is the oracle
 (docs/quantize.md).
 """
@@ -34,14 +34,14 @@ def kernels(gpu_kernels):
     return gpu_kernels(QUANTIZE_TARGET, DEQUANTIZE_TARGET)
 
 
-@functools.partial(jax.jit, backend="cpu")
-def _cpu_reference(x, s_enc):
-    return reference.quantize(x, s_enc)
+def _on_cpu(fn):
+    """fn jitted and run on the CPU backend: its arguments are placed there."""
+    jitted = jax.jit(fn)
+    return lambda *args: jitted(*jax.device_put(args, jax.devices("cpu")[0]))
 
 
-@functools.partial(jax.jit, backend="cpu")
-def _cpu_reference_amax(x):
-    return reference.quantize(x)
+_cpu_reference = _on_cpu(reference.quantize)  # (x, s_enc)
+_cpu_reference_amax = _on_cpu(reference.quantize)  # (x): S_enc from the amax
 
 
 def _bytes(codes, scales, s_dec):
@@ -139,8 +139,7 @@ def test_dequantize_equals_reference(kernels, shape, dtype):
     codes, scales, s_dec = _cpu_reference_amax(x)
     on_gpu = [jax.device_put(a, kernels) for a in (codes, scales, s_dec)]
     got = jax.jit(lambda q: jax_nvfp4.dequantize(q, dtype))(NVFP4Array(*on_gpu))
-    want = jax.jit(functools.partial(reference.dequantize, dtype=dtype), backend="cpu")(
-        codes, scales, s_dec)
+    want = _on_cpu(functools.partial(reference.dequantize, dtype=dtype))(codes, scales, s_dec)
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
     np.testing.assert_array_equal(got, want)  # NaN == NaN here; payloads may differ
     np.testing.assert_array_equal(np.signbit(got), np.signbit(want))

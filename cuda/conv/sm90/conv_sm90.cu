@@ -450,8 +450,8 @@ struct Kernel {
       if (pb.bias != nullptr && k < pb.k) bias[i] = load_as_float(pb.bias, pb.bias_dtype, k);
     }
     __syncthreads();  // every warp's wgmmas have retired: the stage buffers are free
-    // One stmatrix.x4 per two n8 blocks: matrix m = (block j + m / 2, channel half m % 2), whose
-    // pixel row lane % 8 lane gives the address of.
+    // One stmatrix.x4 per two n8 blocks: matrix m is (block j + m / 2, channel half m % 2), and
+    // lane l gives the address of row l % 8 (a pixel) of matrix l / 8.
     const int m = lane / 8;
     T* row_dst = tile + (8 * (m / 2) + lane % 8) * kPitch + rows + 8 * (m % 2);
 #pragma unroll

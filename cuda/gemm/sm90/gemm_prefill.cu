@@ -45,7 +45,8 @@ __device__ __forceinline__ uint4 dequant_word_ordered(uint32_t word, uint32_t sc
 // The preparation kernels walk rows with the grid (one row per block at a time) and a row's
 // elements with the block's threads: 32-bit column math, no per-element 64-bit division.
 
-constexpr int kDequantUnroll = 4;  // words a thread loads before converting any
+constexpr int kDequantUnroll = 4;     // words a thread loads before converting any
+constexpr int kDequantThreads = 128;  // K = 4096: every thread's kDequantUnroll loads in use
 
 // NVFP4 [rows, k] -> bf16 [out_rows, copies * k] (each row written `copies` times along K; rows
 // past `rows` zero). Thread t converts words t, t + blockDim, ... of a row (8 codes in, 16 bytes
@@ -184,6 +185,13 @@ int grid_for(int64_t work, int threads) {
   return static_cast<int>(blocks < cap ? (blocks > 0 ? blocks : 1) : cap);
 }
 
+// Launches dequantize_rows over out_rows rows (up to 32 blocks per SM, each walking rows).
+cudaError_t dequantize_to_bf16(const Nvfp4Operand& src, int64_t rows, int64_t out_rows, int64_t k, int copies,
+                               __nv_bfloat16* dst, cudaStream_t stream) {
+  dequantize_rows<<<grid_rows(out_rows), kDequantThreads, 0, stream>>>(src, rows, out_rows, k, copies, dst);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 size_t prefill_workspace_bytes(const GemmProblem& p) { return make_plan(p).total; }
@@ -200,15 +208,12 @@ cudaError_t prefill_gemm(const GemmProblem& p, cudaStream_t stream) {
   auto* alpha = reinterpret_cast<float*>(ws + plan.off_alpha);
   auto* bias = reinterpret_cast<float*>(ws + plan.off_bias);
   constexpr int kThreads = 256;
-  constexpr int kDequantThreads = 128;  // K = 4096: every thread's kDequantUnroll loads in use
 
-  dequantize_rows<<<grid_rows(plan.n_pad), kDequantThreads, 0, stream>>>(
-      p.b, p.n, plan.n_pad, p.k, plan.copies, w_bf16);
+  dequantize_to_bf16(p.b, p.n, plan.n_pad, p.k, plan.copies, w_bf16, stream);
   epilogue_operands<<<grid_for(plan.n_pad, kThreads), kThreads, 0, stream>>>(p, plan.n_pad, alpha, bias);
   const void* a = p.a;
   if (p.a_is_nvfp4) {
-    dequantize_rows<<<grid_rows(p.m), kDequantThreads, 0, stream>>>(
-        p.a_q, p.m, p.m, p.k, 1, x_bf16);
+    dequantize_to_bf16(p.a_q, p.m, p.m, p.k, 1, x_bf16, stream);
     a = x_bf16;
   } else if (p.a_dtype == DType::kF32) {
     split_rows<<<grid_rows(p.m), kThreads, 0, stream>>>(

@@ -24,6 +24,7 @@
 
 #include <cute/arch/mma_sm100_desc.hpp>
 
+#include "common/bf16x2.cuh"
 #include "common/dtype_io.cuh"
 #include "common/nvfp4_decode.cuh"
 #include "common/scale_layout.h"
@@ -92,15 +93,10 @@ __device__ __forceinline__ uint32_t instr_descriptor(int n) {
   return d.desc_;
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 __device__ __forceinline__ uint32_t bf16_pair_from_f16(uint32_t bits) {
   const __half2 h = *reinterpret_cast<const __half2*>(&bits);
   const float2 f = __half22float2(h);
-  return pack_bf16(f.x, f.y);
+  return pack_bf16x2(f.x, f.y);
 }
 
 // 8 NVFP4 codes (one 32-bit word, element 2i in the low nibble) times their E4M3 scale, as four
@@ -109,7 +105,7 @@ __device__ __forceinline__ void dequant8(uint32_t codes, float scale, uint32_t* 
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const uint32_t byte = (codes >> (8 * i)) & 0xFFu;
-    out[i] = pack_bf16(e2m1_to_float(byte & 0xFu) * scale, e2m1_to_float(byte >> 4) * scale);
+    out[i] = pack_bf16x2(e2m1_to_float(byte & 0xFu) * scale, e2m1_to_float(byte >> 4) * scale);
   }
 }
 
@@ -166,8 +162,8 @@ __device__ __forceinline__ void load_pixel(const ConvProblem& p, const Pixel& px
       for (int i = 0; i < kBlockC / 4; ++i) {
         if (i >= 2 * vecs) break;
         const float4 f = src[i];
-        v[2 * i] = pack_bf16(f.x, f.y);
-        v[2 * i + 1] = pack_bf16(f.z, f.w);
+        v[2 * i] = pack_bf16x2(f.x, f.y);
+        v[2 * i + 1] = pack_bf16x2(f.z, f.w);
       }
       break;
     }

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "cute/arch/copy_sm90.hpp"
+#include "common/bf16x2.cuh"
 #include "common/dtype_io.cuh"
 #include "common/nvfp4_decode.cuh"
 #include "common/scale_layout.h"
@@ -123,17 +124,6 @@ __device__ __forceinline__ void e4m3x4_scales_bf16x2(uint32_t bits, uint32_t (&o
   }
 }
 
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a),
-                                   *reinterpret_cast<const __nv_bfloat162*>(&b));
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 // Two floats as the 2-byte output type T (bf16 or f16), a in the low half.
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float a, float b) {
@@ -141,7 +131,7 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
     const __half2 v = __floats2half2_rn(a, b);
     return *reinterpret_cast<const uint32_t*>(&v);
   } else {
-    return pack_bf16(a, b);
+    return pack_bf16x2(a, b);
   }
 }
 
@@ -203,8 +193,8 @@ __device__ __forceinline__ void load_act_chunk(const ConvProblem& pb, uint8_t* d
         float f[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) f[i] = load_float(src + i);
-        v = make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]), pack_bf16(f[4], f[5]),
-                       pack_bf16(f[6], f[7]));
+        v = make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]),
+                       pack_bf16x2(f[6], f[7]));
       }
     }
     *reinterpret_cast<uint4*>(dst) = v;
@@ -337,10 +327,10 @@ struct Kernel {
       const uint32_t lo = prmt(w0[2 * kk], w1[2 * kk], sel), hi = prmt(w0[2 * kk + 1], w1[2 * kk + 1], sel);
       uint32_t v[4];
       decode_e2m1x8(prmt(lo, hi, 0x5410u), v);
-      frag[kk][0] = bf16x2_mul(v[0], s0[kk]);  // exact: <= 6 significant bits, in range
-      frag[kk][1] = bf16x2_mul(v[1], s1[kk]);
-      frag[kk][2] = bf16x2_mul(v[2], s0[kk]);
-      frag[kk][3] = bf16x2_mul(v[3], s1[kk]);
+      frag[kk][0] = mul_bf16x2(v[0], s0[kk]);  // exact: <= 6 significant bits, in range
+      frag[kk][1] = mul_bf16x2(v[1], s1[kk]);
+      frag[kk][2] = mul_bf16x2(v[2], s0[kk]);
+      frag[kk][3] = mul_bf16x2(v[3], s1[kk]);
     }
   }
 

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "common/bf16x2.cuh"
 #include "common/dtype_io.cuh"
 #include "gemm/sm90/nvfp4_bf16x2.h"
 
@@ -22,17 +23,6 @@ enum class XKind { kBF16, kF16, kF32, kNvfp4 };
 template <XKind XK>
 constexpr bool x_split() {
   return XK == XKind::kF16 || XK == XKind::kF32;
-}
-
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // Two E4M3 scales (low 16 bits) -> two bf16x2 registers, each the scale times 2^119 in both halves.

@@ -15,6 +15,7 @@
 // Small grids split the stages of each tile over a cluster of CTAs (split-K), whose partial sums
 // meet in CTA 0 through distributed shared memory.
 // Epilogue: alpha = s_dec_w (* s_dec_x), bias, conversion to the output dtype.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -34,44 +35,11 @@ namespace conv90 {
 namespace {
 
 using namespace hopper;
+namespace cg = cooperative_groups;
 
 enum class ActKind { kBF16, kF16, kF32, kNvfp4 };
 
 constexpr int kCodeRowBytes = kChunkC / 2;  // 32 bytes of packed codes per weight row per stage
-
-// Thread-block cluster primitives for the split-K reduction through distributed shared memory.
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-
-__device__ __forceinline__ uint32_t cluster_size() {
-  uint32_t n;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
-  return n;
-}
-
-// All threads of all CTAs of the cluster; orders shared-memory writes before it with reads after.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-// The address of this CTA's shared-memory location `addr` in CTA `rank` of the cluster.
-__device__ __forceinline__ uint32_t map_to_rank(uint32_t addr, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
-
-__device__ __forceinline__ float4 load_cluster_f32x4(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
-}
 
 // Two E2M1 codes (one byte: element 2i low nibble) times a block scale -> bf16x2, exactly.
 // The code's 3 magnitude bits placed at float bit 22 read as 2^(e-127)*(1+m/2) (subnormal for
@@ -478,7 +446,8 @@ struct Kernel {
   // Returns whether this CTA holds the sums and runs the epilogue.
   static __device__ bool reduce_split_partials(float (&acc)[kAcc], uint8_t* smem) {
     float4* partial = reinterpret_cast<float4*>(smem);  // [kAcc / 4][kThreads], coalesced
-    const uint32_t rank = cluster_rank();
+    cg::cluster_group cluster = cg::this_cluster();
+    const unsigned rank = cluster.block_rank();
     __syncthreads();  // every warp's wgmmas have retired: the stage buffers are free
     if (rank != 0) {
 #pragma unroll
@@ -486,14 +455,13 @@ struct Kernel {
         partial[j * kThreads + threadIdx.x] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
       }
     }
-    cluster_sync();
+    cluster.sync();
     if (rank == 0) {
-      const uint32_t local = smem_addr(partial + threadIdx.x);
-      for (uint32_t src = 1; src < cluster_size(); ++src) {
-        const uint32_t remote = map_to_rank(local, src);
+      for (unsigned src = 1; src < cluster.num_blocks(); ++src) {
+        const float4* remote = cluster.map_shared_rank(partial + threadIdx.x, src);
 #pragma unroll
         for (int j = 0; j < kAcc / 4; ++j) {
-          const float4 v = load_cluster_f32x4(remote + j * kThreads * 16);
+          const float4 v = remote[j * kThreads];
           acc[4 * j] += v.x;
           acc[4 * j + 1] += v.y;
           acc[4 * j + 2] += v.z;
@@ -501,7 +469,7 @@ struct Kernel {
         }
       }
     }
-    cluster_sync();  // CTA 0 has read every partial: the others may exit
+    cluster.sync();  // CTA 0 has read every partial: the others may exit
     return rank == 0;
   }
 

@@ -5,13 +5,15 @@
 //        -isystem <cutlass>/include -o conv_kernel_bench bench/conv_kernel_bench.cu
 //        cuda/conv/sm90/conv_sm90.cu
 //   (<cutlass>: the nvidia-cutlass wheel's cutlass_library/source, for CuTe's wgmma and stmatrix)
-//   ./conv_kernel_bench [--label NAME]
+//   ./conv_kernel_bench [--label NAME] [--shape SUBSTRING] [--kernel NAME]
 //
+// Every sm_90a kernel that takes a shape runs (ConvSm90Kernel: register_a, the warp-specialized
+// ws128x128 and ws128x256, and auto, the library's choice); --kernel keeps one (and auto).
 // Random bf16 activations and NVFP4 weights (random codes, E4M3 scales in [2^-4, 2]), bf16
 // output. Each shape: 64 sampled outputs checked against a float64 host convolution of the same
-// operands; time per launch from CUDA events over back-to-back launches, median of 7 repeats
-// (operands warm in L2, as PyTorch's cuDNN timing loop has them); an FNV hash of the output so
-// two variants can be compared bit for bit.
+// operands; time per launch from CUDA events over 200 back-to-back launches, the kernels
+// round-robin, median of 7 rounds (operands warm in L2, as PyTorch's cuDNN timing loop has them);
+// an FNV hash of the output so two kernels or builds can be compared bit for bit.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -19,6 +21,8 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/nvfp4_decode.cuh"
@@ -34,6 +38,7 @@ namespace {
 struct Shape {
   const char* name;
   int n, h, w, c, k;
+  int r = 3, s = 3, stride = 1;  // 'SAME' padding
 };
 
 const Shape kShapes[] = {
@@ -41,7 +46,16 @@ const Shape kShapes[] = {
     {"resnet14x14x256 b32", 32, 14, 14, 256, 256}, {"resnet7x7x512 b32", 32, 7, 7, 512, 512},
     {"resnet56x56x64 b1", 1, 56, 56, 64, 64},     {"resnet28x28x128 b1", 1, 28, 28, 128, 128},
     {"resnet14x14x256 b1", 1, 14, 14, 256, 256},   {"resnet7x7x512 b1", 1, 7, 7, 512, 512},
+    {"wide 1x7 17x17x192 b32", 32, 17, 17, 192, 192, 1, 7}, {"wide 7x7 28x28x128 b32", 32, 28, 28, 128, 128, 7, 7},
+    {"stride2 3x3 56x56x64 b32", 32, 56, 56, 64, 128, 3, 3, 2},
 };
+
+// 'SAME' padding along one axis: (low pad, output size).
+std::pair<int, int> same_padding(int in, int window, int stride) {
+  const int out = (in + stride - 1) / stride;
+  const int total = std::max((out - 1) * stride + window - in, 0);
+  return {total / 2, out};
+}
 
 template <typename T>
 T* to_device(const std::vector<T>& v) {
@@ -82,17 +96,28 @@ double reference_output(const ConvProblem& p, const HostOperands& h, int64_t n, 
   return sum;
 }
 
+struct KernelChoice {
+  const char* name;
+  ConvSm90Kernel kernel;
+};
+
+const KernelChoice kKernels[] = {
+    {"register_a", ConvSm90Kernel::kRegisterA}, {"ws128x128", ConvSm90Kernel::kWs128x128},
+    {"ws128x256", ConvSm90Kernel::kWs128x256},   {"auto", ConvSm90Kernel::kAuto},
+};
+
 uint64_t fnv_hash(const std::vector<uint16_t>& v) {
   uint64_t hsh = 1469598103934665603ull;
   for (uint16_t e : v) hsh = (hsh ^ e) * 1099511628211ull;
   return hsh;
 }
 
-void run_shape(const Shape& sh, const char* label) {
+void run_shape(const Shape& sh, const char* label, const char* only_kernel) {
   ConvProblem p;
   p.n = sh.n; p.h = sh.h; p.w = sh.w; p.c = sh.c; p.k = sh.k;
-  p.r = 3; p.s = 3; p.pad_h = 1; p.pad_w = 1;
-  p.p = sh.h; p.q = sh.w;
+  p.r = sh.r; p.s = sh.s; p.stride_h = sh.stride; p.stride_w = sh.stride;
+  std::tie(p.pad_h, p.p) = same_padding(sh.h, sh.r, sh.stride);
+  std::tie(p.pad_w, p.q) = same_padding(sh.w, sh.s, sh.stride);
   std::mt19937 rng(1234);
   std::normal_distribution<float> normal(0.f, 1.f);
   HostOperands h;
@@ -116,26 +141,53 @@ void run_shape(const Shape& sh, const char* label) {
 
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreate(&stream));
-  CUDA_CHECK(conv_sm90(p, stream));
-  CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::vector<uint16_t> out(out_elems);
-  CUDA_CHECK(cudaMemcpy(out.data(), p.out, out_elems * 2, cudaMemcpyDeviceToHost));
-
-  double worst = 0;
-  for (int i = 0; i < 64; ++i) {
-    const int64_t e = static_cast<int64_t>(rng() % static_cast<uint64_t>(out_elems));
-    const int64_t k = e % p.k, q = (e / p.k) % p.q, pp = (e / (p.k * p.q)) % p.p, n = e / (p.k * p.q * p.p);
-    const double want = reference_output(p, h, n, pp, q, k);
-    uint32_t bits = static_cast<uint32_t>(out[e]) << 16;
-    float got;
-    std::memcpy(&got, &bits, 4);
-    worst = std::max(worst, std::fabs(got - want) / (std::fabs(want) + 1.0));
+  // Every kernel that takes the problem: checked on 64 sampled outputs, then timed round-robin
+  // (7 rounds of 200 launches each, so clock drift as the GPU warms hits all alike).
+  std::vector<KernelChoice> ran;
+  std::vector<std::vector<double>> times;
+  std::vector<double> worst_err;
+  std::vector<uint64_t> hashes;
+  for (const KernelChoice& kc : kKernels) {
+    if (only_kernel != nullptr && std::strcmp(kc.name, only_kernel) != 0 && std::strcmp(kc.name, "auto") != 0) continue;
+    const cudaError_t err = conv_sm90(p, stream, kc.kernel);
+    if (err == cudaErrorInvalidValue) {
+      cudaGetLastError();
+      continue;
+    }
+    CUDA_CHECK(err);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<uint16_t> out(out_elems);
+    CUDA_CHECK(cudaMemcpy(out.data(), p.out, out_elems * 2, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemset(p.out, 0xFF, out_elems * 2));  // the next kernel must write every output
+    std::mt19937 pick(99);
+    double worst = 0;
+    for (int i = 0; i < 64; ++i) {
+      const int64_t e = static_cast<int64_t>(pick() % static_cast<uint64_t>(out_elems));
+      const int64_t k = e % p.k, q = (e / p.k) % p.q, pp = (e / (p.k * p.q)) % p.p, n = e / (p.k * p.q * p.p);
+      const double want = reference_output(p, h, n, pp, q, k);
+      uint32_t bits = static_cast<uint32_t>(out[e]) << 16;
+      float got;
+      std::memcpy(&got, &bits, 4);
+      worst = std::max(worst, std::fabs(got - want) / (std::fabs(want) + 1.0));
+    }
+    ran.push_back(kc);
+    worst_err.push_back(worst);
+    hashes.push_back(fnv_hash(out));
+    times.emplace_back();
   }
-
-  const double us = median_us_per_call(stream, 7, 200, [&](int) { CUDA_CHECK(conv_sm90(p, stream)); });
+  for (int round = 0; round < 7; ++round) {
+    for (size_t i = 0; i < ran.size(); ++i) {
+      const ConvSm90Kernel kernel = ran[i].kernel;
+      times[i].push_back(median_us_per_call(stream, 1, 200, [&](int) { CUDA_CHECK(conv_sm90(p, stream, kernel)); }));
+    }
+  }
   const double flops = 2.0 * out_elems * p.r * p.s * p.c;
-  std::printf("| %s | %s | %.1f | %.0f | %.1e | %016llx |\n", label, sh.name, us, flops / us / 1e6, worst,
-              static_cast<unsigned long long>(fnv_hash(out)));
+  for (size_t i = 0; i < ran.size(); ++i) {
+    std::sort(times[i].begin(), times[i].end());
+    const double us = times[i][times[i].size() / 2];
+    std::printf("| %s | %s | %s | %.1f | %.0f | %.1e | %016llx |\n", label, ran[i].name, sh.name, us, flops / us / 1e6,
+                worst_err[i], static_cast<unsigned long long>(hashes[i]));
+  }
   std::fflush(stdout);
   CUDA_CHECK(cudaFree(const_cast<void*>(p.x)));
   CUDA_CHECK(cudaFree(const_cast<uint8_t*>(p.wgt.codes)));
@@ -150,16 +202,18 @@ void run_shape(const Shape& sh, const char* label) {
 int main(int argc, char** argv) {
   const char* label = "ours";
   const char* only = nullptr;
+  const char* only_kernel = nullptr;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--label")) label = argv[i + 1];
     if (!std::strcmp(argv[i], "--shape")) only = argv[i + 1];
+    if (!std::strcmp(argv[i], "--kernel")) only_kernel = argv[i + 1];
   }
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n| variant | shape | us | TFLOP/s | max rel err (64 samples) | output hash |\n"
               "|---|---|---|---|---|---|\n", prop.name, prop.multiProcessorCount);
   for (const Shape& sh : kShapes) {
-    if (only == nullptr || std::strstr(sh.name, only)) run_shape(sh, label);
+    if (only == nullptr || std::strstr(sh.name, only)) run_shape(sh, label, only_kernel);
   }
   return 0;
 }

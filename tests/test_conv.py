@@ -185,3 +185,13 @@ def test_sm90_kernels_use_hgmma(kernel_sass):
     for name, sass in kernels.items():
         assert "HGMMA.64x" in sass, name
         assert "LDL" not in sass and "STL" not in sass, f"{name} uses local memory"
+
+
+def test_sm90_warp_specialized_kernels_use_hgmma_and_mbarriers(kernel_sass):
+    kernels = kernel_sass("sm_90a", r"conv_sm90_ws_kernel")
+    assert len(kernels) == 2  # 128- and 256-pixel tiles
+    for name, sass in kernels.items():
+        assert "HGMMA.64x" in sass, name
+        assert "SYNCS.PHASECHK" in sass, f"{name} waits on no mbarrier"
+        assert "LDL" not in sass and "STL" not in sass, f"{name} uses local memory"
+        assert "USETMAXREG" in sass, f"{name}: the producers keep their registers"

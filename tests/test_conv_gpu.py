@@ -1,4 +1,7 @@
-"""The sm_90a convolution kernel on a GPU against float64, and under compute-sanitizer."""
+"""The sm_90a convolution kernels on a GPU against float64, and under compute-sanitizer.
+
+The library picks the kernel (register-A or warp-specialized) by problem; the warp-specialized
+ones are also forced (JAX_NVFP4_CONV_SM90_KERNEL) on every case they take."""
 
 import importlib.util
 import os
@@ -27,7 +30,27 @@ GPU_CASES = {
     "wide_tiles_k192_tail": (20, 64, 64, 80, 200, 3, 3, (1, 1), "SAME", (1, 1)),
     "resnet_stage4_b32": (32, 7, 7, 512, 512, 3, 3, (1, 1), "SAME", (1, 1)),
     "7x7_stride2_stem_like": (4, 40, 40, 16, 64, 7, 7, (2, 2), ((3, 3), (3, 3)), (1, 1)),
+    "3x3_stride2_k136": (3, 17, 19, 48, 136, 3, 3, (2, 2), "SAME", (1, 1)),
+    # More 128 x 256 tiles (203) than SMs: the warp-specialized kernel's CTAs loop over tiles.
+    "persistent_56x56_k128": (16, 56, 56, 64, 128, 3, 3, (1, 1), "SAME", (1, 1)),
 }
+
+# What the warp-specialized kernels take: S = 3 and K % 8 == 0 (bf16 activations and output).
+WS_CASES = sorted(name for name, case in GPU_CASES.items() if case[6] == 3 and case[4] % 8 == 0)
+
+
+@pytest.fixture
+def forced_kernel(request):
+    """Sets JAX_NVFP4_CONV_SM90_KERNEL to request.param for the test (read at lowering)."""
+    old = os.environ.get("JAX_NVFP4_CONV_SM90_KERNEL")
+    os.environ["JAX_NVFP4_CONV_SM90_KERNEL"] = request.param
+    jax.clear_caches()
+    yield request.param
+    if old is None:
+        del os.environ["JAX_NVFP4_CONV_SM90_KERNEL"]
+    else:
+        os.environ["JAX_NVFP4_CONV_SM90_KERNEL"] = old
+    jax.clear_caches()
 
 
 def operands(case, seed, x_dtype=jnp.bfloat16):
@@ -63,6 +86,36 @@ def test_kernel_matches_float64(gpu, name):
     np.testing.assert_array_equal(got, np.asarray(f(x, w)))  # a race would move the result
 
 
+@pytest.mark.parametrize("forced_kernel", ["ws128x128", "ws128x256"], indirect=True)
+@pytest.mark.parametrize("name", WS_CASES)
+def test_warp_specialized_kernel_matches_float64(gpu, forced_kernel, name):
+    case = GPU_CASES[name]
+    x, w = operands(case, seed=len(name))
+    bias = jax.random.normal(jax.random.key(4), (case[4],), jnp.float32)
+    f = conv_fn(case, out_dtype=jnp.bfloat16)
+    got = np.asarray(f(x, w, bias).astype(jnp.float32))
+    want = cc.oracle(x, w, case, bias=bias)
+    assert got.shape == want.shape
+    assert cc.rel_err(got, want) < 1e-2  # the bf16 output rounding
+    np.testing.assert_array_equal(got, np.asarray(f(x, w, bias).astype(jnp.float32)))  # races
+
+
+@pytest.mark.parametrize("forced_kernel", ["ws128x256"], indirect=True)
+def test_warp_specialized_kernel_rejects_what_it_does_not_take(gpu, forced_kernel):
+    case = cc.CASES["3x3_same"]
+    x, w = operands(case, seed=2)
+    with pytest.raises(Exception, match="forced warp-specialized"):
+        np.asarray(conv_fn(case, out_dtype=jnp.float32)(x, w))  # float32 output
+
+
+def test_unknown_forced_kernel_is_rejected_at_trace_time(gpu, monkeypatch):
+    monkeypatch.setenv("JAX_NVFP4_CONV_SM90_KERNEL", "fastest")
+    case = cc.CASES["3x3_same"]
+    x, w = operands(case, seed=2)
+    with pytest.raises(ValueError, match="JAX_NVFP4_CONV_SM90_KERNEL.*'fastest'"):
+        conv_fn(case).lower(x, w)
+
+
 @pytest.mark.parametrize("x_dtype", [jnp.float32, jnp.float16, "nvfp4"])
 @pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
 def test_activation_and_output_dtypes_with_bias(gpu, x_dtype, out_dtype):
@@ -90,6 +143,7 @@ def test_vmap_on_gpu(gpu):
 
 
 MEMCHECK_PROGRAM = textwrap.dedent("""
+    import os
     import jax, jax.numpy as jnp, numpy as np
     import jax_nvfp4 as jn
     x = jax.random.normal(jax.random.key(0), (3, 5, 7, 48), jnp.float32).astype(jnp.bfloat16)
@@ -98,6 +152,12 @@ MEMCHECK_PROGRAM = textwrap.dedent("""
         y = jn.conv(xi, w, window_strides=(2, 1), padding=((2, 1), (1, 2)), rhs_dilation=(1, 2),
                     bias=jnp.ones((70,)), out_dtype=jnp.float32)
         assert np.isfinite(np.asarray(y)).all()
+    # The warp-specialized kernel on channel and pixel tails (K = 200, C = 80).
+    os.environ["JAX_NVFP4_CONV_SM90_KERNEL"] = "ws128x128"
+    x = jax.random.normal(jax.random.key(2), (3, 11, 13, 80), jnp.float32).astype(jnp.bfloat16)
+    w = jn.quantize_conv_weight(jax.random.normal(jax.random.key(3), (3, 3, 80, 200)))
+    y = jn.conv(x, w, window_strides=(2, 1), padding="SAME", bias=jnp.ones((200,)))
+    assert np.isfinite(np.asarray(y.astype(jnp.float32))).all()
     print("MEMCHECK-DONE")
 """)
 

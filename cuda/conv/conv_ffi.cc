@@ -8,7 +8,8 @@
 //   w_codes   [R, S, K, C] float4_e2m1fn;  w_scales  tiled per (r, s);  w_s_dec  f32 scalar
 //   bias      [K] any float dtype, or f32[0]
 // Result: out [N, P, Q, K] of bf16/f16/f32.
-// Attributes: stride_h, stride_w, pad_h, pad_w (leading padding), dil_h, dil_w.
+// Attributes: stride_h, stride_w, pad_h, pad_w (leading padding), dil_h, dil_w; kernel: the
+// sm_90a kernel (ConvSm90Kernel: 0 the launcher's choice, else a forced one; tests and benchmarks).
 #include <cuda_runtime.h>
 
 #include <string>
@@ -32,7 +33,7 @@ ffi::Error conv_impl(cudaStream_t stream, ffi::AnyBuffer x,
                      ffi::AnyBuffer x_scales, ffi::AnyBuffer x_s_dec, ffi::AnyBuffer w_codes,
                      ffi::AnyBuffer w_scales, ffi::AnyBuffer w_s_dec, ffi::AnyBuffer bias,
                      ffi::Result<ffi::AnyBuffer> out, int64_t stride_h, int64_t stride_w,
-                     int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w) {
+                     int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t kernel) {
   JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_conv");
   const auto xd = x.dimensions(), wd = w_codes.dimensions(), od = out->dimensions();
   if (xd.size() != 4 || wd.size() != 4 || od.size() != 4) {
@@ -72,7 +73,15 @@ ffi::Error conv_impl(cudaStream_t stream, ffi::AnyBuffer x,
   switch (current_compute_capability()) {
 #ifdef JAX_NVFP4_HAS_SM90
     case 90: {
-      const cudaError_t err = conv_sm90(p, stream);
+      if (kernel < 0 || kernel > static_cast<int64_t>(ConvSm90Kernel::kWs128x256)) {
+        return invalid("unknown sm_90a kernel " + std::to_string(kernel));
+      }
+      const auto which = static_cast<ConvSm90Kernel>(kernel);
+      const cudaError_t err = conv_sm90(p, stream, which);
+      if (err == cudaErrorInvalidValue && which != ConvSm90Kernel::kAuto && which != ConvSm90Kernel::kRegisterA) {
+        return invalid("the forced warp-specialized sm_90a kernel does not take this problem (it needs bf16 "
+                       "activations, S = 3, a bf16/f16 output with K % 8 == 0, and shared memory for two stages)");
+      }
       if (err == cudaErrorInvalidValue) {
         return invalid("problem needs more shared memory than the sm_90a kernel can take "
                        "(reduce the filter width S or its dilation)");
@@ -108,7 +117,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvFfi, conv_impl,
                                   .Attr<int64_t>("pad_h")
                                   .Attr<int64_t>("pad_w")
                                   .Attr<int64_t>("dil_h")
-                                  .Attr<int64_t>("dil_w"),
+                                  .Attr<int64_t>("dil_w")
+                                  .Attr<int64_t>("kernel"),
                               {kGraphSafe});
 
 JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_conv", ConvFfi);

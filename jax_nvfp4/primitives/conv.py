@@ -13,10 +13,13 @@ h = p*sh - lo_h + r*dh, w = q*sw - lo_w + s*dw, in float32 (padding explicit, no
 
 FFI target (cuda/conv/conv_ffi.cc): "jax_nvfp4_conv" with 7 operands, absent ones as placeholders:
     x, x_scales (f8[0] for float x), x_s_dec (1.0 for float x), w_codes, w_scales, w_s_dec,
-    bias (f32[0] if none); attributes stride_h, stride_w, pad_h, pad_w, dil_h, dil_w.
+    bias (f32[0] if none); attributes stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, and kernel
+    (the sm_90a kernel: 0 the launcher's choice, or one forced through KERNEL_ENV).
 """
 
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +32,22 @@ from jax_nvfp4.primitives._base import (ShapedArray, define_primitive, empty_f32
                                         map_batcher)
 
 CONV_TARGET = "jax_nvfp4_conv"
+
+# JAX_NVFP4_CONV_SM90_KERNEL=register_a|ws128x128|ws128x256 forces one of the Hopper kernels (tests
+# and benchmarks run each on one shape; a warp-specialized one fails on problems it does not take).
+# Read when a call is lowered: set it before jit compiles the function (jax.clear_caches() drops
+# compiled ones). Values: cuda/conv/sm90/conv_sm90.h, ConvSm90Kernel.
+KERNEL_ENV = "JAX_NVFP4_CONV_SM90_KERNEL"
+_KERNELS = {"": 0, "auto": 0, "register_a": 1, "ws128x128": 2, "ws128x256": 3}
+
+
+def forced_kernel() -> int:
+    """The `kernel` attribute of the FFI call (0: the launcher's choice), from KERNEL_ENV."""
+    value = os.environ.get(KERNEL_ENV, "")
+    if value not in _KERNELS:
+        raise ValueError(f"{KERNEL_ENV} must be one of {sorted(k for k in _KERNELS if k)} (or unset), "
+                         f"got {value!r}")
+    return _KERNELS[value]
 
 
 def output_spatial(in_hw, filter_rs, window_strides, padding, rhs_dilation):
@@ -81,7 +100,7 @@ def _kernel(*args, x_nvfp4, has_bias, window_strides, padding, rhs_dilation, out
     (sh, sw), ((ph, _), (pw, _)), (dh, dw) = window_strides, padding, rhs_dilation
     return ffi_kernel_call(CONV_TARGET, [out], *operands, stride_h=np.int64(sh),
                            stride_w=np.int64(sw), pad_h=np.int64(ph), pad_w=np.int64(pw),
-                           dil_h=np.int64(dh), dil_w=np.int64(dw))
+                           dil_h=np.int64(dh), dil_w=np.int64(dw), kernel=np.int64(forced_kernel()))
 
 
 conv_p = define_primitive("nvfp4_conv", abstract_eval=_abstract, reference=_reference,

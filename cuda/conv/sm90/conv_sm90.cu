@@ -15,13 +15,20 @@
 // Small grids split the stages of each tile over a cluster of CTAs (split-K), whose partial sums
 // meet in CTA 0 through distributed shared memory.
 // Epilogue: alpha = s_dec_w (* s_dec_x), bias, conversion to the output dtype.
+// A second, warp-specialized persistent kernel (WsKernel, below) runs the same stages with the
+// loads in producer warpgroups and the decode + wgmmas in two consumer warpgroups; conv_sm90
+// picks between the two (choose_kernel).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 #include "cute/arch/copy_sm90.hpp"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/arch/reg_reconfig.h"
 #include "common/bf16x2.cuh"
 #include "common/dtype_io.cuh"
 #include "common/nvfp4_decode.cuh"
@@ -123,16 +130,38 @@ NVFP4_HD StageLayout stage_layout(const ConvProblem& pb, const Geometry& g, int 
 
 // Where slot (phase, slot) of the tile reads, for filter row 0 (conv_sm90_schedule.h,
 // slot_origin); h0 is far out of range when the slot is zero for every filter row.
-struct SlotEntry {
-  int64_t offset0;  // element offset of the slot's pixel, ((n * H + h0) * W + w) * C
-  int h0, n, w;
-  int dst;          // byte offset of the slot's first 8-channel column in a stage buffer
+struct alignas(16) SlotEntry {
+  // The 16 bytes the bf16 loader reads with one vector load:
+  int64_t byte_offset0;  // byte offset of the slot's bf16 pixel, ((n * H + h0) * W + w) * C * 2
+  int h0;
+  int dst;               // byte offset of the slot's first 8-channel column in a stage buffer
+  int n, w;              // for the converting (float, NVFP4) loaders
 };
+static_assert(offsetof(SlotEntry, h0) == 8 && offsetof(SlotEntry, dst) == 12, "the loader's int4 read");
 
 constexpr int kNoRow = -(1 << 30);
 
 NVFP4_HD int slot_table_bytes(const Geometry& g) {
   return static_cast<int>(g.phases * g.slots * sizeof(SlotEntry));
+}
+
+// Shared memory of the warp-specialized kernel (WsKernel): nbuf stages (the register-A kernel's
+// stage layout), the consumers' epilogue tiles, the slot table, and the full/empty barrier of
+// every stage.
+struct WsLayout {
+  StageLayout stage;
+  int nbuf = 0, epi_offset = 0, table_offset = 0, barrier_offset = 0, total = 0;
+};
+
+inline WsLayout ws_layout(const ConvProblem& pb, const Geometry& g, int bm, int epi_bytes, int nbuf) {
+  WsLayout L;
+  L.stage = stage_layout(pb, g, bm);
+  L.nbuf = nbuf;
+  L.epi_offset = nbuf * L.stage.total();
+  L.table_offset = L.epi_offset + epi_bytes;
+  L.barrier_offset = (L.table_offset + slot_table_bytes(g) + 7) / 8 * 8;
+  L.total = L.barrier_offset + 2 * nbuf * 8;
+  return L;
 }
 
 // Loads the 8 channels [c, c+8) of activation pixel (n, h, w) as bf16 into 16 bytes of shared
@@ -169,77 +198,88 @@ __device__ __forceinline__ void load_act_chunk(const ConvProblem& pb, uint8_t* d
   }
 }
 
+// Fills the tile's slot table (one division chain per slot, once per tile) with kLoaders threads
+// (tid in [0, kLoaders)), in 32-bit index math when every virtual pixel index fits.
+template <int kLoaders>
+__device__ void build_slot_table(const ConvProblem& pb, const Geometry& g, int64_t g0, SlotEntry* table, int tid) {
+  const bool narrow_index = g.virtual_pixels + g.slots <= INT32_MAX;
+  for (int e = tid; e < g.phases * g.slots; e += kLoaders) {
+    const int phase = e / g.slots, slot = e - phase * g.slots;
+    int64_t n = 0, h0 = 0, w = 0;
+    SlotEntry se;
+    se.dst = (phase * (kChunkC / 8) * g.slots + slot) * 16;
+    const bool inside = narrow_index ? slot_origin<int32_t>(pb, g, g0, phase, slot, &n, &h0, &w)
+                                     : slot_origin<int64_t>(pb, g, g0, phase, slot, &n, &h0, &w);
+    if (inside) {
+      se.byte_offset0 = ((n * pb.h + h0) * pb.w + w) * pb.c * 2;
+      se.h0 = static_cast<int>(h0);
+      se.n = static_cast<int>(n);
+      se.w = static_cast<int>(w);
+    } else {
+      se.byte_offset0 = 0;
+      se.h0 = kNoRow;
+      se.n = 0;
+      se.w = 0;
+    }
+    table[e] = se;
+  }
+}
+
+// Issues (cp.async for bf16) or performs the activation loads of stage (filter row r, channel
+// chunk cc) into `smem` with kLoaders threads. Thread tid loads 8-channel column tid % 8 of slots
+// tid / 8, tid / 8 + kLoaders / 8, ... (8 consecutive threads read a pixel's 128 contiguous bytes;
+// its 8 shared-memory columns are slots*16 bytes apart, slots odd, so they hit distinct banks).
+template <ActKind kAct, int kLoaders>
+__device__ void load_activations(const ConvProblem& pb, const Geometry& g, const SlotEntry* table, int r, int cc,
+                                 uint8_t* smem, int tid) {
+  const int dh = r * pb.dil_h;
+  const int c8 = tid % 8;
+  const int64_t c = static_cast<int64_t>(cc) * kChunkC + c8 * 8;
+  const int rows = c < pb.c ? static_cast<int>(pb.h) : 0;  // a channel tail past C loads zeros
+  uint8_t* dst_col = smem + c8 * g.slots * 16;
+  const int entries = g.phases * g.slots;
+  if constexpr (kAct == ActKind::kBF16) {
+    const auto* x = static_cast<const char*>(pb.x);
+    const int64_t row_off = (static_cast<int64_t>(dh) * pb.w * pb.c + c) * 2;
+    for (int e = tid / 8; e < entries; e += kLoaders / 8) {
+      const int4 se = *reinterpret_cast<const int4*>(table + e);  // byte_offset0, h0, dst
+      const int64_t offset0 = static_cast<int64_t>((static_cast<uint64_t>(static_cast<uint32_t>(se.y)) << 32) |
+                                                   static_cast<uint32_t>(se.x));
+      const int h = se.z + dh;
+      const bool valid = static_cast<unsigned>(h) < static_cast<unsigned>(rows);
+      cp_async<16>(dst_col + se.w, valid ? x + offset0 + row_off : x, valid);
+    }
+  } else {
+    for (int e = tid / 8; e < entries; e += kLoaders / 8) {
+      const SlotEntry& se = table[e];
+      const int h = se.h0 + dh;
+      const bool valid = static_cast<unsigned>(h) < static_cast<unsigned>(rows);
+      load_act_chunk<kAct>(pb, dst_col + se.dst, valid, se.n, h, se.w, c);
+    }
+  }
+}
+
 template <ActKind kAct, int kBN, int kWGM, int kS, bool kSplit>
 struct Kernel {
   static constexpr int kBM = 64 * kWGM;
   static constexpr int kThreads = 128 * kWGM;
   static constexpr int kAcc = kBN / 2;  // f32 accumulators per thread (64 x kBN per warpgroup)
 
-  // Fills the tile's slot table (one division chain per slot, once per CTA), in 32-bit index
-  // math when every virtual pixel index fits.
-  static __device__ void build_slot_table(const ConvProblem& pb, const Geometry& g, int64_t g0,
-                                          SlotEntry* table) {
-    const bool narrow_index = g.virtual_pixels + g.slots <= INT32_MAX;
-    for (int e = threadIdx.x; e < g.phases * g.slots; e += kThreads) {
-      const int phase = e / g.slots, slot = e - phase * g.slots;
-      int64_t n = 0, h0 = 0, w = 0;
-      SlotEntry se;
-      se.dst = (phase * (kChunkC / 8) * g.slots + slot) * 16;
-      const bool inside = narrow_index ? slot_origin<int32_t>(pb, g, g0, phase, slot, &n, &h0, &w)
-                                       : slot_origin<int64_t>(pb, g, g0, phase, slot, &n, &h0, &w);
-      if (inside) {
-        se.offset0 = ((n * pb.h + h0) * pb.w + w) * pb.c;
-        se.h0 = static_cast<int>(h0);
-        se.n = static_cast<int>(n);
-        se.w = static_cast<int>(w);
-      } else {
-        se.offset0 = 0;
-        se.h0 = kNoRow;
-        se.n = 0;
-        se.w = 0;
-      }
-      table[e] = se;
-    }
-  }
-
-  // Issues the loads of stage `it` (filter row r, channel chunk cc) into buffer `smem`. Each
-  // thread's share is fixed per CTA, so the loops only step a slot index or a tap.
+  // Issues the loads of stage `it` (filter row r, channel chunk cc) into buffer `smem` with
+  // kLoaders threads (tid in [0, kLoaders)). Each thread's share is fixed per tile, so the loops
+  // only step a slot index, a row or a tap.
+  template <int kLoaders>
   static __device__ void load_stage(const ConvProblem& pb, const Geometry& g, const SlotEntry* table,
-                                    int64_t k0, int it, uint8_t* smem, const StageLayout& L) {
+                                    int64_t k0, int it, uint8_t* smem, const StageLayout& L, int tid) {
     const int r = it / g.c_chunks, cc = it % g.c_chunks;
     const int64_t c_base = static_cast<int64_t>(cc) * kChunkC;
-    const int dh = r * pb.dil_h;
-    // Activations: thread t loads 8-channel column t % 8 of slots t / 8, t / 8 + kThreads / 8, ...
-    // (8 consecutive threads read a pixel's 128 contiguous bytes; its 8 shared-memory columns are
-    // slots*16 bytes apart, slots odd, so they hit distinct banks).
-    const int c8 = threadIdx.x % 8;
-    const int64_t c = c_base + c8 * 8;
-    const int rows = c < pb.c ? static_cast<int>(pb.h) : 0;  // a channel tail past C loads zeros
-    uint8_t* dst_col = smem + c8 * g.slots * 16;
-    const int entries = g.phases * g.slots;
-    if constexpr (kAct == ActKind::kBF16) {
-      const auto* x = static_cast<const __nv_bfloat16*>(pb.x);
-      const int64_t row_off = static_cast<int64_t>(dh) * pb.w * pb.c + c;
-      for (int e = threadIdx.x / 8; e < entries; e += kThreads / 8) {
-        const SlotEntry& se = table[e];
-        const int h = se.h0 + dh;
-        const bool valid = static_cast<unsigned>(h) < static_cast<unsigned>(rows);
-        cp_async<16>(dst_col + se.dst, valid ? x + se.offset0 + row_off : x, valid);
-      }
-    } else {
-      for (int e = threadIdx.x / 8; e < entries; e += kThreads / 8) {
-        const SlotEntry& se = table[e];
-        const int h = se.h0 + dh;
-        const bool valid = static_cast<unsigned>(h) < static_cast<unsigned>(rows);
-        load_act_chunk<kAct>(pb, dst_col + se.dst, valid, se.n, h, se.w, c);
-      }
-    }
-    // Weight codes: thread t loads 16 of the 32 bytes of row t / 2 (kThreads = 2 * kBM) of
-    // every tap; taps are K rows apart.
+    load_activations<kAct, kLoaders>(pb, g, table, r, cc, smem, tid);
+    // Weight codes: piece p is 16 of the 32 bytes of row p / 2 of every tap (one piece per
+    // thread when kLoaders = 2 * kBM); taps are K rows apart.
     uint8_t* codes = smem + L.act_bytes;
-    {
+    for (int piece = tid; piece < 2 * kBM; piece += kLoaders) {
       const int64_t row_bytes = pb.c / 2;
-      const int row = threadIdx.x / 2, part = threadIdx.x % 2;
+      const int row = piece / 2, part = piece % 2;
       const int64_t k = k0 + row, byte = c_base / 2 + part * 16;
       const int64_t tap_bytes = pb.k * row_bytes;
       const uint8_t* src = pb.wgt.codes + (static_cast<int64_t>(r) * pb.s * pb.k + k) * row_bytes + byte;
@@ -267,7 +307,7 @@ struct Kernel {
     uint8_t* scales = codes + L.code_bytes;
     const int64_t kb = pb.c / kBlockSize;
     const int64_t tile = (k0 / kTileRows) * scale_k_tiles(kb) + cc;
-    for (int id = threadIdx.x; id < pb.s * (kTileBytes / 16); id += kThreads) {
+    for (int id = tid; id < pb.s * (kTileBytes / 16); id += kLoaders) {
       const int part = id % (kTileBytes / 16), s = id / (kTileBytes / 16);
       const uint8_t* src = pb.wgt.scales + (static_cast<int64_t>(r) * pb.s + s) * scale_matrix_bytes(pb.k, kb) +
                            tile * kTileBytes + part * 16;
@@ -324,8 +364,8 @@ struct Kernel {
   template <typename F>
   static __device__ __forceinline__ void compute_stage(const ConvProblem& pb, const Geometry& g, int64_t k0,
                                                        const uint8_t* smem, const StageLayout& L,
-                                                       float (&acc)[kAcc], F&& after_first) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+                                                       float (&acc)[kAcc], F&& after_first, int tid = threadIdx.x) {
+    const int warp = tid / 32, lane = tid % 32;
     const int row0 = (warp / 4) * 64 + (warp % 4) * 16 + lane / 4;  // row in the tile
     const int tr0 = static_cast<int>(k0 % kTileRows) + row0;         // row in the scale tile
     const uint32_t t = lane % 4, sel = t | ((4 + t) << 4);
@@ -488,7 +528,7 @@ struct Kernel {
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
 
-    build_slot_table(pb, g, g0, table);
+    build_slot_table<kThreads>(pb, g, g0, table, threadIdx.x);
     __syncthreads();
     int first = 0, stages = pb.r * g.c_chunks;
     if constexpr (kSplit) {
@@ -497,7 +537,7 @@ struct Kernel {
       stages = total * (z + 1) / splits - first;
     }
     for (int i = 0; i < nbuf - 1; ++i) {
-      if (i < stages) load_stage(pb, g, table, k0, first + i, smem + i * L.total(), L);
+      if (i < stages) load_stage<kThreads>(pb, g, table, k0, first + i, smem + i * L.total(), L, threadIdx.x);
       cp_async_commit();
     }
     for (int i = 0; i < stages; ++i) {
@@ -507,7 +547,9 @@ struct Kernel {
       __syncthreads();
       const int next = i + nbuf - 1;
       compute_stage(pb, g, k0, smem + (i % nbuf) * L.total(), L, acc, [&] {
-        if (next < stages) load_stage(pb, g, table, k0, first + next, smem + (next % nbuf) * L.total(), L);
+        if (next < stages) {
+          load_stage<kThreads>(pb, g, table, k0, first + next, smem + (next % nbuf) * L.total(), L, threadIdx.x);
+        }
         cp_async_commit();  // possibly empty: keeps one group per stage for the waits above
       });
     }
@@ -529,6 +571,191 @@ template <ActKind kAct, int kBN, int kWGM, int kS, bool kSplit>
 __global__ void __launch_bounds__(128 * kWGM, 1) conv_sm90_kernel(const ConvProblem pb, const Geometry g, int nbuf,
                                                                    bool staged) {
   Kernel<kAct, kBN, kWGM, kS, kSplit>::run(pb, g, nbuf, staged);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Warp-specialized persistent variant (bf16 activations, S = 3, 2-byte outputs; docs/conv.md).
+//
+// The register-A kernel above runs every part of a tile (slot table, loads, weight decode,
+// wgmmas, epilogue) as one serial chain per warpgroup, and is bound by that chain's latency.
+// Here producer warpgroups build the slot table and issue every stage's cp.async (the same
+// stage layout and loads), while two consumer warpgroups only decode their weight fragments,
+// issue wgmmas (the same compute_stage) and run the epilogue. Stages pass through a ring of
+// mbarrier-guarded buffers; the CTA loops over tiles (one CTA per SM), so the producer loads the
+// next tile while the consumers store this one. Consumer warpgroup w owns output channels
+// 64w..64w+63 x all kBN pixels of the CTA tile. (Two consumers along the pixels instead, sharing
+// 64 channels, decode the same weights twice: measured no faster than the register-A kernel.)
+template <int kBN>
+struct WsKernel {
+  static constexpr int kS = 3;
+  static constexpr int kConsumers = 2;
+  using Mma = Kernel<ActKind::kBF16, kBN, kConsumers, kS, false>;  // stage layout, loads, tap math
+  static constexpr int kBM = Mma::kBM;
+  // Producer warpgroups: two where the consumers' registers allow (a 512-thread CTA compiles to
+  // 128 registers a thread, too few for 256-pixel accumulators).
+  static constexpr int kProducers = kBN == 256 ? 1 : 2;
+  static constexpr int kLoaders = 128 * kProducers;
+  static constexpr int kThreads = kLoaders + 128 * kConsumers;
+  static constexpr int kAcc = Mma::kAcc;
+  static constexpr int kEpiPixels = 64;                     // pixels per epilogue pass
+  static constexpr int kEpiPitch = 64 + 8;                  // staged pixel row: 64 channels + pad
+  static constexpr int kEpiBytes = kEpiPixels * kEpiPitch * 2;
+  // Named barriers (0 is __syncthreads): the producers', then one per consumer warpgroup.
+  static constexpr int kProducerBarrier = 1, kConsumerBarrier0 = 2;
+  // setmaxnreg moves registers from the producers, which only compute addresses, to the consumers
+  // (with two producers too, where the kernel compiles to 128 a thread: 7-11 % faster on the H200).
+  static constexpr int kProducerRegs = 56, kConsumerRegs = kProducers == 1 ? 224 : 160;
+  static_assert(kProducerRegs * kLoaders + kConsumerRegs * 128 * kConsumers <= 65536, "the register file");
+
+  using Barrier = cutlass::arch::ClusterBarrier;
+
+  static __device__ __forceinline__ void named_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+  }
+
+  static __device__ void produce(const ConvProblem& pb, const Geometry& g, const WsLayout& L, int64_t k_tiles,
+                                 uint8_t* smem, uint64_t* full, uint64_t* empty) {
+    const int tid = threadIdx.x;
+    auto* table = reinterpret_cast<SlotEntry*>(smem + L.table_offset);
+    const int stages = pb.r * g.c_chunks;
+    const int64_t tiles = g.pixel_tiles * k_tiles;
+    // A stage is signalled `lag` stages after its copies were issued, once they have landed and
+    // this thread has fenced them (cp.async writes through the generic proxy; wgmma reads through
+    // the async proxy), so up to lag + 1 stages of copies are in flight. lag <= nbuf - 2 keeps a
+    // buffer for the consumers to work on while the producer waits.
+    const int lag = L.nbuf >= 4 ? 2 : L.nbuf - 2;
+    int it = 0;
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const int64_t g0 = (tile / k_tiles) * kBN, k0 = (tile % k_tiles) * kBM;
+      named_sync(kProducerBarrier, kLoaders);  // the previous tile's loads have all read the table
+      build_slot_table<kLoaders>(pb, g, g0, table, tid);
+      named_sync(kProducerBarrier, kLoaders);
+      for (int st = 0; st < stages; ++st, ++it) {
+        const int buf = it % L.nbuf;
+        Barrier::wait(&empty[buf], ((it / L.nbuf) & 1) ^ 1);
+        Mma::template load_stage<kLoaders>(pb, g, table, k0, st, smem + buf * L.stage.total(), L.stage, tid);
+        cp_async_commit();
+        if (lag == 2) cp_async_wait<2>();
+        else if (lag == 1) cp_async_wait<1>();
+        else cp_async_wait<0>();
+        if (it >= lag) {
+          fence_proxy_async();  // this thread's copies, visible to the tensor cores
+          Barrier::arrive(&full[(it - lag) % L.nbuf]);
+        }
+      }
+    }
+    cp_async_wait<0>();
+    fence_proxy_async();
+    for (int j = it > lag ? it - lag : 0; j < it; ++j) Barrier::arrive(&full[j % L.nbuf]);
+  }
+
+  // Stores the warpgroup's 64 channels x kBN pixels through its shared-memory tile, kEpiPixels
+  // pixels per pass: stmatrix (transposed) into [pixel][kEpiPitch], then one 16-byte store per
+  // 8 channels of a pixel.
+  template <typename T>
+  static __device__ void epilogue(const ConvProblem& pb, const Geometry& g, int64_t g0, int64_t k0,
+                                  const float (&acc)[kAcc], T* tile, int ct, int barrier) {
+    const int warp = ct / 32, lane = ct % 32;
+    const int rows = warp * 16, row0 = rows + lane / 4;
+    float alpha = *pb.wgt.s_dec;
+    if (pb.x_is_nvfp4) alpha *= *pb.x_q.s_dec;
+    float bias[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t k = k0 + row0 + 8 * i;
+      if (pb.bias != nullptr && k < pb.k) bias[i] = load_as_float(pb.bias, pb.bias_dtype, k);
+    }
+    const int m = lane / 8;
+    T* row_dst = tile + (8 * (m / 2) + lane % 8) * kEpiPitch + rows + 8 * (m % 2);
+    const int part = ct % 8;
+    const int64_t k = k0 + part * 8;
+    T* out = static_cast<T*>(pb.out) + k;
+#pragma unroll
+    for (int pass = 0; pass < kBN / kEpiPixels; ++pass) {
+      named_sync(barrier, 128);  // the previous pass's reads of the tile are done
+#pragma unroll
+      for (int j = 0; j < kEpiPixels / 8; j += 2) {
+        const int jj = pass * (kEpiPixels / 8) + j;
+        uint32_t frag[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int a = (jj + q / 2) * 4 + 2 * (q % 2);
+          frag[q] = pack2<T>(acc[a] * alpha + bias[q % 2], acc[a + 1] * alpha + bias[q % 2]);
+        }
+        cute::SM90_U16x8_STSM_T::copy(frag[0], frag[1], frag[2], frag[3],
+                                      *reinterpret_cast<cute::uint128_t*>(row_dst + 8 * j * kEpiPitch));
+      }
+      named_sync(barrier, 128);
+      if (k < pb.k) {
+        ColumnWalker col(g, g0 + pass * kEpiPixels + ct / 8);
+#pragma unroll
+        for (int j = ct / 8; j < kEpiPixels; j += 16) {
+          if (col.is_output(pb)) {
+            *reinterpret_cast<uint4*>(out + (col.row * pb.q + col.vq) * pb.k) =
+                *reinterpret_cast<const uint4*>(tile + j * kEpiPitch + part * 8);
+          }
+          col.advance(g, 16);
+        }
+      }
+    }
+  }
+
+  static __device__ void consume(const ConvProblem& pb, const Geometry& g, const WsLayout& L, int64_t k_tiles,
+                                 uint8_t* smem, uint64_t* full, uint64_t* empty, int w) {
+    const int ct = threadIdx.x - kLoaders - 128 * w;  // thread in this warpgroup
+    const int stages = pb.r * g.c_chunks;
+    const int64_t tiles = g.pixel_tiles * k_tiles;
+    uint8_t* epi_tile = smem + L.epi_offset + w * kEpiBytes;
+    float acc[kAcc];
+    int it = 0;
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const int64_t g0 = (tile / k_tiles) * kBN, k0 = (tile % k_tiles) * kBM;
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+      for (int st = 0; st < stages; ++st, ++it) {
+        const int buf = it % L.nbuf;
+        Barrier::wait(&full[buf], (it / L.nbuf) & 1);
+        // Rows 64w.. of the tile's weights: compute_stage's thread index within the CTA's M tiling.
+        Mma::compute_stage(pb, g, k0, smem + buf * L.stage.total(), L.stage, acc, [] {}, w * 128 + ct);
+        Barrier::arrive(&empty[buf]);  // compute_stage retired every wgmma of the stage
+      }
+      const int64_t wk0 = k0 + w * 64;
+      if (pb.out_dtype == DType::kF16) {
+        epilogue<__half>(pb, g, g0, wk0, acc, reinterpret_cast<__half*>(epi_tile), ct, kConsumerBarrier0 + w);
+      } else {
+        epilogue<__nv_bfloat16>(pb, g, g0, wk0, acc, reinterpret_cast<__nv_bfloat16*>(epi_tile), ct,
+                                kConsumerBarrier0 + w);
+      }
+    }
+  }
+
+  static __device__ void run(const ConvProblem& pb, const Geometry& g, const WsLayout& L, int64_t k_tiles) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    auto* full = reinterpret_cast<uint64_t*>(smem + L.barrier_offset);
+    uint64_t* empty = full + L.nbuf;
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < L.nbuf; ++i) {
+        Barrier::init(&full[i], kLoaders);            // every producer thread, after its fence
+        Barrier::init(&empty[i], 128 * kConsumers);   // every consumer thread, its wgmmas retired
+      }
+      cutlass::arch::fence_barrier_init();
+    }
+    __syncthreads();
+    const int wg = threadIdx.x / 128;
+    if (wg < kProducers) {
+      cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+      produce(pb, g, L, k_tiles, smem, full, empty);
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+      consume(pb, g, L, k_tiles, smem, full, empty, wg - kProducers);
+    }
+  }
+};
+
+template <int kBN>
+__global__ void __launch_bounds__(WsKernel<kBN>::kThreads, 1)
+    conv_sm90_ws_kernel(const ConvProblem pb, const Geometry g, const WsLayout L, int64_t k_tiles) {
+  WsKernel<kBN>::run(pb, g, L, k_tiles);
 }
 
 // How a problem runs: stage buffers, shared memory, and the split of the stages over a cluster.
@@ -620,6 +847,48 @@ cudaError_t launch_taps(const ConvProblem& pb, cudaStream_t stream, int max_smem
   return launch<kAct, kBN, kWGM, 0>(pb, stream, max_smem, sms);
 }
 
+// The warp-specialized kernel with the deepest ring (2 to 4 stages) that fits, one CTA per SM
+// looping over the tiles.
+template <int kBN>
+cudaError_t launch_ws(const ConvProblem& pb, cudaStream_t stream, int max_smem, int sms) {
+  using K = WsKernel<kBN>;
+  const Geometry g = make_geometry(pb, kBN);
+  WsLayout L;
+  for (int nbuf = 4; nbuf >= 2; --nbuf) {
+    L = ws_layout(pb, g, K::kBM, K::kConsumers * K::kEpiBytes, nbuf);
+    if (L.total <= max_smem) break;
+  }
+  if (L.total > max_smem) return cudaErrorInvalidValue;
+  const int64_t k_tiles = ceil_div(pb.k, K::kBM);
+  const int64_t tiles = g.pixel_tiles * k_tiles;
+  auto* kernel = conv_sm90_ws_kernel<kBN>;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total);
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned>(std::min<int64_t>(tiles, sms)), K::kThreads, L.total, stream>>>(pb, g, L, k_tiles);
+  return cudaGetLastError();
+}
+
+// What the warp-specialized kernel takes: bf16 activations, 3 filter taps along W, and a 2-byte
+// output whose pixel rows are 16-byte aligned (its epilogue stores 8 channels at a time).
+bool ws_supported(const ConvProblem& pb) {
+  return !pb.x_is_nvfp4 && pb.x_dtype == DType::kBF16 && pb.s == 3 &&
+         (pb.out_dtype == DType::kBF16 || pb.out_dtype == DType::kF16) && pb.k % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(pb.out) % 16 == 0;
+}
+
+// The library's choice (H200 kernel timings, docs/conv.md): the warp-specialized kernel for
+// problems it takes with at least 128 output channels, with 256-pixel tiles when they still give
+// three quarters of the SMs a tile, else 128-pixel tiles under the same condition; otherwise the
+// register-A kernel, whose split-K serves the small grids and whose one-warpgroup tiles serve
+// K <= 64 (where two consumers would share, and twice decode, one 64-channel weight tile).
+ConvSm90Kernel choose_kernel(const ConvProblem& pb, int sms) {
+  if (!ws_supported(pb) || pb.k < 128) return ConvSm90Kernel::kRegisterA;
+  const int64_t k_tiles = ceil_div(pb.k, 128), enough = (3 * sms + 3) / 4;
+  if (make_geometry(pb, 256).pixel_tiles * k_tiles >= enough) return ConvSm90Kernel::kWs128x256;
+  if (make_geometry(pb, 128).pixel_tiles * k_tiles >= enough) return ConvSm90Kernel::kWs128x128;
+  return ConvSm90Kernel::kRegisterA;
+}
+
 int device_attribute(cudaDeviceAttr attr) {
   int device = 0, value = 0;
   cudaGetDevice(&device);
@@ -630,11 +899,17 @@ int device_attribute(cudaDeviceAttr attr) {
 }  // namespace
 }  // namespace conv90
 
-cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream) {
+cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream, ConvSm90Kernel kernel) {
   using namespace conv90;
   if (p.n * p.p * p.q == 0 || p.k == 0) return cudaSuccess;
   const int max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
+  if (kernel != ConvSm90Kernel::kAuto && kernel != ConvSm90Kernel::kRegisterA && !ws_supported(p)) {
+    return cudaErrorInvalidValue;
+  }
+  if (kernel == ConvSm90Kernel::kAuto) kernel = choose_kernel(p, sms);
+  if (kernel == ConvSm90Kernel::kWs128x128) return launch_ws<128>(p, stream, max_smem, sms);
+  if (kernel == ConvSm90Kernel::kWs128x256) return launch_ws<256>(p, stream, max_smem, sms);
   // One warpgroup per CTA when K fits in 64 channels, or when 128-channel tiles would give fewer
   // CTAs than two per SM (more, smaller CTAs keep every SM busy).
   const bool narrow = p.k <= 64 || make_geometry(p, 128).pixel_tiles * ceil_div(p.k, 128) < 2 * sms;

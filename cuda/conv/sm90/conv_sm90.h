@@ -9,9 +9,16 @@
 
 namespace jax_nvfp4 {
 
+// Which sm_90a kernel runs a problem: the library's choice (kAuto), the register-A kernel (every
+// activation dtype and filter, split-K for small grids), or the warp-specialized kernel with CTA
+// tiles of 128 output channels x 128 or 256 pixels (bf16 activations, S = 3, bf16/f16 output,
+// K % 8 == 0). Tests and benchmarks force one; the values are the FFI attribute `kernel`.
+enum class ConvSm90Kernel { kAuto = 0, kRegisterA = 1, kWs128x128 = 2, kWs128x256 = 3 };
+
 // Runs `p` on `stream`. Activations bf16/f16/f32 or NVFP4 (x_q: codes [N*H*W, C/2], scales one
 // tiled [W, C/16] matrix per (n, h) image row, as an NVFP4Array [N, H, W, C] stores them).
-// Returns cudaErrorInvalidValue for a problem it cannot take (shared memory over the limit).
-cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream);
+// Returns cudaErrorInvalidValue for a problem it cannot take (shared memory over the limit, or a
+// forced kernel that does not take the problem's dtypes).
+cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream, ConvSm90Kernel kernel = ConvSm90Kernel::kAuto);
 
 }  // namespace jax_nvfp4

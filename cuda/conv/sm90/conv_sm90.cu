@@ -259,6 +259,23 @@ __device__ void load_activations(const ConvProblem& pb, const Geometry& g, const
   }
 }
 
+// What the epilogue applies to a thread's two accumulator rows, output channels k and k + 8:
+// alpha = s_dec_w (* s_dec_x) and their biases (0 past K or without bias).
+struct RowScale {
+  float alpha;
+  float bias[2];
+};
+
+__device__ __forceinline__ RowScale row_scale(const ConvProblem& pb, int64_t k) {
+  RowScale rs{*pb.wgt.s_dec, {0.f, 0.f}};
+  if (pb.x_is_nvfp4) rs.alpha *= *pb.x_q.s_dec;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (pb.bias != nullptr && k + 8 * i < pb.k) rs.bias[i] = load_as_float(pb.bias, pb.bias_dtype, k + 8 * i);
+  }
+  return rs;
+}
+
 template <ActKind kAct, int kBN, int kWGM, int kS, bool kSplit>
 struct Kernel {
   static constexpr int kBM = 64 * kWGM;
@@ -401,13 +418,7 @@ struct Kernel {
     const int g8 = lane / 4, t = lane % 4;
     const int64_t k_rows[2] = {k0 + (warp / 4) * 64 + (warp % 4) * 16 + g8,
                                k0 + (warp / 4) * 64 + (warp % 4) * 16 + g8 + 8};
-    float alpha = *pb.wgt.s_dec;
-    if (pb.x_is_nvfp4) alpha *= *pb.x_q.s_dec;
-    float bias[2] = {0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      if (pb.bias != nullptr && k_rows[i] < pb.k) bias[i] = load_as_float(pb.bias, pb.bias_dtype, k_rows[i]);
-    }
+    const RowScale rs = row_scale(pb, k_rows[0]);
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       ColumnWalker col(g, g0 + 2 * t + e);  // column 8j + 2t + e of the tile
@@ -419,7 +430,7 @@ struct Kernel {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           if (k_rows[i] < pb.k) {
-            store_as(pb.out, pb.out_dtype, pixel * pb.k + k_rows[i], acc[j * 4 + 2 * i + e] * alpha + bias[i]);
+            store_as(pb.out, pb.out_dtype, pixel * pb.k + k_rows[i], acc[j * 4 + 2 * i + e] * rs.alpha + rs.bias[i]);
           }
         }
       }
@@ -439,14 +450,7 @@ struct Kernel {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int rows = (warp / 4) * 64 + (warp % 4) * 16;  // the warp's 16 channels in the tile
     const int row0 = rows + lane / 4;
-    float alpha = *pb.wgt.s_dec;
-    if (pb.x_is_nvfp4) alpha *= *pb.x_q.s_dec;
-    float bias[2] = {0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int64_t k = k0 + row0 + 8 * i;
-      if (pb.bias != nullptr && k < pb.k) bias[i] = load_as_float(pb.bias, pb.bias_dtype, k);
-    }
+    const RowScale rs = row_scale(pb, k0 + row0);
     __syncthreads();  // every warp's wgmmas have retired: the stage buffers are free
     // One stmatrix.x4 per two n8 blocks: matrix m is (block j + m / 2, channel half m % 2), and
     // lane l gives the address of row l % 8 (a pixel) of matrix l / 8.
@@ -458,7 +462,7 @@ struct Kernel {
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int a = (j + q / 2) * 4 + 2 * (q % 2);  // channel half q % 2: pixels 2t, 2t+1
-        frag[q] = pack2<T>(acc[a] * alpha + bias[q % 2], acc[a + 1] * alpha + bias[q % 2]);
+        frag[q] = pack2<T>(acc[a] * rs.alpha + rs.bias[q % 2], acc[a + 1] * rs.alpha + rs.bias[q % 2]);
       }
       cute::SM90_U16x8_STSM_T::copy(frag[0], frag[1], frag[2], frag[3],
                                     *reinterpret_cast<cute::uint128_t*>(row_dst + 8 * j * kPitch));
@@ -657,14 +661,7 @@ struct WsKernel {
                                   const float (&acc)[kAcc], T* tile, int ct, int barrier) {
     const int warp = ct / 32, lane = ct % 32;
     const int rows = warp * 16, row0 = rows + lane / 4;
-    float alpha = *pb.wgt.s_dec;
-    if (pb.x_is_nvfp4) alpha *= *pb.x_q.s_dec;
-    float bias[2] = {0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int64_t k = k0 + row0 + 8 * i;
-      if (pb.bias != nullptr && k < pb.k) bias[i] = load_as_float(pb.bias, pb.bias_dtype, k);
-    }
+    const RowScale rs = row_scale(pb, k0 + row0);
     const int m = lane / 8;
     T* row_dst = tile + (8 * (m / 2) + lane % 8) * kEpiPitch + rows + 8 * (m % 2);
     const int part = ct % 8;
@@ -680,7 +677,7 @@ struct WsKernel {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const int a = (jj + q / 2) * 4 + 2 * (q % 2);
-          frag[q] = pack2<T>(acc[a] * alpha + bias[q % 2], acc[a + 1] * alpha + bias[q % 2]);
+          frag[q] = pack2<T>(acc[a] * rs.alpha + rs.bias[q % 2], acc[a + 1] * rs.alpha + rs.bias[q % 2]);
         }
         cute::SM90_U16x8_STSM_T::copy(frag[0], frag[1], frag[2], frag[3],
                                       *reinterpret_cast<cute::uint128_t*>(row_dst + 8 * j * kEpiPitch));

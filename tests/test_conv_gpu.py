@@ -40,16 +40,11 @@ WS_CASES = sorted(name for name, case in GPU_CASES.items() if case[6] == 3 and c
 
 
 @pytest.fixture
-def forced_kernel(request):
+def forced_kernel(request, monkeypatch):
     """Sets JAX_NVFP4_CONV_SM90_KERNEL to request.param for the test (read at lowering)."""
-    old = os.environ.get("JAX_NVFP4_CONV_SM90_KERNEL")
-    os.environ["JAX_NVFP4_CONV_SM90_KERNEL"] = request.param
+    monkeypatch.setenv("JAX_NVFP4_CONV_SM90_KERNEL", request.param)
     jax.clear_caches()
     yield request.param
-    if old is None:
-        del os.environ["JAX_NVFP4_CONV_SM90_KERNEL"]
-    else:
-        os.environ["JAX_NVFP4_CONV_SM90_KERNEL"] = old
     jax.clear_caches()
 
 

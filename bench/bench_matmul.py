@@ -31,6 +31,7 @@ QUICK_NK = [(14336, 4096), (4096, 4096)]
 QUICK_MS = [1, 16, 256, 4096]
 PATH_MS = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]  # --paths: default M of the forced timings
 DECODE_MAX_FORCED_M = 64  # the decode kernel is not timed beyond this M (far off its range)
+FORCED_PATHS = ("decode", "fused", "fused_ws", "prefill")  # --paths: JAX_NVFP4_GEMM_SM90_PATH values
 
 
 def hbm_bandwidth() -> float:
@@ -118,10 +119,10 @@ def write_report(rows, out, device, bw):
     forced = [r for r in rows if "forced_fused" in r]
     if forced:
         lines += ["", "Each sm_90a kernel family forced (JAX_NVFP4_GEMM_SM90_PATH), W4A16, us per call:", "",
-                  "| M | N | K | decode | fused | prefill | auto |", "|---|---|---|---|---|---|---|"]
+                  "| M | N | K | " + " | ".join(FORCED_PATHS) + " | auto |",
+                  "|---|---|---|" + "---|" * (len(FORCED_PATHS) + 1)]
         for r in forced:
-            cells = [f"{r[f'forced_{p}']:.1f}" if f"forced_{p}" in r else "-"
-                     for p in ("decode", "fused", "prefill")]
+            cells = [f"{r[f'forced_{p}']:.1f}" if f"forced_{p}" in r else "-" for p in FORCED_PATHS]
             lines.append(f"| {r['M']} | {r['N']} | {r['K']} | " + " | ".join(cells) +
                          f" | {r['ours_w4a16']:.1f} |")
     (out / "matmul_bench.md").write_text("\n".join(lines) + "\n")
@@ -135,7 +136,7 @@ def main():
     ap.add_argument("--ms", type=lambda v: [int(m) for m in v.split(",")], default=None,
                     help="comma-separated M values (default: all)")
     ap.add_argument("--paths", action="store_true",
-                    help="also time each sm90 kernel family (decode, fused, prefill) forced, at a few M")
+                    help="also time each sm90 kernel family (decode, fused, fused_ws, prefill) forced, at a few M")
     ap.add_argument("--path-ms", type=lambda v: [int(m) for m in v.split(",")], default=PATH_MS,
                     help="with --paths: the M values of the forced timings (every shape measured)")
     args = ap.parse_args()
@@ -156,7 +157,7 @@ def main():
                     row[name] = float("nan")
             if args.paths and m in args.path_ms:
                 fn, ops = variants(m, n, k, jax.random.key(1))["ours_w4a16"]
-                for path in ("decode", "fused", "prefill"):
+                for path in FORCED_PATHS:
                     if path == "decode" and m > DECODE_MAX_FORCED_M:
                         continue
                     os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = path
@@ -167,7 +168,7 @@ def main():
                         os.environ.pop("JAX_NVFP4_GEMM_SM90_PATH")
                         jax.clear_caches()
                 print(f"  forced paths M={m}: " + ", ".join(
-                    f"{path} {row[f'forced_{path}']:.1f}us" for path in ("decode", "fused", "prefill")
+                    f"{path} {row[f'forced_{path}']:.1f}us" for path in FORCED_PATHS
                     if f"forced_{path}" in row), flush=True)
             flops = 2.0 * m * n * k
             weight_bytes = n * k * 0.5625 + m * k * 2 + m * n * 2

@@ -14,7 +14,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cmath>
@@ -26,6 +25,7 @@
 #include <vector>
 
 #include "common/scale_layout.h"
+#include "cublas_dlopen.h"
 #include "cuda_check.h"
 #include "event_timing.h"
 #include "gemm/sm90/gemm_sm90_internal.h"
@@ -260,37 +260,6 @@ __global__ void copy_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, 
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
     b[i] = a[i];
 }
-
-// cuBLAS through dlopen (the device image has the library, not always its headers).
-struct Cublas {
-  using Create = int (*)(void**);
-  using SetStream = int (*)(void*, cudaStream_t);
-  using GemmEx = int (*)(void*, int, int, int, int, int, const void*, const void*, int, int,
-                         const void*, int, int, const void*, void*, int, int, int, int);
-  void* h = nullptr;
-  GemmEx gemm = nullptr;
-  bool ok = false;
-  void init(cudaStream_t s) {
-    const char* path = std::getenv("CUBLAS_LIB");
-    void* lib = dlopen(path ? path : "libcublas.so", RTLD_NOW);
-    if (!lib) {
-      std::printf("cuBLAS not loaded: %s\n", dlerror());
-      return;
-    }
-    auto create = reinterpret_cast<Create>(dlsym(lib, "cublasCreate_v2"));
-    auto set_stream = reinterpret_cast<SetStream>(dlsym(lib, "cublasSetStream_v2"));
-    gemm = reinterpret_cast<GemmEx>(dlsym(lib, "cublasGemmEx"));
-    if (!create || !set_stream || !gemm || create(&h) != 0 || set_stream(h, s) != 0) return;
-    ok = true;
-  }
-  // y[M, N] = x[M, K] . w[N, K]^T, bf16 row-major, f32 compute.
-  int run(const void* w, const void* x, void* y, int m, int n, int k) const {
-    const float alpha = 1.f, beta = 0.f;
-    constexpr int kOpN = 0, kOpT = 1, kBF16 = 14, kCompute32F = 68, kAlgoDefault = -1;
-    return gemm(h, kOpT, kOpN, n, m, k, &alpha, w, kBF16, k, x, kBF16, k, &beta, y, kBF16, n,
-                kCompute32F, kAlgoDefault);
-  }
-};
 
 // `only_m`/`only_n` > 0 restrict the timing to that M and N (e.g. for a profiler run).
 int time_all(bool peers, const char* label, int64_t only_m, int64_t only_n) {

@@ -89,13 +89,16 @@ def test_gemm_workspace_follows_the_sm90_path():
     assert _gemm_workspace(90, 1, 4096, 4096) == 0  # decode: split-K through shared memory
     # prefill: the weights dequantized to bf16 in the workspace
     assert _gemm_workspace(90, 1024, 4096, 4096) >= 4096 * 4096 * 2
-    # 256 < M <= 1024: fused (only the bf16 activations staged) while its 128 x 128 output tiles
-    # fit one wave on the GPU (the sizing runs without one here: 132 SMs, an H100/H200)
+    # 128 < M <= 512: fused_ws (only the bf16 activations staged) while its 128 x 128 output tiles
+    # number more than half the SMs; up to M = 1024 while they fit one wave, prefill beyond
+    # (the sizing runs without a GPU here: 132 SMs, an H100/H200)
     device = jax.devices()[0]
     sms = device.core_count if device.platform == "gpu" else 132
+    staged = 4096 * 2  # bytes per staged activation row
+    assert 512 * staged <= _gemm_workspace(90, 512, 14336, 4096) < 14336 * 4096 * 2  # 112 x 4 tiles
     if sms >= 128:
-        assert 512 * 4096 * 2 <= _gemm_workspace(90, 512, 4096, 4096) < 4096 * 4096 * 2  # 32 x 4
-    assert _gemm_workspace(90, 512, 14336, 4096) >= 14336 * 4096 * 2  # 112 x 4 tiles: prefill
+        assert 1024 * staged <= _gemm_workspace(90, 1024, 2048, 4096) < 2048 * 4096 * 2  # 16 x 8, one wave
+    assert _gemm_workspace(90, 768, 14336, 4096) >= 14336 * 4096 * 2  # 112 x 6 tiles: prefill
     nvfp4_out = [_spec((1, 256), jnp.float4_e2m1fn), _spec((128 * 4,), jnp.float8_e4m3fn),
                  _spec((), jnp.float32)]
     assert _gemm_workspace(90, 1, 256, 4096, out=nvfp4_out) >= 256 * 4  # the float32 result

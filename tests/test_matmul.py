@@ -195,6 +195,20 @@ def test_sm90_fused_kernel_uses_wgmma_with_register_a(kernel_sass):
         assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass, f"{name}: no wgmma left in flight"
 
 
+def test_sm90_fused_ws_kernel_is_warp_specialized(kernel_sass):
+    """The large-M kernel: register-A wgmma, the activation tiles by bulk copy (TMA) and the weights
+    by cp.async into an mbarrier ring, 8 k-steps left in flight, no local memory."""
+    kernels = kernel_sass("sm_90a", r"15fused_ws_kernel")
+    assert len(kernels) == 2, sorted(kernels)  # 16- or 8-byte weight copies
+    for name, sass in kernels.items():
+        assert re.search(r"HGMMA\.64x128x16\.F32\.BF16 R\d+, R\d+, gdesc", sass), name
+        assert "UBLKCP" in sass, f"{name} has no bulk copy"
+        assert "LDGSTS" in sass and "ARRIVES.LDGSTSBAR" in sass, f"{name}: no cp.async arriving on an mbarrier"
+        assert "SYNCS.PHASECHK" in sass, f"{name} waits on no mbarrier"
+        assert "LDL" not in sass and "STL" not in sass, f"{name} spills to local memory"
+        assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass, f"{name}: no wgmma left in flight"
+
+
 def test_sm90_decode_kernel_uses_tensor_cores(kernel_sass):
     kernels = kernel_sass("sm_90a", r"decode_kernel")
     for name, sass in kernels.items():

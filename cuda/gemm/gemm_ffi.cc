@@ -11,7 +11,7 @@
 //   out_s_enc  f32 scalar (NVFP4 output), or f32[0]
 // Results: out [M, N] bf16/f16/f32; or codes [M, N] float4_e2m1fn, tiled scales, s_dec f32;
 // then the workspace (uint8, common/workspace_registry.h).
-// Attribute: path (GemmPath: 0 the launcher's choice, 1 decode, 2 prefill).
+// Attribute: path (GemmPath: 0 the launcher's choice, 1 decode, 2 prefill, 3 fused, 4 fused_ws).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -43,8 +43,9 @@ std::string dims_str(ffi::AnyBuffer::Dimensions d) {
 }
 
 ffi::Error decode_path(int64_t path, GemmProblem* p) {
-  if (path < 0 || path > static_cast<int64_t>(GemmPath::kFused)) {
-    return invalid("path must be 0 (auto), 1 (decode), 2 (prefill) or 3 (fused), got " + std::to_string(path));
+  if (path < 0 || path > static_cast<int64_t>(GemmPath::kFusedWs)) {
+    return invalid("path must be 0 (auto), 1 (decode), 2 (prefill), 3 (fused) or 4 (fused_ws), got " +
+                   std::to_string(path));
   }
   p->path = static_cast<GemmPath>(path);
   return ffi::Error::Success();

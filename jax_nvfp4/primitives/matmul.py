@@ -34,18 +34,19 @@ from jax_nvfp4.primitives._base import (ShapedArray, define_primitive, empty_f32
 GEMM_TARGET = "jax_nvfp4_gemm"
 GEMM_NVFP4_OUT_TARGET = "jax_nvfp4_gemm_nvfp4_out"
 
-# JAX_NVFP4_GEMM_SM90_PATH=decode|fused|prefill forces one of the Hopper kernel families (tests
+# JAX_NVFP4_GEMM_SM90_PATH=decode|fused|fused_ws|prefill forces one of the Hopper kernel families (tests
 # and benchmarks run each on one shape). It is read when a call is lowered: set it before jit compiles
 # the function (jax.clear_caches() drops compiled ones).
 PATH_ENV = "JAX_NVFP4_GEMM_SM90_PATH"
-_PATHS = {"": 0, "auto": 0, "decode": 1, "prefill": 2, "fused": 3}
+_PATHS = {"": 0, "auto": 0, "decode": 1, "prefill": 2, "fused": 3, "fused_ws": 4}
 
 
 def forced_path() -> int:
     """The kernel-family attribute of the FFI call (0: the launcher's choice), from PATH_ENV."""
     value = os.environ.get(PATH_ENV, "")
     if value not in _PATHS:
-        raise ValueError(f"{PATH_ENV} must be 'decode', 'fused' or 'prefill' (or unset), got {value!r}")
+        raise ValueError(f"{PATH_ENV} must be 'decode', 'fused', 'fused_ws' or 'prefill' (or unset), "
+                         f"got {value!r}")
     return _PATHS[value]
 
 

@@ -26,7 +26,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cute/arch/copy_sm90.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/arch/reg_reconfig.h"
 #include "common/bf16x2.cuh"
@@ -34,6 +33,7 @@
 #include "common/nvfp4_decode.cuh"
 #include "common/scale_layout.h"
 #include "common/sm90_async.cuh"
+#include "common/stmatrix_tile.cuh"
 #include "conv/sm90/conv_sm90.h"
 #include "conv/sm90/conv_sm90_schedule.h"
 
@@ -96,17 +96,6 @@ __device__ __forceinline__ void e4m3x4_scales_bf16x2(uint32_t bits, uint32_t (&o
     const float f = __half2float(__ushort_as_half(static_cast<unsigned short>(h[i / 2] >> (16 * (i % 2)))));
     const __nv_bfloat162 r = __float2bfloat162_rn(f);
     out[i] = *reinterpret_cast<const uint32_t*>(&r);
-  }
-}
-
-// Two floats as the 2-byte output type T (bf16 or f16), a in the low half.
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float a, float b) {
-  if constexpr (std::is_same_v<T, __half>) {
-    const __half2 v = __floats2half2_rn(a, b);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  } else {
-    return pack_bf16x2(a, b);
   }
 }
 
@@ -452,21 +441,7 @@ struct Kernel {
     const int row0 = rows + lane / 4;
     const RowScale rs = row_scale(pb, k0 + row0);
     __syncthreads();  // every warp's wgmmas have retired: the stage buffers are free
-    // One stmatrix.x4 per two n8 blocks: matrix m is (block j + m / 2, channel half m % 2), and
-    // lane l gives the address of row l % 8 (a pixel) of matrix l / 8.
-    const int m = lane / 8;
-    T* row_dst = tile + (8 * (m / 2) + lane % 8) * kPitch + rows + 8 * (m % 2);
-#pragma unroll
-    for (int j = 0; j < kBN / 8; j += 2) {
-      uint32_t frag[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int a = (j + q / 2) * 4 + 2 * (q % 2);  // channel half q % 2: pixels 2t, 2t+1
-        frag[q] = pack2<T>(acc[a] * rs.alpha + rs.bias[q % 2], acc[a + 1] * rs.alpha + rs.bias[q % 2]);
-      }
-      cute::SM90_U16x8_STSM_T::copy(frag[0], frag[1], frag[2], frag[3],
-                                    *reinterpret_cast<cute::uint128_t*>(row_dst + 8 * j * kPitch));
-    }
+    stmatrix_transposed<T, kBN / 8>(acc, rs.alpha, rs.bias, tile, kPitch, rows, lane);
     __syncthreads();
     constexpr int kChunks = kBM / 8;             // 16-byte pieces per pixel
     constexpr int kStep = kThreads / kChunks;    // pixels per pass (16)
@@ -662,26 +637,14 @@ struct WsKernel {
     const int warp = ct / 32, lane = ct % 32;
     const int rows = warp * 16, row0 = rows + lane / 4;
     const RowScale rs = row_scale(pb, k0 + row0);
-    const int m = lane / 8;
-    T* row_dst = tile + (8 * (m / 2) + lane % 8) * kEpiPitch + rows + 8 * (m % 2);
     const int part = ct % 8;
     const int64_t k = k0 + part * 8;
     T* out = static_cast<T*>(pb.out) + k;
 #pragma unroll
     for (int pass = 0; pass < kBN / kEpiPixels; ++pass) {
       named_sync(barrier, 128);  // the previous pass's reads of the tile are done
-#pragma unroll
-      for (int j = 0; j < kEpiPixels / 8; j += 2) {
-        const int jj = pass * (kEpiPixels / 8) + j;
-        uint32_t frag[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int a = (jj + q / 2) * 4 + 2 * (q % 2);
-          frag[q] = pack2<T>(acc[a] * rs.alpha + rs.bias[q % 2], acc[a + 1] * rs.alpha + rs.bias[q % 2]);
-        }
-        cute::SM90_U16x8_STSM_T::copy(frag[0], frag[1], frag[2], frag[3],
-                                      *reinterpret_cast<cute::uint128_t*>(row_dst + 8 * j * kEpiPitch));
-      }
+      stmatrix_transposed<T, kEpiPixels / 8>(acc + pass * (kEpiPixels / 8) * 4, rs.alpha, rs.bias, tile, kEpiPitch,
+                                             rows, lane);
       named_sync(barrier, 128);
       if (k < pb.k) {
         ColumnWalker col(g, g0 + pass * kEpiPixels + ct / 8);

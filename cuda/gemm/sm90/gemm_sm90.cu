@@ -46,6 +46,7 @@ size_t path_workspace(const GemmProblem& p) {
   switch (gemm_sm90_path(p)) {
     case GemmSm90Path::kDecode: return 0;
     case GemmSm90Path::kFused: return sm90::fused_workspace_bytes(p);
+    case GemmSm90Path::kFusedWs: return sm90::fused_ws_workspace_bytes(p);
     default: return sm90::prefill_workspace_bytes(p);
   }
 }
@@ -54,6 +55,7 @@ cudaError_t run_path(const GemmProblem& p, cudaStream_t stream) {
   switch (gemm_sm90_path(p)) {
     case GemmSm90Path::kDecode: return sm90::decode_gemm(p, stream);
     case GemmSm90Path::kFused: return sm90::fused_gemm(p, stream);
+    case GemmSm90Path::kFusedWs: return sm90::fused_ws_gemm(p, stream);
     default: return sm90::prefill_gemm(p, stream);
   }
 }
@@ -64,10 +66,13 @@ GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
   if (p.path == GemmPath::kDecode) return GemmSm90Path::kDecode;
   if (p.path == GemmPath::kPrefill) return GemmSm90Path::kPrefill;
   if (p.path == GemmPath::kFused) return GemmSm90Path::kFused;
+  if (p.path == GemmPath::kFusedWs) return GemmSm90Path::kFusedWs;
   if (p.m <= kGemmSm90DecodeMaxM) return GemmSm90Path::kDecode;
   if (p.m <= kGemmSm90FusedMaxM) return GemmSm90Path::kFused;
-  const bool one_wave = sm90::fused_output_tiles(p) <= sm90::sm_count();
-  return p.m <= kGemmSm90FusedOneWaveMaxM && one_wave ? GemmSm90Path::kFused : GemmSm90Path::kPrefill;
+  if (p.m > kGemmSm90OneWaveMaxM) return GemmSm90Path::kPrefill;
+  const int64_t tiles = sm90::fused_ws_output_tiles(p), sms = sm90::sm_count();
+  if (2 * tiles <= sms) return GemmSm90Path::kFused;
+  return p.m <= kGemmSm90FusedWsMaxM || tiles <= sms ? GemmSm90Path::kFusedWs : GemmSm90Path::kPrefill;
 }
 
 size_t gemm_sm90_workspace_bytes(const GemmProblem& p) {

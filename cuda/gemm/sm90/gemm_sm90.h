@@ -7,6 +7,9 @@
 //   fused    mid M: the weights are dequantized in the main loop straight into wgmma A-operand
 //            registers (never written back as bf16), the activations, staged once per call in
 //            the workspace in the matching K order, are the shared-memory B operand.
+//   fused_ws large M: the fused kernel's math, warp-specialized (a producer warp feeds an
+//            mbarrier ring with bulk and cp.async copies; two consumer warpgroups dequantize and
+//            issue wgmma) and persistent over the output tiles.
 //   prefill  large M, compute-bound: one pass dequantizes the weights to bf16 in the workspace
 //            (and converts x when it is not bf16), then CUTLASS's TMA warp-specialized
 //            persistent wgmma GEMM runs with alpha and bias in its epilogue.
@@ -23,17 +26,18 @@
 
 namespace jax_nvfp4 {
 
-enum class GemmSm90Path : int { kDecode = 0, kPrefill = 1, kFused = 2 };
+enum class GemmSm90Path : int { kDecode = 0, kPrefill = 1, kFused = 2, kFusedWs = 3 };
 
-// The path gemm_sm90 takes for M activation rows: decode for M <= kGemmSm90DecodeMaxM (there the
-// weights' bytes dominate: 4.5 bits of weight read per 2*M flops), fused up to
-// kGemmSm90FusedMaxM, and fused up to kGemmSm90FusedOneWaveMaxM while its output tiles
-// (128 weight rows x 128 activation rows, one CTA per SM) fit in one wave on the GPU; prefill
-// otherwise (see docs/gemm_hopper.md for the measurements behind the bounds). p.path other than
-// kAuto forces one.
+// The path gemm_sm90 takes for M activation rows (docs/gemm_hopper.md has the measurements
+// behind the bounds): decode for M <= kGemmSm90DecodeMaxM (there the weights' bytes dominate:
+// 4.5 bits of weight read per 2*M flops); fused up to kGemmSm90FusedMaxM, and beyond while the
+// 128 x 128 output tiles number at most half the SMs (its split-K fills the GPU);
+// fused_ws up to kGemmSm90FusedWsMaxM, and up to kGemmSm90OneWaveMaxM while its tiles fit one
+// wave; prefill otherwise. p.path other than kAuto forces one.
 constexpr int64_t kGemmSm90DecodeMaxM = 16;
-constexpr int64_t kGemmSm90FusedMaxM = 256;
-constexpr int64_t kGemmSm90FusedOneWaveMaxM = 1024;
+constexpr int64_t kGemmSm90FusedMaxM = 128;
+constexpr int64_t kGemmSm90FusedWsMaxM = 512;
+constexpr int64_t kGemmSm90OneWaveMaxM = 1024;
 GemmSm90Path gemm_sm90_path(const GemmProblem& p);
 
 // Device scratch gemm_sm90 needs for p (dequantized operands, the float32 result before NVFP4

@@ -13,10 +13,27 @@ namespace sm90 {
 // Small-M kernel: writes p.out (float dtype) directly; needs no workspace.
 cudaError_t decode_gemm(const GemmProblem& p, cudaStream_t stream);
 
+// The activations of the fused kernels, staged once per call at the start of the workspace
+// (fused_staging.h: K order and tile layout): tiles of `mt` (64 or 128) rows by 128 K, every x
+// kind made bf16 (f16 and f32 as a hi and a lo row, rows_per_x_row = 2).
+struct StagedActivations {
+  int mt = 128;
+  int rows_per_x_row = 1;
+  int64_t m_tiles = 0, chunks = 0;
+  size_t bytes = 0;
+};
+StagedActivations staged_activations(const GemmProblem& p, int mt);
+cudaError_t stage_activations(const GemmProblem& p, const StagedActivations& s, cudaStream_t stream);
+
 // Mid-M kernel: stages x in the workspace, dequantizes the weights in its main loop.
 size_t fused_workspace_bytes(const GemmProblem& p);
-int64_t fused_output_tiles(const GemmProblem& p);  // CTAs of the fused kernel before split-K
 cudaError_t fused_gemm(const GemmProblem& p, cudaStream_t stream);
+
+// Large-M kernel on the same staging and weight stages: warp-specialized (a producer warp
+// feeding an mbarrier ring, two consumer warpgroups) and persistent over 128 x 128 output tiles.
+size_t fused_ws_workspace_bytes(const GemmProblem& p);
+int64_t fused_ws_output_tiles(const GemmProblem& p);
+cudaError_t fused_ws_gemm(const GemmProblem& p, cudaStream_t stream);
 
 // Large-M path: dequantize pass + CUTLASS wgmma GEMM, writing p.out (float dtype).
 size_t prefill_workspace_bytes(const GemmProblem& p);

@@ -1,0 +1,184 @@
+// Times the sm_90a GEMM families that serve M > 16 (fused, fused_ws, prefill) alone, without
+// JAX, beside cuBLAS's bf16 GEMM on the same shapes, to choose the path thresholds and to see
+// what the JAX-level figures add.
+//
+//   bash bench/fused_gemm_bench.sh      (builds this file with the three kernels; on the GPU)
+//   ./fused_gemm_bench [--ms 256,512,...] [--only-n N]
+//
+// W4A16: random NVFP4 weights (all 16 codes, E4M3 scales in [2^-4, 2]) and bf16 activations,
+// bf16 output. Every candidate runs 20 back-to-back calls in turn, 7 rounds, median per call
+// (clock drift as the GPU warms hits all alike); the weights rotate over copies larger than the
+// L2, as in the JAX benchmark. The three families' outputs are compared with each other
+// (relative Frobenius difference; they compute the same products in different orders).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/scale_layout.h"
+#include "cublas_dlopen.h"
+#include "cuda_check.h"
+#include "event_timing.h"
+#include "gemm/sm90/gemm_sm90_internal.h"
+
+using namespace jax_nvfp4;
+
+namespace {
+
+constexpr size_t kRotateBytes = size_t{320} << 20;
+
+std::vector<int64_t> parse_list(const char* s) {
+  std::vector<int64_t> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::atoll(p));
+    while (*p && *p != ',') ++p;
+    if (*p == ',') ++p;
+  }
+  return v;
+}
+
+double rel_diff(const std::vector<__nv_bfloat16>& a, const std::vector<__nv_bfloat16>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> ms = {256, 512, 1024, 2048, 4096, 8192};
+  int64_t only_n = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--ms") && i + 1 < argc) ms = parse_list(argv[++i]);
+    else if (!std::strcmp(argv[i], "--only-n") && i + 1 < argc) only_n = std::atoll(argv[++i]);
+  }
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  Cublas cublas;
+  cublas.init(s);
+
+  std::printf("\n| M | N | K | fused us | fused_ws us | prefill us | cuBLAS bf16 us | fused_ws TFLOP/s | "
+              "ws / cuBLAS | max rel diff |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  const int64_t shapes[][2] = {{14336, 4096}, {4096, 14336}, {4096, 4096}, {6144, 4096}};
+  std::mt19937 rng(11);
+  for (auto& sh : shapes) {
+    const int64_t n = sh[0], k = sh[1];
+    if (only_n > 0 && n != only_n) continue;
+    const size_t code_bytes = n * k / 2, scale_bytes = scale_matrix_bytes(n, k / kBlockSize);
+    const int copies = static_cast<int>(std::max<size_t>(2, kRotateBytes / (code_bytes + scale_bytes) + 1));
+    std::vector<uint8_t> codes(code_bytes), scales(scale_bytes, 0);
+    std::uniform_int_distribution<int> byte(0, 255), sc(0x20, 0x40);  // E4M3 2^-4 .. 2
+    for (auto& c : codes) c = static_cast<uint8_t>(byte(rng));
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t b = 0; b < k / kBlockSize; ++b) scales[scale_offset(r, b, k / kBlockSize)] = static_cast<uint8_t>(sc(rng));
+    uint8_t *d_codes, *d_scales;
+    CUDA_CHECK(cudaMalloc(&d_codes, code_bytes * copies));
+    CUDA_CHECK(cudaMalloc(&d_scales, scale_bytes * copies));
+    for (int c = 0; c < copies; ++c) {
+      CUDA_CHECK(cudaMemcpy(d_codes + c * code_bytes, codes.data(), code_bytes, cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpy(d_scales + c * scale_bytes, scales.data(), scale_bytes, cudaMemcpyHostToDevice));
+    }
+    const size_t wb_bytes = n * k * 2;
+    const int wb_copies = static_cast<int>(std::max<size_t>(2, kRotateBytes / wb_bytes + 1));
+    void* wb;
+    CUDA_CHECK(cudaMalloc(&wb, wb_bytes * wb_copies));
+    CUDA_CHECK(cudaMemset(wb, 0x3C, wb_bytes * wb_copies));
+    float* s_dec;
+    CUDA_CHECK(cudaMalloc(&s_dec, 4));
+    const float s_dec_h = 0.37f;
+    CUDA_CHECK(cudaMemcpy(s_dec, &s_dec_h, 4, cudaMemcpyHostToDevice));
+
+    for (int64_t m : ms) {
+      std::vector<__nv_bfloat16> hx(m * k);
+      std::normal_distribution<float> nd;
+      for (auto& v : hx) v = __float2bfloat16(nd(rng));
+      void *x, *y;
+      CUDA_CHECK(cudaMalloc(&x, hx.size() * 2));
+      CUDA_CHECK(cudaMalloc(&y, m * n * 2));
+      CUDA_CHECK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+      GemmProblem p;
+      p.m = m;
+      p.n = n;
+      p.k = k;
+      p.a = x;
+      p.a_dtype = DType::kBF16;
+      p.b.codes = d_codes;
+      p.b.scales = d_scales;
+      p.b.s_dec = s_dec;
+      p.out = y;
+      p.out_dtype = DType::kBF16;
+      p.workspace_bytes = std::max({sm90::fused_workspace_bytes(p), sm90::fused_ws_workspace_bytes(p),
+                                    sm90::prefill_workspace_bytes(p)});
+      CUDA_CHECK(cudaMalloc(&p.workspace, p.workspace_bytes));
+
+      using Path = cudaError_t (*)(const GemmProblem&, cudaStream_t);
+      const Path paths[3] = {sm90::fused_gemm, sm90::fused_ws_gemm, sm90::prefill_gemm};
+      // Outputs of copy 0, compared across the families.
+      std::vector<std::vector<__nv_bfloat16>> outs(3, std::vector<__nv_bfloat16>(m * n));
+      const char* names[3] = {"fused", "fused_ws", "prefill"};
+      for (int f = 0; f < 3; ++f) {
+        if (const cudaError_t err = paths[f](p, s); err != cudaSuccess) {
+          std::fprintf(stderr, "%s failed: %s\n", names[f], cudaGetErrorString(err));
+          std::exit(1);
+        }
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        CUDA_CHECK(cudaMemcpy(outs[f].data(), y, m * n * 2, cudaMemcpyDeviceToHost));
+      }
+      const double diff = std::max(rel_diff(outs[1], outs[2]), rel_diff(outs[0], outs[2]));
+
+      std::vector<std::function<void(int)>> calls;
+      for (int f = 0; f < 3; ++f) {
+        calls.push_back([&, f](int i) {
+          GemmProblem q = p;
+          q.b.codes = d_codes + (i % copies) * code_bytes;
+          q.b.scales = d_scales + (i % copies) * scale_bytes;
+          CUDA_CHECK(paths[f](q, s));
+        });
+      }
+      if (cublas.ok) {
+        calls.push_back([&](int i) {
+          if (cublas.run(static_cast<uint8_t*>(wb) + (i % wb_copies) * wb_bytes, x, y, m, n, k) != 0) {
+            std::fprintf(stderr, "cublasGemmEx failed\n");
+            std::exit(1);
+          }
+        });
+      }
+      std::vector<std::vector<double>> us(calls.size());
+      for (int round = 0; round < 7; ++round) {
+        for (size_t c = 0; c < calls.size(); ++c) us[c].push_back(median_us_per_call(s, 1, 20, calls[c]));
+      }
+      std::vector<double> med(4, NAN);
+      for (size_t c = 0; c < calls.size(); ++c) {
+        std::sort(us[c].begin(), us[c].end());
+        med[c] = us[c][us[c].size() / 2];
+      }
+      const double flops = 2.0 * m * n * k;
+      std::printf("| %lld | %lld | %lld | %.1f | %.1f | %.1f | %.1f | %.0f | %.2f | %.1e |\n", (long long)m,
+                  (long long)n, (long long)k, med[0], med[1], med[2], med[3], flops / med[1] * 1e-6,
+                  med[3] / med[1], diff);
+      std::fflush(stdout);
+      CUDA_CHECK(cudaFree(p.workspace));
+      CUDA_CHECK(cudaFree(x));
+      CUDA_CHECK(cudaFree(y));
+    }
+    CUDA_CHECK(cudaFree(d_codes));
+    CUDA_CHECK(cudaFree(d_scales));
+    CUDA_CHECK(cudaFree(wb));
+    CUDA_CHECK(cudaFree(s_dec));
+  }
+  return 0;
+}

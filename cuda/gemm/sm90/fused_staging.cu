@@ -1,0 +1,134 @@
+// The staging kernel of the fused sm_90a GEMM kernels: writes x once per call into the workspace
+// as bf16 tiles in the K order the weight dequantization produces and in wgmma's 128-byte-swizzle
+// K-major layout (fused_staging.h), so that a stage of either kernel is one contiguous copy.
+// Every activation kind becomes bf16: NVFP4 is dequantized exactly, f16 and f32 become a bf16
+// hi row and lo row side by side (the kernels add the two results in their epilogue).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/scale_layout.h"
+#include "gemm/sm90/fused_staging.h"
+#include "gemm/sm90/fused_weights.cuh"
+#include "gemm/sm90/gemm_device_utils.cuh"
+#include "gemm/sm90/gemm_sm90_internal.h"
+
+namespace jax_nvfp4 {
+namespace sm90 {
+namespace {
+
+using fused::kChunk;
+
+// Rows of staged activations per row of x: two (bf16 hi, lo) for f16 and f32.
+template <XKind XK>
+constexpr int staged_rows_per_row() {
+  return x_split<XK>() ? 2 : 1;
+}
+
+// Pair j (elements j, j + 4) of 8 consecutive activations e0 .. e0+7 of effective row r, as
+// bf16x2 (zero past M or K).
+template <XKind XK>
+__device__ __forceinline__ void activation_pairs(const GemmProblem& p, int64_t r, int64_t e0,
+                                                 uint32_t (&pair)[4]) {
+  pair[0] = pair[1] = pair[2] = pair[3] = 0u;
+  const int64_t m = r / staged_rows_per_row<XK>();
+  if (m >= p.m || e0 >= p.k) return;  // k is a multiple of 16, so e0 + 8 <= k
+  if constexpr (XK == XKind::kBF16) {
+    const uint4 u = __ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.a) + m * p.k + e0));
+    pair[0] = __byte_perm(u.x, u.z, 0x5410);
+    pair[1] = __byte_perm(u.x, u.z, 0x7632);
+    pair[2] = __byte_perm(u.y, u.w, 0x5410);
+    pair[3] = __byte_perm(u.y, u.w, 0x7632);
+  } else if constexpr (XK == XKind::kNvfp4) {
+    const uint32_t word = __ldg(reinterpret_cast<const uint32_t*>(p.a_q.codes + (m * p.k + e0) / 2));
+    const uint32_t scale = p.a_q.scales[scale_offset(m, e0 / kBlockSize, p.k / kBlockSize)];
+    uint32_t s0, s1;
+    widen_scales(scale, s0, s1);
+    dequant_word(word, s0, pair);
+  } else {
+    float f[8];
+    if constexpr (XK == XKind::kF16) {
+      const uint4 u = __ldg(reinterpret_cast<const uint4*>(static_cast<const __half*>(p.a) + m * p.k + e0));
+      const uint32_t h[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&h[i]));
+        f[2 * i] = v.x;
+        f[2 * i + 1] = v.y;
+      }
+    } else {
+      const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.a) + m * p.k + e0);
+      const float4 a = __ldg(src), b = __ldg(src + 1);
+      f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
+      f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+    }
+    const bool lo = r % 2 == 1;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t hi = pack_bf16x2(f[j], f[j + 4]);
+      const float2 hf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi));
+      pair[j] = lo ? pack_bf16x2(f[j] - hf.x, f[j + 4] - hf.y) : hi;
+    }
+  }
+}
+
+// One thread per (staged row, chunk, t, q): 8 activations in, 4 words out.
+template <XKind XK, int MT>
+__global__ void stage_kernel(const GemmProblem p, int64_t staged_rows, int64_t chunks, uint32_t* xs) {
+  constexpr int kTileWords = MT * kChunk / 2;
+  const int64_t total = staged_rows * chunks * 16;
+  for (int64_t id = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; id < total;
+       id += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int tq = static_cast<int>(id % 16);  // consecutive threads read consecutive 8-element words
+    const int t = tq / 4, q = tq % 4;
+    const int64_t c = (id / 16) % chunks, r = id / 16 / chunks;
+    uint32_t pair[4];
+    activation_pairs<XK>(p, r, c * kChunk + 32 * t + 8 * q, pair);
+    uint32_t* tile = xs + ((r / MT) * chunks + c) * kTileWords;
+    const int64_t row = r % MT;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) tile[staged_word<MT>(staged_k_group(32 * t + 8 * q + j), row, t)] = pair[j];
+  }
+}
+
+template <XKind XK, int MT>
+cudaError_t launch(const GemmProblem& p, const StagedActivations& s, cudaStream_t stream) {
+  const int64_t staged_rows = s.m_tiles * MT;
+  const int64_t threads = staged_rows * s.chunks * 16;
+  const int64_t blocks = std::min<int64_t>(ceil_div(threads, 256), 8LL * sm_count());
+  stage_kernel<XK, MT><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+      p, staged_rows, s.chunks, static_cast<uint32_t*>(p.workspace));
+  return cudaGetLastError();
+}
+
+template <int MT>
+cudaError_t launch(const GemmProblem& p, const StagedActivations& s, cudaStream_t stream) {
+  if (p.a_is_nvfp4) return launch<XKind::kNvfp4, MT>(p, s, stream);
+  switch (p.a_dtype) {
+    case DType::kBF16: return launch<XKind::kBF16, MT>(p, s, stream);
+    case DType::kF16: return launch<XKind::kF16, MT>(p, s, stream);
+    default: return launch<XKind::kF32, MT>(p, s, stream);
+  }
+}
+
+}  // namespace
+
+StagedActivations staged_activations(const GemmProblem& p, int mt) {
+  StagedActivations s;
+  s.mt = mt;
+  s.rows_per_x_row = !p.a_is_nvfp4 && (p.a_dtype == DType::kF16 || p.a_dtype == DType::kF32) ? 2 : 1;
+  s.m_tiles = ceil_div(p.m * s.rows_per_x_row, static_cast<int64_t>(mt));
+  s.chunks = ceil_div(p.k, static_cast<int64_t>(kChunk));
+  s.bytes = static_cast<size_t>(s.m_tiles * mt * s.chunks * kChunk) * 2;
+  return s;
+}
+
+cudaError_t stage_activations(const GemmProblem& p, const StagedActivations& s, cudaStream_t stream) {
+  if (p.workspace_bytes < s.bytes) return cudaErrorInvalidValue;
+  return s.mt == 64 ? launch<64>(p, s, stream) : launch<128>(p, s, stream);
+}
+
+}  // namespace sm90
+}  // namespace jax_nvfp4

@@ -1,0 +1,170 @@
+// The weight side of the two fused sm_90a GEMM kernels (gemm_fused.cu, gemm_fused_ws.cu): a
+// stage holds K chunk c of 128 weight rows (one scale tile) as packed codes plus the chunk's two
+// 512-byte scale tiles; loader threads copy it with cp.async, and every consumer thread
+// dequantizes its two rows of it straight into wgmma A-operand registers.
+#pragma once
+
+#include <cstdint>
+
+#include "common/scale_layout.h"
+#include "common/sm90_async.cuh"
+#include "gemm/gemm_problem.h"
+#include "gemm/sm90/gemm_device_utils.cuh"
+
+namespace jax_nvfp4 {
+namespace sm90 {
+namespace fused {
+
+constexpr int kRows = 128;   // weight rows of a tile: one scale tile, two wgmma M of 64
+constexpr int kChunk = 128;  // K elements per stage: 4 lanes x 32
+constexpr int kSteps = kChunk / 16;  // wgmma k-steps per stage
+constexpr int kCodeBytes = kRows * kChunk / 2;
+constexpr int kScaleBytes = 2 * kTileBytes;  // scale tiles 2c and 2c + 1 of the row tile
+constexpr int kWeightStageBytes = kCodeBytes + kScaleBytes;
+static_assert(kChunk == 2 * kTileKBlocks * kBlockSize, "a chunk spans two scale tiles");
+static_assert(kRows == kTileRows, "a tile's rows are one scale tile");
+
+// A loader thread's share (one of kLoaders) of every chunk: `kPiece` bytes (16; 8 when rows of
+// K/2 bytes are only 8-byte aligned) of the codes of rows r_first + u * rows_per_pass, and 16
+// bytes of the two scale tiles every kLoaders pieces. Addresses are set up once per weight tile;
+// a chunk only adds its offset. Rows past N, K past k and scale tiles past the last are zero
+// filled.
+template <int kLoaders, int kPiece>
+struct WeightCopier {
+  static constexpr int kPiecesPerRow = kChunk / 2 / kPiece;
+  static constexpr int kRowsPerPass = kLoaders / kPiecesPerRow;
+  static constexpr int kPasses = kRows / kRowsPerPass;
+  static constexpr int kScalePieces = kScaleBytes / 16;
+  static_assert(kPasses <= 32, "one bit per pass");
+
+  const uint8_t* codes;   // this thread's piece of row r_first in chunk 0
+  int64_t pass_stride;    // bytes between the rows of consecutive passes
+  uint32_t rows_ok;       // bit u: the row of pass u is < N
+  int first_elem;         // K offset of the piece within a chunk
+  int dst;                // shared-memory offset of the piece of pass 0 within a stage
+  const uint8_t* scales;  // this thread's first 16 bytes of the chunk-0 scale tiles, or null
+  int lid;
+
+  __device__ __forceinline__ void setup(const GemmProblem& p, int64_t n0, int loader) {
+    lid = loader;
+    const int r_first = lid / kPiecesPerRow, part = lid % kPiecesPerRow;
+    codes = p.b.codes + (n0 + r_first) * (p.k / 2) + part * kPiece;
+    pass_stride = kRowsPerPass * (p.k / 2);
+    rows_ok = 0;
+    for (int u = 0; u < kPasses; ++u) {
+      if (n0 + r_first + u * kRowsPerPass < p.n) rows_ok |= 1u << u;
+    }
+    first_elem = part * kPiece * 2;
+    dst = r_first * (kChunk / 2) + part * kPiece;
+    const int64_t k_tiles = scale_k_tiles(p.k / kBlockSize);
+    scales = lid < kScalePieces ? p.b.scales + (n0 / kTileRows) * k_tiles * kTileBytes + lid * 16 : nullptr;
+  }
+
+  // Copies chunk c into `stage` (codes, then the scale tiles). k_tiles: scale tiles per row tile.
+  __device__ __forceinline__ void copy(const GemmProblem& p, int64_t c, int64_t k_tiles, uint8_t* stage) const {
+    const uint8_t* src = codes + c * (kChunk / 2);
+    const bool k_ok = c * kChunk + first_elem < p.k;
+#pragma unroll 16
+    for (int u = 0; u < kPasses; ++u) {
+      const bool ok = k_ok && (rows_ok >> u & 1u);
+      hopper::cp_async<kPiece>(stage + dst + u * kRowsPerPass * (kChunk / 2), ok ? src + u * pass_stride : p.b.codes,
+                               ok);
+    }
+    if (scales != nullptr) {
+#pragma unroll
+      for (int piece = 0; piece < kScalePieces; piece += kLoaders) {
+        if (piece + lid < kScalePieces) {
+          const int tile = (piece + lid) / (kTileBytes / 16);
+          const bool ok = 2 * c + tile < k_tiles;
+          hopper::cp_async<16>(stage + kCodeBytes + (piece + lid) * 16,
+                               ok ? scales + c * kScaleBytes + piece * 16 : p.b.scales, ok);
+        }
+      }
+    }
+  }
+};
+
+// This thread's A registers of the chunk in `w` (a stage as WeightCopier fills it): rows r0 and
+// r0 + 8 of the tile, elements 32t .. 32t+31; k-step 2q + h takes pairs 2h, 2h + 1 of word q
+// (fused_staging.h orders the activations to match). Scales of blocks past K are zeroed (their
+// padding bytes may hold anything; the codes there are zero).
+__device__ __forceinline__ void dequant_chunk(const uint8_t* w, int r0, int t, int64_t first_block,
+                                              int64_t k_blocks, uint32_t (&frag)[kSteps][4]) {
+  const uint4 c0 = *reinterpret_cast<const uint4*>(w + r0 * 64 + t * 16);
+  const uint4 c1 = *reinterpret_cast<const uint4*>(w + (r0 + 8) * 64 + t * 16);
+  const uint32_t keep = (first_block < k_blocks ? 0x00FFu : 0u) | (first_block + 1 < k_blocks ? 0xFF00u : 0u);
+  const uint32_t two0 = *reinterpret_cast<const uint16_t*>(w + kCodeBytes + scale_offset(r0, 2 * t, 2 * kTileKBlocks));
+  const uint32_t two1 = *reinterpret_cast<const uint16_t*>(w + kCodeBytes + scale_offset(r0 + 8, 2 * t, 2 * kTileKBlocks));
+  uint32_t sc[2][2];
+  widen_scales(two0 & keep, sc[0][0], sc[0][1]);
+  widen_scales(two1 & keep, sc[1][0], sc[1][1]);
+  const uint32_t w0[4] = {c0.x, c0.y, c0.z, c0.w}, w1[4] = {c1.x, c1.y, c1.z, c1.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    uint32_t a0[4], a1[4];
+    dequant_word(w0[q], sc[0][q / 2], a0);
+    dequant_word(w1[q], sc[1][q / 2], a1);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      frag[2 * q + h][0] = a0[2 * h];
+      frag[2 * q + h][1] = a1[2 * h];
+      frag[2 * q + h][2] = a0[2 * h + 1];
+      frag[2 * q + h][3] = a1[2 * h + 1];
+    }
+  }
+}
+
+// Half h (k-steps 4h .. 4h + 3, words 2h and 2h + 1 of each row) of dequant_chunk's registers:
+// the same values with half the registers live.
+__device__ __forceinline__ void dequant_half(const uint8_t* w, int r0, int t, int h, int64_t first_block,
+                                             int64_t k_blocks, uint32_t (&frag)[kSteps / 2][4]) {
+  const uint2 c0 = *reinterpret_cast<const uint2*>(w + r0 * 64 + t * 16 + h * 8);
+  const uint2 c1 = *reinterpret_cast<const uint2*>(w + (r0 + 8) * 64 + t * 16 + h * 8);
+  const bool keep = first_block + h < k_blocks;
+  const uint32_t s0 = keep ? w[kCodeBytes + scale_offset(r0, 2 * t + h, 2 * kTileKBlocks)] : 0u;
+  const uint32_t s1 = keep ? w[kCodeBytes + scale_offset(r0 + 8, 2 * t + h, 2 * kTileKBlocks)] : 0u;
+  uint32_t sc0, sc1, unused;
+  widen_scales(s0, sc0, unused);
+  widen_scales(s1, sc1, unused);
+  const uint32_t w0[2] = {c0.x, c0.y}, w1[2] = {c1.x, c1.y};
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    uint32_t a0[4], a1[4];
+    dequant_word(w0[q], sc0, a0);
+    dequant_word(w1[q], sc1, a1);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      frag[2 * q + j][0] = a0[2 * j];
+      frag[2 * q + j][1] = a1[2 * j];
+      frag[2 * q + j][2] = a0[2 * j + 1];
+      frag[2 * q + j][3] = a1[2 * j + 1];
+    }
+  }
+}
+
+// What the epilogue multiplies the accumulators by: the tensor scales, with the dequantized
+// values' 2^-7 undone.
+__device__ __forceinline__ float alpha(const GemmProblem& p) {
+  float a = *p.b.s_dec * (1.0f / kDequantFactor);
+  if (p.a_is_nvfp4) a *= *p.a_q.s_dec * (1.0f / kDequantFactor);
+  return a;
+}
+
+// Stores one accumulator pair of a thread: weight row n, staged rows col and col + 1, which are
+// two rows of x, or (rows_per_x_row == 2) the bf16 hi and lo halves of one.
+__device__ __forceinline__ void store_pair(const GemmProblem& p, int64_t n, int64_t col, int rows_per_x_row,
+                                           float a, float v0, float v1) {
+  if (n >= p.n) return;
+  const float b = p.bias ? load_as_float(p.bias, p.bias_dtype, n) : 0.f;
+  if (rows_per_x_row == 2) {
+    const int64_t m = col / 2;
+    if (m < p.m) store_as(p.out, p.out_dtype, m * p.n + n, (v0 + v1) * a + b);
+  } else {
+    if (col < p.m) store_as(p.out, p.out_dtype, col * p.n + n, v0 * a + b);
+    if (col + 1 < p.m) store_as(p.out, p.out_dtype, (col + 1) * p.n + n, v1 * a + b);
+  }
+}
+
+}  // namespace fused
+}  // namespace sm90
+}  // namespace jax_nvfp4

@@ -1,0 +1,261 @@
+// Large-M NVFP4 GEMM for sm_90a without a dequantization pass: the fused kernel's math
+// (gemm_fused.cu: weights dequantized straight into wgmma A registers, activations staged once
+// per call by fused_staging.cu as the shared-memory B operand) in a warp-specialized, persistent
+// kernel.
+//
+// The fused kernel runs one output tile per CTA as one chain (copies, a CTA barrier per chunk,
+// decode, wgmma) and is bound by that chain's latency; at large M it loses to dequantize + GEMM.
+// Here the roles are split:
+//   producer   one warp. Per K chunk of 128: lane 0 copies the staged [128 x 128] activation tile
+//              (32 KB, contiguous) with one bulk copy (TMA, completion counted in bytes on the
+//              stage's full barrier); all lanes copy the chunk's codes and scale tiles with
+//              cp.async and arrive on the same barrier when those land
+//              (cp.async.mbarrier.arrive). A ring of kStages stages; each is refilled once both
+//              consumer warpgroups have released it.
+//   consumers  two warpgroups, 64 weight rows each (wgmma M) x the tile's 128 activation rows
+//              (N): wait for a stage, dequantize their rows' codes into registers, issue 8
+//              register-A wgmmas; release the stage once the next chunk's wgmmas are issued and
+//              this one's have retired (wgmma.wait_group 1), so the decode of chunk c + 1
+//              overlaps the wgmmas of chunk c.
+//   persistent one CTA per SM walks the 128 x 128 output tiles in groups of kGroupN weight tiles
+//              (the tiles in flight at once share weight and activation tiles in L2); the
+//              producer runs into the next tile's chunks while the consumers store this one.
+// Epilogue: alpha, bias, output cast; 2-byte outputs go through a per-warpgroup shared-memory
+// tile (stmatrix, transposed) and leave as 16-byte rows, the others element by element.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/scale_layout.h"
+#include "common/sm90_async.cuh"
+#include "common/stmatrix_tile.cuh"
+#include "cute/arch/copy_sm90_tma.hpp"
+#include "cutlass/arch/barrier.h"
+#include "gemm/sm90/cluster_split.cuh"
+#include "gemm/sm90/fused_staging.h"
+#include "gemm/sm90/fused_weights.cuh"
+#include "gemm/sm90/gemm_sm90_internal.h"
+
+namespace jax_nvfp4 {
+namespace sm90 {
+namespace {
+
+using namespace hopper;
+using fused::kChunk;
+using fused::kRows;
+using fused::kSteps;
+using fused::kWeightStageBytes;
+using Barrier = cutlass::arch::ClusterBarrier;
+using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+
+constexpr int kMT = 128;  // staged activation rows per tile: the wgmma's N
+constexpr int kAcc = kMT / 2;
+constexpr int kXStageBytes = kMT * kChunk * 2;
+constexpr int kStageBytes = kXStageBytes + kWeightStageBytes;
+constexpr int kStages = 4;
+constexpr int kConsumers = 2;                           // warpgroups
+constexpr int kThreads = 128 * kConsumers + 32;         // + the producer warp
+constexpr int kEpiRows = 64;                            // output rows per epilogue pass
+constexpr int kEpiPitch = 64 + 8;                       // a staged output row: 64 columns + pad
+constexpr int kEpiBytes = kEpiRows * kEpiPitch * 2;
+constexpr int kBarrierOffset = kStages * kStageBytes + kConsumers * kEpiBytes;
+constexpr int kSmemBytes = kBarrierOffset + 2 * kStages * 8;
+constexpr int kGroupN = 16;  // weight tiles per raster group
+static_assert(kStageBytes % 1024 == 0, "stages keep the activation tiles' swizzle atoms 1024-byte aligned");
+static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+// Full barrier: the producer lanes' cp.async arrivals plus lane 0's arrival with the byte count.
+constexpr int kFullArrivals = 32 + 1;
+constexpr int kEmptyArrivals = 128 * kConsumers;
+
+struct Tiles {
+  int64_t n_tiles, m_tiles;
+  __host__ __device__ __forceinline__ int64_t count() const { return n_tiles * m_tiles; }
+  // Tile t: groups of kGroupN weight tiles, the activation tiles in order within a group, so the
+  // tiles of one round share about kGroupN weight tiles and count / kGroupN activation tiles.
+  __device__ __forceinline__ void coords(int64_t t, int64_t& n_tile, int64_t& m_tile) const {
+    const int64_t group = t / (kGroupN * m_tiles), first = group * kGroupN;
+    const int64_t width = min(static_cast<int64_t>(kGroupN), n_tiles - first);
+    const int64_t idx = t - first * m_tiles;
+    n_tile = first + idx % width;
+    m_tile = idx / width;
+  }
+};
+
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <int kPiece>
+__device__ void produce(const GemmProblem& p, const uint8_t* xs, int64_t chunks, const Tiles& tiles,
+                        uint8_t* smem, uint64_t* full, uint64_t* empty) {
+  const int lane = threadIdx.x % 32;
+  const int64_t k_tiles = scale_k_tiles(p.k / kBlockSize);
+  int it = 0;
+  for (int64_t tile = blockIdx.x; tile < tiles.count(); tile += gridDim.x) {
+    int64_t n_tile, m_tile;
+    tiles.coords(tile, n_tile, m_tile);
+    fused::WeightCopier<32, kPiece> wc;
+    wc.setup(p, n_tile * kRows, lane);
+    const uint8_t* x_src = xs + m_tile * chunks * kXStageBytes;
+    for (int64_t c = 0; c < chunks; ++c, ++it) {
+      const int buf = it % kStages;
+      Barrier::wait(&empty[buf], ((it / kStages) & 1) ^ 1);
+      uint8_t* stage = smem + buf * kStageBytes;
+      if (lane == 0) {
+        TxBarrier::arrive_and_expect_tx(&full[buf], kXStageBytes);
+        cute::SM90_BULK_COPY_G2S::copy(x_src + c * kXStageBytes, &full[buf], stage, kXStageBytes);
+      }
+      wc.copy(p, c, k_tiles, stage + kXStageBytes);
+      cutlass::arch::cpasync_barrier_arrive_noinc(&full[buf]);
+    }
+  }
+}
+
+// The warpgroup's 64 weight rows (output columns n0 ..) x the tile's 128 staged rows (output rows
+// m0 ..) through its shared-memory tile, kEpiRows output rows per pass: stmatrix (transposed),
+// then one 16-byte store per 8 columns of a row. Needs N % 8 == 0 and one staged row per x row.
+template <typename T>
+__device__ void store_staged(const GemmProblem& p, int64_t n0, int64_t m0, const float (&acc)[kAcc], float alpha,
+                             T* tile, int ct, int barrier) {
+  const int warp = ct / 32, lane = ct % 32;
+  const int64_t n_row = n0 + warp * 16 + lane / 4;
+  float bias[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (p.bias != nullptr && n_row + 8 * i < p.n) bias[i] = load_as_float(p.bias, p.bias_dtype, n_row + 8 * i);
+  }
+  const int part = ct % 8;
+  const int64_t n = n0 + part * 8;
+  T* out = static_cast<T*>(p.out) + n;
+#pragma unroll
+  for (int pass = 0; pass < kMT / kEpiRows; ++pass) {
+    named_sync(barrier, 128);  // the previous pass's (or tile's) reads of the tile are done
+    stmatrix_transposed<T, kEpiRows / 8>(acc + pass * (kEpiRows / 8) * 4, alpha, bias, tile, kEpiPitch, warp * 16,
+                                         lane);
+    named_sync(barrier, 128);
+    if (n < p.n) {
+#pragma unroll
+      for (int j = ct / 8; j < kEpiRows; j += 16) {
+        const int64_t m = m0 + pass * kEpiRows + j;
+        if (m < p.m) *reinterpret_cast<uint4*>(out + m * p.n) = *reinterpret_cast<const uint4*>(tile + j * kEpiPitch + part * 8);
+      }
+    }
+  }
+}
+
+__device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row, const Tiles& tiles, uint8_t* smem,
+                        uint64_t* full, uint64_t* empty) {
+  const int w = threadIdx.x / 128, ct = threadIdx.x % 128;
+  const int lane = ct % 32, t = lane % 4;
+  const int r0 = w * 64 + (ct / 32) * 16 + lane / 4;  // this thread's rows r0, r0 + 8 of the tile
+  const int64_t k_blocks = p.k / kBlockSize;
+  const float alpha = fused::alpha(p);
+  const bool staged_store = p.out_dtype != DType::kF32 && p.n % 8 == 0 && rows_per_x_row == 1;
+  uint8_t* epi = smem + kStages * kStageBytes + w * kEpiBytes;
+  float acc[kAcc];
+  // A chunk is decoded and multiplied in two halves of 4 k-steps, alternating between two
+  // register buffers: half h + 1 is decoded while half h's wgmmas run. (Whole-chunk buffers need
+  // more registers than the 168 a thread that 9 warps leave: ptxas would serialize the wgmmas.)
+  uint32_t frag[2][kSteps / 2][4];
+  int it = 0;
+
+  auto half_step = [&](int64_t c, int h) {
+    const int buf = it % kStages;
+    if (h == 0) Barrier::wait(&full[buf], (it / kStages) & 1);
+    const uint8_t* stage = smem + buf * kStageBytes;
+    fused::dequant_half(stage + kXStageBytes, r0, t, h, c * (kChunk / kBlockSize) + 2 * t, k_blocks, frag[h]);
+    const uint32_t x_addr = smem_addr(stage);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < kSteps / 2; ++s) {
+      const uint32_t offset = staged_k_step_offset<kMT>(h * (kSteps / 2) + s);
+      WgmmaRS<kMT>::run(acc, frag[h][s], smem_descriptor_swizzle128(x_addr + offset, 1024));
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // the previous half retired: its registers (and, after a chunk, its stage) are free
+    if (h == 0 && c > 0) Barrier::arrive(&empty[(it - 1) % kStages]);
+    if (h == 1) ++it;
+  };
+
+  for (int64_t tile = blockIdx.x; tile < tiles.count(); tile += gridDim.x) {
+    int64_t n_tile, m_tile;
+    tiles.coords(tile, n_tile, m_tile);
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+    fence_accumulators(acc);
+#pragma unroll 1
+    for (int64_t c = 0; c < chunks; ++c) {
+      half_step(c, 0);
+      half_step(c, 1);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    Barrier::arrive(&empty[(it - 1) % kStages]);
+
+    const int64_t n0 = n_tile * kRows + w * 64, m0 = m_tile * kMT;
+    if (staged_store && p.out_dtype == DType::kF16) {
+      store_staged<__half>(p, n0, m0, acc, alpha, reinterpret_cast<__half*>(epi), ct, 1 + w);
+    } else if (staged_store) {
+      store_staged<__nv_bfloat16>(p, n0, m0, acc, alpha, reinterpret_cast<__nv_bfloat16*>(epi), ct, 1 + w);
+    } else {
+      // Accumulators 2i and 2i + 1: weight row r0 (+ 8 for odd i), staged rows col and col + 1.
+#pragma unroll
+      for (int i = 0; i < kAcc / 2; ++i) {
+        fused::store_pair(p, n_tile * kRows + r0 + 8 * (i % 2), m0 + 8 * (i / 2) + 2 * t, rows_per_x_row, alpha,
+                          acc[2 * i], acc[2 * i + 1]);
+      }
+    }
+  }
+}
+
+template <int kPiece>
+__global__ void __launch_bounds__(kThreads, 1)
+    fused_ws_kernel(const GemmProblem p, const uint8_t* xs, int64_t chunks, int rows_per_x_row, Tiles tiles) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  auto* full = reinterpret_cast<uint64_t*>(smem + kBarrierOffset);
+  uint64_t* empty = full + kStages;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      Barrier::init(&full[i], kFullArrivals);
+      Barrier::init(&empty[i], kEmptyArrivals);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x >= 128 * kConsumers) {
+    produce<kPiece>(p, xs, chunks, tiles, smem, full, empty);
+  } else {
+    consume(p, chunks, rows_per_x_row, tiles, smem, full, empty);
+  }
+}
+
+template <int kPiece>
+cudaError_t launch(const GemmProblem& p, const StagedActivations& x, cudaStream_t stream) {
+  // Also raises the kernel's shared-memory limit on this device (once).
+  const ResidentBlocks capacity = resident_blocks<fused_ws_kernel<kPiece>>(dim3(kThreads), kSmemBytes);
+  if (capacity[1] == 0) return cudaErrorInvalidConfiguration;  // the kernel cannot run here
+  const Tiles tiles{ceil_div(p.n, kRows), x.m_tiles};
+  const int64_t grid = std::min<int64_t>(tiles.count(), sm_count());
+  fused_ws_kernel<kPiece><<<static_cast<unsigned>(grid), kThreads, kSmemBytes, stream>>>(
+      p, static_cast<const uint8_t*>(p.workspace), x.chunks, x.rows_per_x_row, tiles);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+size_t fused_ws_workspace_bytes(const GemmProblem& p) { return staged_activations(p, kMT).bytes; }
+
+int64_t fused_ws_output_tiles(const GemmProblem& p) { return ceil_div(p.n, kRows) * staged_activations(p, kMT).m_tiles; }
+
+cudaError_t fused_ws_gemm(const GemmProblem& p, cudaStream_t stream) {
+  const StagedActivations x = staged_activations(p, kMT);
+  if (p.workspace_bytes < x.bytes) return cudaErrorInvalidValue;
+  if (cudaError_t err = stage_activations(p, x, stream); err != cudaSuccess) return err;
+  // Rows of K/2 bytes are 16-byte aligned when K % 32 == 0; otherwise the codes come in 8-byte pieces.
+  return p.k % 32 == 0 ? launch<16>(p, x, stream) : launch<8>(p, x, stream);
+}
+
+}  // namespace sm90
+}  // namespace jax_nvfp4

@@ -84,6 +84,27 @@ struct WeightCopier {
   }
 };
 
+// The A registers of k-steps 2q and 2q + 1 from word q of rows r0 (w0) and r0 + 8 (w1), each
+// word times its block's widened scale (s0, s1).
+template <int kWords>
+__device__ __forceinline__ void dequant_words(const uint32_t (&w0)[kWords], const uint32_t (&w1)[kWords],
+                                              const uint32_t (&s0)[kWords], const uint32_t (&s1)[kWords],
+                                              uint32_t (&frag)[2 * kWords][4]) {
+#pragma unroll
+  for (int q = 0; q < kWords; ++q) {
+    uint32_t a0[4], a1[4];
+    dequant_word(w0[q], s0[q], a0);
+    dequant_word(w1[q], s1[q], a1);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      frag[2 * q + h][0] = a0[2 * h];
+      frag[2 * q + h][1] = a1[2 * h];
+      frag[2 * q + h][2] = a0[2 * h + 1];
+      frag[2 * q + h][3] = a1[2 * h + 1];
+    }
+  }
+}
+
 // This thread's A registers of the chunk in `w` (a stage as WeightCopier fills it): rows r0 and
 // r0 + 8 of the tile, elements 32t .. 32t+31; k-step 2q + h takes pairs 2h, 2h + 1 of word q
 // (fused_staging.h orders the activations to match). Scales of blocks past K are zeroed (their
@@ -95,23 +116,12 @@ __device__ __forceinline__ void dequant_chunk(const uint8_t* w, int r0, int t, i
   const uint32_t keep = (first_block < k_blocks ? 0x00FFu : 0u) | (first_block + 1 < k_blocks ? 0xFF00u : 0u);
   const uint32_t two0 = *reinterpret_cast<const uint16_t*>(w + kCodeBytes + scale_offset(r0, 2 * t, 2 * kTileKBlocks));
   const uint32_t two1 = *reinterpret_cast<const uint16_t*>(w + kCodeBytes + scale_offset(r0 + 8, 2 * t, 2 * kTileKBlocks));
-  uint32_t sc[2][2];
-  widen_scales(two0 & keep, sc[0][0], sc[0][1]);
-  widen_scales(two1 & keep, sc[1][0], sc[1][1]);
+  uint32_t sc0[2], sc1[2];  // blocks 2t and 2t + 1: words 0-1 and 2-3
+  widen_scales(two0 & keep, sc0[0], sc0[1]);
+  widen_scales(two1 & keep, sc1[0], sc1[1]);
   const uint32_t w0[4] = {c0.x, c0.y, c0.z, c0.w}, w1[4] = {c1.x, c1.y, c1.z, c1.w};
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    uint32_t a0[4], a1[4];
-    dequant_word(w0[q], sc[0][q / 2], a0);
-    dequant_word(w1[q], sc[1][q / 2], a1);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      frag[2 * q + h][0] = a0[2 * h];
-      frag[2 * q + h][1] = a1[2 * h];
-      frag[2 * q + h][2] = a0[2 * h + 1];
-      frag[2 * q + h][3] = a1[2 * h + 1];
-    }
-  }
+  const uint32_t s0[4] = {sc0[0], sc0[0], sc0[1], sc0[1]}, s1[4] = {sc1[0], sc1[0], sc1[1], sc1[1]};
+  dequant_words(w0, w1, s0, s1, frag);
 }
 
 // Half h (k-steps 4h .. 4h + 3, words 2h and 2h + 1 of each row) of dequant_chunk's registers:
@@ -121,25 +131,14 @@ __device__ __forceinline__ void dequant_half(const uint8_t* w, int r0, int t, in
   const uint2 c0 = *reinterpret_cast<const uint2*>(w + r0 * 64 + t * 16 + h * 8);
   const uint2 c1 = *reinterpret_cast<const uint2*>(w + (r0 + 8) * 64 + t * 16 + h * 8);
   const bool keep = first_block + h < k_blocks;
-  const uint32_t s0 = keep ? w[kCodeBytes + scale_offset(r0, 2 * t + h, 2 * kTileKBlocks)] : 0u;
-  const uint32_t s1 = keep ? w[kCodeBytes + scale_offset(r0 + 8, 2 * t + h, 2 * kTileKBlocks)] : 0u;
+  const uint32_t b0 = keep ? w[kCodeBytes + scale_offset(r0, 2 * t + h, 2 * kTileKBlocks)] : 0u;
+  const uint32_t b1 = keep ? w[kCodeBytes + scale_offset(r0 + 8, 2 * t + h, 2 * kTileKBlocks)] : 0u;
   uint32_t sc0, sc1, unused;
-  widen_scales(s0, sc0, unused);
-  widen_scales(s1, sc1, unused);
+  widen_scales(b0, sc0, unused);
+  widen_scales(b1, sc1, unused);
   const uint32_t w0[2] = {c0.x, c0.y}, w1[2] = {c1.x, c1.y};
-#pragma unroll
-  for (int q = 0; q < 2; ++q) {
-    uint32_t a0[4], a1[4];
-    dequant_word(w0[q], sc0, a0);
-    dequant_word(w1[q], sc1, a1);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      frag[2 * q + j][0] = a0[2 * j];
-      frag[2 * q + j][1] = a1[2 * j];
-      frag[2 * q + j][2] = a0[2 * j + 1];
-      frag[2 * q + j][3] = a1[2 * j + 1];
-    }
-  }
+  const uint32_t s0[2] = {sc0, sc0}, s1[2] = {sc1, sc1};
+  dequant_words(w0, w1, s0, s1, frag);
 }
 
 // What the epilogue multiplies the accumulators by: the tensor scales, with the dequantized

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.extend
@@ -97,3 +98,12 @@ def map_batcher(prim):
 def empty_f32():
     """A zero-size float32 operand standing for an absent optional FFI argument."""
     return jnp.zeros((0,), jnp.float32)
+
+
+def env_choice(env: str, choices: dict) -> int:
+    """The integer FFI attribute that environment variable `env` selects from `choices` (its
+    values; "" and "auto" mean the launcher's own choice). Raises ValueError naming an unknown value."""
+    value = os.environ.get(env, "")
+    if value not in choices:
+        raise ValueError(f"{env} must be one of {sorted(k for k in choices if k)} (or unset), got {value!r}")
+    return choices[value]

@@ -19,8 +19,6 @@ FFI target (cuda/conv/conv_ffi.cc): "jax_nvfp4_conv" with 7 operands, absent one
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,8 +26,8 @@ from jax.interpreters import batching
 
 from jax_nvfp4 import reference
 from jax_nvfp4.format import SCALE_DTYPE
-from jax_nvfp4.primitives._base import (ShapedArray, define_primitive, empty_f32, ffi_kernel_call,
-                                        map_batcher)
+from jax_nvfp4.primitives._base import (ShapedArray, define_primitive, empty_f32, env_choice,
+                                        ffi_kernel_call, map_batcher)
 
 CONV_TARGET = "jax_nvfp4_conv"
 
@@ -43,11 +41,7 @@ _KERNELS = {"": 0, "auto": 0, "register_a": 1, "ws128x128": 2, "ws128x256": 3}
 
 def forced_kernel() -> int:
     """The `kernel` attribute of the FFI call (0: the launcher's choice), from KERNEL_ENV."""
-    value = os.environ.get(KERNEL_ENV, "")
-    if value not in _KERNELS:
-        raise ValueError(f"{KERNEL_ENV} must be one of {sorted(k for k in _KERNELS if k)} (or unset), "
-                         f"got {value!r}")
-    return _KERNELS[value]
+    return env_choice(KERNEL_ENV, _KERNELS)
 
 
 def output_spatial(in_hw, filter_rs, window_strides, padding, rhs_dilation):

@@ -19,8 +19,6 @@ The kernel tells W4A16 from W4A4 by a's element type.
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,8 +26,8 @@ from jax.interpreters import batching
 
 from jax_nvfp4 import reference
 from jax_nvfp4.format import CODE_DTYPE, SCALE_DTYPE, tiled_scales_shape
-from jax_nvfp4.primitives._base import (ShapedArray, define_primitive, empty_f32, ffi_kernel_call,
-                                        map_batcher)
+from jax_nvfp4.primitives._base import (ShapedArray, define_primitive, empty_f32, env_choice,
+                                        ffi_kernel_call, map_batcher)
 
 GEMM_TARGET = "jax_nvfp4_gemm"
 GEMM_NVFP4_OUT_TARGET = "jax_nvfp4_gemm_nvfp4_out"
@@ -43,11 +41,7 @@ _PATHS = {"": 0, "auto": 0, "decode": 1, "prefill": 2, "fused": 3, "fused_ws": 4
 
 def forced_path() -> int:
     """The kernel-family attribute of the FFI call (0: the launcher's choice), from PATH_ENV."""
-    value = os.environ.get(PATH_ENV, "")
-    if value not in _PATHS:
-        raise ValueError(f"{PATH_ENV} must be 'decode', 'fused', 'fused_ws' or 'prefill' (or unset), "
-                         f"got {value!r}")
-    return _PATHS[value]
+    return env_choice(PATH_ENV, _PATHS)
 
 
 def _unpack(args, a_nvfp4, has_bias, out_nvfp4):

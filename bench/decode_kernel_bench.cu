@@ -29,6 +29,7 @@
 #include "cuda_check.h"
 #include "event_timing.h"
 #include "gemm/sm90/gemm_sm90_internal.h"
+#include "w4a16_problem.h"
 
 
 using namespace jax_nvfp4;
@@ -325,15 +326,7 @@ int time_all(bool peers, const char* label, int64_t only_m, int64_t only_n) {
     }
     for (int64_t m : {1, 4, 8, 16, 32}) {
       if (only_m > 0 && m != only_m) continue;
-      GemmProblem p;
-      p.m = m;
-      p.n = n;
-      p.k = k;
-      p.a = x;
-      p.a_dtype = DType::kBF16;
-      p.b.s_dec = s_dec;
-      p.out = y;
-      p.out_dtype = DType::kBF16;
+      const GemmProblem p = w4a16_problem(m, n, k, x, codes, scales, s_dec, y);  // weights rotated per call
       const double us = time_graph(
           [&](int i) {
             GemmProblem q = p;

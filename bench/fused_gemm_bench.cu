@@ -27,6 +27,7 @@
 #include "cuda_check.h"
 #include "event_timing.h"
 #include "gemm/sm90/gemm_sm90_internal.h"
+#include "w4a16_problem.h"
 
 using namespace jax_nvfp4;
 
@@ -110,17 +111,7 @@ int main(int argc, char** argv) {
       CUDA_CHECK(cudaMalloc(&x, hx.size() * 2));
       CUDA_CHECK(cudaMalloc(&y, m * n * 2));
       CUDA_CHECK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
-      GemmProblem p;
-      p.m = m;
-      p.n = n;
-      p.k = k;
-      p.a = x;
-      p.a_dtype = DType::kBF16;
-      p.b.codes = d_codes;
-      p.b.scales = d_scales;
-      p.b.s_dec = s_dec;
-      p.out = y;
-      p.out_dtype = DType::kBF16;
+      GemmProblem p = w4a16_problem(m, n, k, x, d_codes, d_scales, s_dec, y);
       p.workspace_bytes = std::max({sm90::fused_workspace_bytes(p), sm90::fused_ws_workspace_bytes(p),
                                     sm90::prefill_workspace_bytes(p)});
       CUDA_CHECK(cudaMalloc(&p.workspace, p.workspace_bytes));

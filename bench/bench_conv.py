@@ -44,7 +44,8 @@ CHUNK_C = 64  # channels per pipeline stage of the sm_90a kernel
 def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
     """Activation bytes global -> shared of the sm_90a kernel (bf16), with the reuse and as an
     implicit GEMM that loads each tap's tile separately, and the kernel and its CTA tile (output
-    channels x pixels). Mirrors conv_sm90.cu's choice (choose_kernel, then the register-A tiles)."""
+    channels x pixels). Mirrors conv_sm90.cu's choice (choose_kernel, then the register-A tiles)
+    for the SAME, dilation-1 shapes benchmarked here."""
     pad = (s - 1) // 2
     q = (w + 2 * pad - s) // stride + 1
     p = (h + 2 * ((r - 1) // 2) - r) // stride + 1
@@ -53,7 +54,21 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
     tiles = lambda bn: -(-(n * p * wv) // bn)  # noqa: E731
     chunks = -(-c // CHUNK_C)
     enough = -(-3 * sms // 4)
-    if s == 3 and k >= 128 and k % 8 == 0:  # the warp-specialized kernel (bf16 in and out)
+
+    def tma(bn, k_rows, label):  # TMA loads: bn slots and an 8-pixel halo box per stage
+        stages = tiles(bn) * -(-k // k_rows) * r * chunks
+        return stages * (bn + 8) * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2, label
+
+    if s == 3 and k % 8 == 0 and stride == 1 and c % 32 == 0:  # warp-specialized, TMA loads
+        if k <= 64 and tiles(256) >= enough:
+            return tma(256, 64, "ws 64x256 (pixel split)")
+        if k >= 128:
+            k_tiles = -(-k // 128)
+            fits = [bn for bn in (64, 112, 128, 208, 256) if tiles(bn) * k_tiles <= sms]
+            bn = fits[0] if fits else 256
+            if tiles(bn) * k_tiles >= enough or not fits:
+                return tma(bn, 128, f"ws 128x{bn}")
+    elif s == 3 and k >= 128 and k % 8 == 0:  # warp-specialized, cp.async loads
         for bn in (256, 128):
             k_tiles = -(-k // 128)
             if tiles(bn) * k_tiles >= enough:

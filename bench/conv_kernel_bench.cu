@@ -8,7 +8,7 @@
 //   ./conv_kernel_bench [--label NAME] [--shape SUBSTRING] [--kernel NAME]
 //
 // Every sm_90a kernel that takes a shape runs (ConvSm90Kernel: register_a, the warp-specialized
-// ws128x128 and ws128x256, and auto, the library's choice); --kernel keeps one (and auto).
+// ws128xBN tilings with their loads, and auto, the library's choice); --kernel keeps one (and auto).
 // Random bf16 activations and NVFP4 weights (random codes, E4M3 scales in [2^-4, 2]), bf16
 // output. Each shape: 64 sampled outputs checked against a float64 host convolution of the same
 // operands; time per launch from CUDA events over 200 back-to-back launches, the kernels
@@ -102,8 +102,16 @@ struct KernelChoice {
 };
 
 const KernelChoice kKernels[] = {
-    {"register_a", ConvSm90Kernel::kRegisterA}, {"ws128x128", ConvSm90Kernel::kWs128x128},
-    {"ws128x256", ConvSm90Kernel::kWs128x256},   {"auto", ConvSm90Kernel::kAuto},
+    {"register_a", ConvSm90Kernel::kRegisterA},
+    {"ws128x64", ConvSm90Kernel::kWs128x64},
+    {"ws128x112", ConvSm90Kernel::kWs128x112},
+    {"ws128x128", ConvSm90Kernel::kWs128x128},
+    {"ws128x208", ConvSm90Kernel::kWs128x208},
+    {"ws128x256", ConvSm90Kernel::kWs128x256},
+    {"ws64x256", ConvSm90Kernel::kWs64x256},
+    {"ws128x128_cpasync", ConvSm90Kernel::kWs128x128CpAsync},
+    {"ws128x256_cpasync", ConvSm90Kernel::kWs128x256CpAsync},
+    {"auto", ConvSm90Kernel::kAuto},
 };
 
 uint64_t fnv_hash(const std::vector<uint16_t>& v) {

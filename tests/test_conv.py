@@ -164,19 +164,45 @@ SCHEDULE_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(SCHEDULE_CASES))
-def test_sm90_schedule_emulation_matches_direct_convolution(host_program, name):
-    case, bn = SCHEDULE_CASES[name]
+def schedule_args(case, bn):
     n, h, w, c, k, r, s, strides, padding, dilation = case
     pads = cc.explicit_pads((n, h, w, c), r, s, strides, padding, dilation)
     p = (h + sum(pads[0]) - (r - 1) * dilation[0] - 1) // strides[0] + 1
     q = (w + sum(pads[1]) - (s - 1) * dilation[1] - 1) // strides[1] + 1
     k = min(k, 8)  # the index math does not depend on K; keep the emulation fast
     c = min(c, 16)
-    args = (n, h, w, c, k, r, s, *strides, pads[0][0], pads[1][0], *dilation, p, q, bn)
+    return (n, h, w, c, k, r, s, *strides, pads[0][0], pads[1][0], *dilation, p, q, bn), n * p * q * k
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULE_CASES))
+def test_sm90_schedule_emulation_matches_direct_convolution(host_program, name):
+    args, outputs = schedule_args(*SCHEDULE_CASES[name])
     out = host_program(SCHEDULE, cutlass=True, args=args).split()
     assert out[0] == "OK", " ".join(out)
-    assert int(out[1]) == n * p * q * k
+    assert int(out[1]) == outputs
+
+
+# Stride-1 problems, which the warp-specialized kernel loads with TMA im2col copies: padding on
+# one side only, VALID, dilation in both axes, images that end inside a tile, width 1.
+IM2COL_CASES = {
+    "3x3_same_bn128": (cc.CASES["3x3_same"], 128),
+    "3x3_same_bn256": (cc.CASES["3x3_same"], 256),
+    "3x3_dilation2_explicit": (cc.CASES["3x3_dilation2_explicit"], 128),
+    "many_small_images": (cc.CASES["many_small_images"], 128),
+    "valid_tall": ((3, 21, 5, 16, 4, 3, 3, (1, 1), "VALID", (1, 1)), 128),
+    "same_lower_wide": ((2, 4, 70, 16, 4, 3, 3, (1, 1), "SAME_LOWER", (1, 1)), 256),
+    "dil4_pads": ((2, 9, 13, 16, 4, 3, 3, (1, 1), ((4, 0), (0, 8)), (2, 4)), 128),
+    "width1_images": ((5, 5, 1, 16, 4, 3, 3, (1, 1), "SAME", (1, 1)), 128),
+    "resnet_7x7_b4": ((4, 7, 7, 16, 4, 3, 3, (1, 1), "SAME", (1, 1)), 256),
+}
+
+
+@pytest.mark.parametrize("name", sorted(IM2COL_CASES))
+def test_sm90_im2col_walk_emulation_matches_direct_convolution(host_program, name):
+    args, outputs = schedule_args(*IM2COL_CASES[name])
+    out = host_program(SCHEDULE, cutlass=True, args=(*args, "im2col")).split()
+    assert out[0] == "OK", " ".join(out)
+    assert int(out[1]) == outputs
 
 
 def test_sm90_kernels_use_hgmma(kernel_sass):
@@ -189,9 +215,18 @@ def test_sm90_kernels_use_hgmma(kernel_sass):
 
 def test_sm90_warp_specialized_kernels_use_hgmma_and_mbarriers(kernel_sass):
     kernels = kernel_sass("sm_90a", r"conv_sm90_ws_kernel")
-    assert len(kernels) == 2  # 128- and 256-pixel tiles
+    # 128- and 256-pixel tiles with TMA and cp.async loads; 64-, 112- and 208-pixel tiles and the
+    # 64-channel pixel-split tile with TMA loads.
+    assert len(kernels) == 8
+    tma = {name: sass for name, sass in kernels.items() if "ELb1E" in name}
+    assert len(tma) == 6
     for name, sass in kernels.items():
         assert "HGMMA.64x" in sass, name
         assert "SYNCS.PHASECHK" in sass, f"{name} waits on no mbarrier"
         assert "LDL" not in sass and "STL" not in sass, f"{name} uses local memory"
         assert "USETMAXREG" in sass, f"{name}: the producers keep their registers"
+        if name in tma:  # im2col and tiled tensor copies, bulk copies of the scale tiles
+            assert "UTMALDG.4D.IM2COL" in sass and "UTMALDG.3D" in sass and "UBLKCP" in sass, name
+            assert "LDGSTS" not in sass, f"{name} still issues cp.async"
+        else:
+            assert "LDGSTS" in sass, name

@@ -33,10 +33,16 @@ GPU_CASES = {
     "3x3_stride2_k136": (3, 17, 19, 48, 136, 3, 3, (2, 2), "SAME", (1, 1)),
     # More 128 x 256 tiles (203) than SMs: the warp-specialized kernel's CTAs loop over tiles.
     "persistent_56x56_k128": (16, 56, 56, 64, 128, 3, 3, (1, 1), "SAME", (1, 1)),
+    # TMA loads: a channel chunk half past C (zero-filled), rows past K, VALID, dilated rows.
+    "tma_c96_k136_valid": (3, 13, 17, 96, 136, 3, 3, (1, 1), "VALID", (1, 1)),
+    "tma_dil_pads_k128": (2, 15, 23, 32, 128, 3, 3, (1, 1), ((3, 1), (0, 4)), (2, 2)),
 }
 
 # What the warp-specialized kernels take: S = 3 and K % 8 == 0 (bf16 activations and output).
 WS_CASES = sorted(name for name, case in GPU_CASES.items() if case[6] == 3 and case[4] % 8 == 0)
+# Those they load with TMA: stride 1 and C % 32 == 0.
+TMA_CASES = sorted(name for name in WS_CASES
+                   if GPU_CASES[name][7] == (1, 1) and GPU_CASES[name][3] % 32 == 0)
 
 
 @pytest.fixture
@@ -81,7 +87,7 @@ def test_kernel_matches_float64(gpu, name):
     np.testing.assert_array_equal(got, np.asarray(f(x, w)))  # a race would move the result
 
 
-@pytest.mark.parametrize("forced_kernel", ["ws128x128", "ws128x256"], indirect=True)
+@pytest.mark.parametrize("forced_kernel", ["ws128x128", "ws128x256", "ws128x128_cpasync"], indirect=True)
 @pytest.mark.parametrize("name", WS_CASES)
 def test_warp_specialized_kernel_matches_float64(gpu, forced_kernel, name):
     case = GPU_CASES[name]
@@ -93,6 +99,47 @@ def test_warp_specialized_kernel_matches_float64(gpu, forced_kernel, name):
     assert got.shape == want.shape
     assert cc.rel_err(got, want) < 1e-2  # the bf16 output rounding
     np.testing.assert_array_equal(got, np.asarray(f(x, w, bias).astype(jnp.float32)))  # races
+
+
+# The tilings that need TMA loads (stride 1, C % 32 == 0).
+TMA_ONLY_KERNELS = ["ws128x64", "ws128x112", "ws128x208", "ws64x256"]
+
+
+@pytest.mark.parametrize("forced_kernel", TMA_ONLY_KERNELS, indirect=True)
+@pytest.mark.parametrize("name", TMA_CASES)
+def test_tma_only_tilings_match_float64(gpu, forced_kernel, name):
+    case = GPU_CASES[name]
+    x, w = operands(case, seed=len(name))
+    bias = jax.random.normal(jax.random.key(4), (case[4],), jnp.float32)
+    f = conv_fn(case, out_dtype=jnp.float16)
+    got = np.asarray(f(x, w, bias).astype(jnp.float32))
+    want = cc.oracle(x, w, case, bias=bias)
+    assert cc.rel_err(got, want) < 1e-2  # the f16 output rounding
+    np.testing.assert_array_equal(got, np.asarray(f(x, w, bias).astype(jnp.float32)))  # races
+
+
+@pytest.mark.parametrize("name", TMA_CASES)
+def test_every_warp_specialized_tiling_gives_identical_outputs(gpu, monkeypatch, name):
+    """TMA and cp.async producers fill the same stage contents, and every tiling sums a pixel's
+    products in the same order (taps, then 16-channel steps), so the outputs match bit for bit."""
+    case = GPU_CASES[name]
+    x, w = operands(case, seed=len(name) + 1)
+    outs = {}
+    for kernel in ["ws128x256_cpasync", "ws128x128", "ws128x256", *TMA_ONLY_KERNELS]:
+        monkeypatch.setenv("JAX_NVFP4_CONV_SM90_KERNEL", kernel)
+        jax.clear_caches()
+        outs[kernel] = np.asarray(conv_fn(case, out_dtype=jnp.bfloat16)(x, w).astype(jnp.float32))
+    jax.clear_caches()
+    for kernel, out in outs.items():
+        np.testing.assert_array_equal(out, outs["ws128x256_cpasync"], err_msg=kernel)
+
+
+@pytest.mark.parametrize("forced_kernel", TMA_ONLY_KERNELS, indirect=True)
+def test_tma_only_tilings_reject_strided_problems(gpu, forced_kernel):
+    case = GPU_CASES["3x3_stride2_k136"]
+    x, w = operands(case, seed=2)
+    with pytest.raises(Exception, match="forced warp-specialized"):
+        np.asarray(conv_fn(case)(x, w))
 
 
 @pytest.mark.parametrize("forced_kernel", ["ws128x256"], indirect=True)
@@ -153,6 +200,14 @@ MEMCHECK_PROGRAM = textwrap.dedent("""
     w = jn.quantize_conv_weight(jax.random.normal(jax.random.key(3), (3, 3, 80, 200)))
     y = jn.conv(x, w, window_strides=(2, 1), padding="SAME", bias=jnp.ones((200,)))
     assert np.isfinite(np.asarray(y.astype(jnp.float32))).all()
+    # Its TMA loads (stride 1, C = 96: a channel chunk half past C), every TMA tiling.
+    x = jax.random.normal(jax.random.key(4), (3, 11, 13, 96), jnp.float32).astype(jnp.bfloat16)
+    w = jn.quantize_conv_weight(jax.random.normal(jax.random.key(5), (3, 3, 96, 200)))
+    for kernel in ("ws128x128", "ws128x64", "ws128x208", "ws64x256"):
+        os.environ["JAX_NVFP4_CONV_SM90_KERNEL"] = kernel
+        jax.clear_caches()
+        y = jn.conv(x, w, padding="SAME", rhs_dilation=(2, 1), bias=jnp.ones((200,)))
+        assert np.isfinite(np.asarray(y.astype(jnp.float32))).all()
     print("MEMCHECK-DONE")
 """)
 

@@ -6,10 +6,14 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 #include <utility>
 
-#include "cute/arch/mma_sm90_gmma.hpp"
+// CuTe declares the wgmma shapes whose N is not one of 8, 16, 32, 64, 96, 128, 192, 256 only
+// with this defined (the convolution's tile widths use them). WgmmaRS checks what it got.
+#ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#endif
+#include "cute/arch/mma_sm90.hpp"
 
 namespace jax_nvfp4 {
 namespace hopper {
@@ -81,16 +85,15 @@ __device__ __forceinline__ uint64_t smem_descriptor_swizzle128(uint32_t smem_add
 }
 
 // D[64 x N] += A[64 x 16] (registers, bf16) * B[16 x N] (shared memory, bf16, K-major, described
-// by desc_b), float32 accumulators: CuTe's wgmma register-A operation for N, its 64 x N / 128
-// accumulators of each thread passed one by one.
+// by desc_b), float32 accumulators: CuTe's wgmma register-A operation for N (any multiple of 8 up
+// to 256, picked by CuTe's selector), its 64 x N / 128 accumulators of each thread passed one by one.
 template <int kN>
 struct WgmmaRS {
-  static_assert(kN == 64 || kN == 128 || kN == 256, "wgmma N used by the kernels");
-  using K = cute::SM90::GMMA::Major;  // both operands K-major
-  using Op = std::conditional_t<
-      kN == 64, cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<K::K, K::K>,
-      std::conditional_t<kN == 128, cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<K::K, K::K>,
-                         cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS<K::K, K::K>>>;
+  static_assert(kN % 8 == 0 && kN >= 8 && kN <= 256, "wgmma N");
+  using Op = decltype(cute::SM90::GMMA::rs_op_selector<cute::bfloat16_t, cute::bfloat16_t, float,
+                                                       cute::Shape<cute::_64, cute::Int<kN>, cute::_16>>());
+  static_assert(sizeof(typename Op::CRegisters) == kN / 2 * sizeof(float),
+                "CuTe's selector picked another N (its extended shapes were included without the define)");
 
   static __device__ __forceinline__ void run(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b) {
     run(d, a, desc_b, std::make_index_sequence<kN / 2>{});

@@ -73,14 +73,15 @@ ffi::Error conv_impl(cudaStream_t stream, ffi::AnyBuffer x,
   switch (current_compute_capability()) {
 #ifdef JAX_NVFP4_HAS_SM90
     case 90: {
-      if (kernel < 0 || kernel > static_cast<int64_t>(ConvSm90Kernel::kWs128x256)) {
+      if (kernel < 0 || kernel > static_cast<int64_t>(ConvSm90Kernel::kWs64x256)) {
         return invalid("unknown sm_90a kernel " + std::to_string(kernel));
       }
       const auto which = static_cast<ConvSm90Kernel>(kernel);
       const cudaError_t err = conv_sm90(p, stream, which);
       if (err == cudaErrorInvalidValue && which != ConvSm90Kernel::kAuto && which != ConvSm90Kernel::kRegisterA) {
         return invalid("the forced warp-specialized sm_90a kernel does not take this problem (it needs bf16 "
-                       "activations, S = 3, a bf16/f16 output with K % 8 == 0, and shared memory for two stages)");
+                       "activations, S = 3, a bf16/f16 output with K % 8 == 0, and shared memory for two stages; "
+                       "its 64-, 112- and 208-pixel and its 64-channel tilings also stride 1 and C % 32 == 0)");
       }
       if (err == cudaErrorInvalidValue) {
         return invalid("problem needs more shared memory than the sm_90a kernel can take "

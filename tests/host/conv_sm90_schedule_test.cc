@@ -2,13 +2,20 @@
 // fills the shared-memory phase arrays exactly as the kernel's loader does (slot_source), reads
 // every tap at its shifted slot (tap_of), walks the output columns as the epilogue does
 // (ColumnWalker) and compares with a direct convolution on small integers (exact in double).
+// Mode "im2col" fills them instead as the warp-specialized kernel's TMA loads do: the PTX ISA's
+// im2col walk (pixels along W, then H, then N inside the bounding box, each read at the filter
+// base plus the filter-row offset, zero outside the input) from im2col_start, BN pixels and a
+// kHaloPixels halo box; a halo the kernel skips is filled with a value that would corrupt any
+// output that read it.
 //
-// usage: conv_sm90_schedule_test N H W C K R S sh sw pad_h pad_w dil_h dil_w P Q BN
+// usage: conv_sm90_schedule_test N H W C K R S sh sw pad_h pad_w dil_h dil_w P Q BN [slots|im2col]
 // prints "OK <outputs> <tiles> <max_slot_read> <slots>" or "FAIL <reason>".
 #include <cstdint>
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "conv/sm90/conv_sm90_schedule.h"
@@ -17,7 +24,7 @@ using jax_nvfp4::ConvProblem;
 namespace c90 = jax_nvfp4::conv90;
 
 int main(int argc, char** argv) {
-  if (argc != 17) {
+  if (argc != 17 && argc != 18) {
     std::printf("FAIL usage\n");
     return 2;
   }
@@ -31,6 +38,7 @@ int main(int argc, char** argv) {
   pb.dil_h = static_cast<int>(a[11]); pb.dil_w = static_cast<int>(a[12]);
   pb.p = a[13]; pb.q = a[14];
   const int bn = static_cast<int>(a[15]);
+  const bool im2col = argc == 18 && std::string(argv[17]) == "im2col";
 
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int> dist(-3, 3);
@@ -57,7 +65,29 @@ int main(int argc, char** argv) {
           ref[((n * pb.p + p) * pb.q + q) * pb.k + k] = sum;
         }
 
-  const c90::Geometry g = c90::make_geometry(pb, bn);
+  const c90::Geometry g = c90::make_geometry(pb, bn, im2col);
+  if (im2col && !c90::im2col_loads_fit(pb, g)) {
+    std::printf("FAIL im2col loads do not fit this problem\n");
+    return 1;
+  }
+  // The TMA im2col walk: `pixels` pixels from filter base `start`, filter row r, into slots
+  // [first, first + pixels) of a one-phase array.
+  const c90::Im2colBox box = c90::im2col_box(pb, g);
+  auto walk = [&](c90::Im2colStart start, int pixels, int r, int first, std::vector<double>& smem) {
+    int64_t w = start.w, h = start.h, n = start.n;
+    for (int i = 0; i < pixels; ++i) {
+      const int64_t hh = h + static_cast<int64_t>(r) * pb.dil_h;
+      const bool inside = n < pb.n && hh >= 0 && hh < pb.h && w >= 0 && w < pb.w;
+      for (int64_t c = 0; c < pb.c; ++c) smem[static_cast<size_t>(first + i) * pb.c + c] = inside ? X(n, hh, w, c) : 0.0;
+      if (++w >= pb.w + box.upper_w) {
+        w = box.lower_w;
+        if (++h >= pb.h + box.upper_h) {
+          h = box.lower_h;
+          ++n;
+        }
+      }
+    }
+  };
   std::vector<double> out(ref.size(), 0.0);
   std::vector<int> writes(ref.size(), 0);
   int max_read = 0;
@@ -67,7 +97,15 @@ int main(int argc, char** argv) {
     for (int r = 0; r < pb.r; ++r) {
       // The loader: phase arrays [phase][slot][c].
       std::vector<double> smem(static_cast<size_t>(g.phases) * g.slots * pb.c, 0.0);
-      for (int f = 0; f < g.phases; ++f)
+      if (im2col) {
+        walk(c90::im2col_start(pb, g, g0), bn, r, 0, smem);
+        if (g0 + bn < g.virtual_pixels) {
+          walk(c90::im2col_start(pb, g, g0 + bn), c90::kHaloPixels, r, bn, smem);
+        } else {
+          std::fill(smem.begin() + static_cast<size_t>(bn) * pb.c, smem.end(), 1e9);
+        }
+      }
+      for (int f = 0; f < g.phases && !im2col; ++f)
         for (int slot = 0; slot < g.slots; ++slot) {
           // The kernel's 32-bit index math must place every slot where the 64-bit one does.
           int64_t n64 = 0, h64 = 0, w64 = 0, n32 = 0, h32 = 0, w32 = 0;

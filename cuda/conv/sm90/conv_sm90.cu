@@ -16,8 +16,8 @@
 // meet in CTA 0 through distributed shared memory.
 // Epilogue: alpha = s_dec_w (* s_dec_x), bias, conversion to the output dtype.
 // A second, warp-specialized persistent kernel (WsKernel, below) runs the same stages with the
-// loads in producer warpgroups and the decode + wgmmas in two consumer warpgroups; conv_sm90
-// picks between the two (choose_kernel).
+// loads in a producer warpgroup (TMA copies for stride-1 problems, else cp.async) and the decode +
+// wgmmas in two consumer warpgroups; conv_sm90 picks between the two (choose_kernel).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -25,9 +25,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
+#include "cute/arch/copy_sm90_desc.hpp"
+#include "cute/arch/copy_sm90_tma.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/arch/reg_reconfig.h"
+#include "cutlass/cuda_host_adapter.hpp"
 #include "common/bf16x2.cuh"
 #include "common/dtype_io.cuh"
 #include "common/nvfp4_decode.cuh"
@@ -135,23 +139,30 @@ NVFP4_HD int slot_table_bytes(const Geometry& g) {
 }
 
 // Shared memory of the warp-specialized kernel (WsKernel): nbuf stages (the register-A kernel's
-// stage layout), the consumers' epilogue tiles, the slot table, and the full/empty barrier of
-// every stage.
+// stage layout), the consumers' epilogue tiles, the slot table (cp.async loads only), and the
+// full/empty barrier of every stage.
 struct WsLayout {
   StageLayout stage;
   int nbuf = 0, epi_offset = 0, table_offset = 0, barrier_offset = 0, total = 0;
 };
 
-inline WsLayout ws_layout(const ConvProblem& pb, const Geometry& g, int bm, int epi_bytes, int nbuf) {
+inline WsLayout ws_layout(const ConvProblem& pb, const Geometry& g, int bm, int epi_bytes, int nbuf, bool table) {
   WsLayout L;
   L.stage = stage_layout(pb, g, bm);
   L.nbuf = nbuf;
   L.epi_offset = nbuf * L.stage.total();
   L.table_offset = L.epi_offset + epi_bytes;
-  L.barrier_offset = (L.table_offset + slot_table_bytes(g) + 7) / 8 * 8;
+  L.barrier_offset = (L.table_offset + (table ? slot_table_bytes(g) : 0) + 7) / 8 * 8;
   L.total = L.barrier_offset + 2 * nbuf * 8;
   return L;
 }
+
+// The tensor maps of the warp-specialized kernel's TMA loads (encode_ws_maps).
+struct WsTmaMaps {
+  CUtensorMap act;       // im2col over x [N, H, W, C] bf16: kBN pixels x 8 channels
+  CUtensorMap act_halo;  // the same, kHaloPixels pixels
+  CUtensorMap codes;     // tiled over the codes [R*S][K][C/2] bytes: 32 bytes x BM rows x S taps
+};
 
 // Loads the 8 channels [c, c+8) of activation pixel (n, h, w) as bf16 into 16 bytes of shared
 // memory, or zeros when `valid` is false.
@@ -564,29 +575,45 @@ __global__ void __launch_bounds__(128 * kWGM, 1) conv_sm90_kernel(const ConvProb
 // next tile while the consumers store this one. Consumer warpgroup w owns output channels
 // 64w..64w+63 x all kBN pixels of the CTA tile. (Two consumers along the pixels instead, sharing
 // 64 channels, decode the same weights twice: measured no faster than the register-A kernel.)
-template <int kBN>
+//
+// kTma (stride-1 problems, C % 32 == 0): one producer thread fills each stage with TMA copies
+// instead, counted in bytes on the stage's full barrier: per 8-channel column, two im2col copies
+// (the tile's kBN slots and its halo; conv_sm90_schedule.h) whose walk across output rows and
+// images replaces the slot table and ~2k cp.async a stage; one tiled copy of the codes of all S
+// taps ([tap][row][32 bytes], rows past K and channels past C zero-filled); one bulk copy per
+// tap's scale tile.
+//
+// kBM = 64 (K <= 64, TMA loads): the two consumers split the pixels instead, each 64 channels x
+// kBN pixels of a 2 * kBN pixel tile, decoding the same 64 weight rows (the 128-channel tile would
+// leave half its MMAs on zero rows).
+template <int kBN, bool kTma, int kBM = 128>
 struct WsKernel {
   static constexpr int kS = 3;
   static constexpr int kConsumers = 2;
-  using Mma = Kernel<ActKind::kBF16, kBN, kConsumers, kS, false>;  // stage layout, loads, tap math
-  static constexpr int kBM = Mma::kBM;
-  // Producer warpgroups: two where the consumers' registers allow (a 512-thread CTA compiles to
-  // 128 registers a thread, too few for 256-pixel accumulators).
-  static constexpr int kProducers = kBN == 256 ? 1 : 2;
+  static constexpr bool kPixelSplit = kBM == 64;
+  static_assert(kBM == 128 || (kPixelSplit && kTma), "64-channel tiles split the pixels, with TMA loads");
+  static constexpr int kTileN = kPixelSplit ? 2 * kBN : kBN;  // pixels of a CTA tile
+  using Mma = Kernel<ActKind::kBF16, kBN, kBM / 64, kS, false>;  // stage layout, loads, tap math
+  // Producer warpgroups: two for cp.async loads where the consumers' registers allow (a
+  // 512-thread CTA compiles to 128 registers a thread, too few for 256-pixel accumulators).
+  static constexpr int kProducers = kTma || kBN == 256 ? 1 : 2;
   static constexpr int kLoaders = 128 * kProducers;
   static constexpr int kThreads = kLoaders + 128 * kConsumers;
   static constexpr int kAcc = Mma::kAcc;
   static constexpr int kEpiPixels = 64;                     // pixels per epilogue pass
+  static_assert(kBN % 16 == 0, "stmatrix stores two 8-pixel column groups at a time");
   static constexpr int kEpiPitch = 64 + 8;                  // staged pixel row: 64 channels + pad
   static constexpr int kEpiBytes = kEpiPixels * kEpiPitch * 2;
-  // Named barriers (0 is __syncthreads): the producers', then one per consumer warpgroup.
-  static constexpr int kProducerBarrier = 1, kConsumerBarrier0 = 2;
+  // Named barriers (0 is __syncthreads): the cp.async producers' (1, in produce), then one per
+  // consumer warpgroup.
+  static constexpr int kConsumerBarrier0 = 2;
   // setmaxnreg moves registers from the producers, which only compute addresses, to the consumers
   // (with two producers too, where the kernel compiles to 128 a thread: 7-11 % faster on the H200).
   static constexpr int kProducerRegs = 56, kConsumerRegs = kProducers == 1 ? 224 : 160;
   static_assert(kProducerRegs * kLoaders + kConsumerRegs * 128 * kConsumers <= 65536, "the register file");
 
   using Barrier = cutlass::arch::ClusterBarrier;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
   static __device__ __forceinline__ void named_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -603,6 +630,7 @@ struct WsKernel {
     // the async proxy), so up to lag + 1 stages of copies are in flight. lag <= nbuf - 2 keeps a
     // buffer for the consumers to work on while the producer waits.
     const int lag = L.nbuf >= 4 ? 2 : L.nbuf - 2;
+    constexpr int kProducerBarrier = 1;
     int it = 0;
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
       const int64_t g0 = (tile / k_tiles) * kBN, k0 = (tile % k_tiles) * kBM;
@@ -628,9 +656,58 @@ struct WsKernel {
     for (int j = it > lag ? it - lag : 0; j < it; ++j) Barrier::arrive(&full[j % L.nbuf]);
   }
 
+  // The TMA producer: thread 0 of the producer warpgroup issues every copy of every stage.
+  static __device__ void produce_tma(const ConvProblem& pb, const Geometry& g, const WsLayout& L, int64_t k_tiles,
+                                     const WsTmaMaps& maps, uint8_t* smem, uint64_t* full, uint64_t* empty) {
+    constexpr int kColumns = kChunkC / 8;
+    constexpr uint32_t kSlotsBytes = kColumns * kTileN * 16, kHaloBytes = kColumns * kHaloPixels * 16;
+    const uint32_t weight_bytes = L.stage.code_bytes + L.stage.scale_bytes;
+    const uint64_t hint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+    const int64_t kb = pb.c / kBlockSize, scale_bytes = scale_matrix_bytes(pb.k, kb);
+    const int stages = pb.r * g.c_chunks;
+    const int64_t tiles = g.pixel_tiles * k_tiles;
+    int it = 0;
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const int64_t g0 = (tile / k_tiles) * kTileN, k0 = (tile % k_tiles) * kBM;
+      const Im2colStart main = im2col_start(pb, g, g0), halo = im2col_start(pb, g, g0 + kTileN);
+      // Past the last virtual pixel the halo slots feed only discarded columns: not loaded.
+      const bool has_halo = g0 + kTileN < g.virtual_pixels;
+      const int64_t scale_tile = (k0 / kTileRows) * scale_k_tiles(kb);
+      for (int st = 0; st < stages; ++st, ++it) {
+        const int buf = it % L.nbuf;
+        Barrier::wait(&empty[buf], ((it / L.nbuf) & 1) ^ 1);
+        const int r = st / g.c_chunks, cc = st % g.c_chunks;
+        const auto dh = static_cast<uint16_t>(r * pb.dil_h);
+        uint8_t* stage = smem + buf * L.stage.total();
+        uint64_t* bar = &full[buf];
+        TxBarrier::arrive_and_expect_tx(bar, kSlotsBytes + (has_halo ? kHaloBytes : 0) + weight_bytes);
+#pragma unroll
+        for (int col = 0; col < kColumns; ++col) {
+          const int c = cc * kChunkC + col * 8;
+          uint8_t* dst = stage + col * g.slots * 16;
+          cute::SM90_TMA_LOAD_IM2COL_4D::copy(&maps.act, bar, dst, c, main.w, main.h, main.n, 0, dh);
+          if (has_halo) {
+            cute::SM90_TMA_LOAD_IM2COL_4D::copy(&maps.act_halo, bar, dst + kTileN * 16, c, halo.w, halo.h, halo.n, 0,
+                                                dh);
+          }
+        }
+        uint8_t* codes = stage + L.stage.act_bytes;
+        cute::SM90_TMA_LOAD_3D::copy(&maps.codes, bar, hint, codes, cc * kCodeRowBytes, static_cast<int32_t>(k0),
+                                     r * kS);
+        uint8_t* scales = codes + L.stage.code_bytes;
+#pragma unroll
+        for (int s = 0; s < kS; ++s) {
+          const uint8_t* src = pb.wgt.scales + (static_cast<int64_t>(r) * kS + s) * scale_bytes +
+                               (scale_tile + cc) * kTileBytes;
+          cute::SM90_BULK_COPY_G2S::copy(src, bar, scales + s * kTileBytes, kTileBytes);
+        }
+      }
+    }
+  }
+
   // Stores the warpgroup's 64 channels x kBN pixels through its shared-memory tile, kEpiPixels
-  // pixels per pass: stmatrix (transposed) into [pixel][kEpiPitch], then one 16-byte store per
-  // 8 channels of a pixel.
+  // pixels per pass (the last pass takes the rest): stmatrix (transposed) into
+  // [pixel][kEpiPitch], then one 16-byte store per 8 channels of a pixel.
   template <typename T>
   static __device__ void epilogue(const ConvProblem& pb, const Geometry& g, int64_t g0, int64_t k0,
                                   const float (&acc)[kAcc], T* tile, int ct, int barrier) {
@@ -640,16 +717,15 @@ struct WsKernel {
     const int part = ct % 8;
     const int64_t k = k0 + part * 8;
     T* out = static_cast<T*>(pb.out) + k;
-#pragma unroll
-    for (int pass = 0; pass < kBN / kEpiPixels; ++pass) {
+    auto pass = [&](int first, auto pixels) {
+      constexpr int kPixels = decltype(pixels)::value;
       named_sync(barrier, 128);  // the previous pass's reads of the tile are done
-      stmatrix_transposed<T, kEpiPixels / 8>(acc + pass * (kEpiPixels / 8) * 4, rs.alpha, rs.bias, tile, kEpiPitch,
-                                             rows, lane);
+      stmatrix_transposed<T, kPixels / 8>(acc + (first / 8) * 4, rs.alpha, rs.bias, tile, kEpiPitch, rows, lane);
       named_sync(barrier, 128);
       if (k < pb.k) {
-        ColumnWalker col(g, g0 + pass * kEpiPixels + ct / 8);
+        ColumnWalker col(g, g0 + first + ct / 8);
 #pragma unroll
-        for (int j = ct / 8; j < kEpiPixels; j += 16) {
+        for (int j = ct / 8; j < kPixels; j += 16) {
           if (col.is_output(pb)) {
             *reinterpret_cast<uint4*>(out + (col.row * pb.q + col.vq) * pb.k) =
                 *reinterpret_cast<const uint4*>(tile + j * kEpiPitch + part * 8);
@@ -657,46 +733,100 @@ struct WsKernel {
           col.advance(g, 16);
         }
       }
+    };
+#pragma unroll
+    for (int first = 0; first + kEpiPixels <= kBN; first += kEpiPixels) {
+      pass(first, std::integral_constant<int, kEpiPixels>{});
+    }
+    if constexpr (kBN % kEpiPixels != 0) pass(kBN - kBN % kEpiPixels, std::integral_constant<int, kBN % kEpiPixels>{});
+  }
+
+  // One stage's taps, continuing the wgmma stream of the stage before (no drain between
+  // stages): tap s decodes into fragment buffer (kParity + s) % 2, and the wait after each issue
+  // retires the group before it. With S = 3 taps the buffers alternate across stages, so the
+  // previous stage's last taps run while this stage's tap 0 decodes; `prev_retired` runs once
+  // they have retired (that stage's buffer is then free).
+  // `pixel0`: the consumer's first pixel in the CTA tile.
+  template <int kParity, typename F>
+  static __device__ __forceinline__ void stage_taps(const ConvProblem& pb, const Geometry& g, const uint8_t* smem,
+                                                    const StageLayout& L, int row0, int tr0, int pixel0, uint32_t sel,
+                                                    uint32_t (&frag)[2][4][4], float (&acc)[kAcc], F&& prev_retired) {
+    static_assert(kS % 2 == 1, "the fragment buffers alternate across stages");
+    const uint8_t* codes = smem + L.act_bytes;
+    const uint8_t* scales = codes + L.code_bytes;
+    const uint32_t act = smem_addr(smem) + pixel0 * 16;
+#pragma unroll
+    for (int s = 0; s < kS; ++s) {
+      Mma::decode_tap(s, codes, scales, row0, tr0, sel, frag[(kParity + s) % 2]);
+      Mma::issue_tap(pb, g, s, act, frag[(kParity + s) % 2], acc);
+      wgmma_wait<1>();
+      if (s == 0) prev_retired();
     }
   }
 
   static __device__ void consume(const ConvProblem& pb, const Geometry& g, const WsLayout& L, int64_t k_tiles,
                                  uint8_t* smem, uint64_t* full, uint64_t* empty, int w) {
     const int ct = threadIdx.x - kLoaders - 128 * w;  // thread in this warpgroup
+    const int lane = ct % 32;
+    // This thread's two weight rows in the CTA tile (as in Kernel::compute_stage) and the
+    // consumer's pixels: rows 64w.. of all pixels, or all 64 rows of pixels kBN * w...
+    const int row0 = (kPixelSplit ? 0 : w * 64) + (ct / 32) * 16 + lane / 4;
+    const int pixel0 = kPixelSplit ? w * kBN : 0;
+    const uint32_t sel = (lane % 4) | ((4 + lane % 4) << 4);
     const int stages = pb.r * g.c_chunks;
     const int64_t tiles = g.pixel_tiles * k_tiles;
     uint8_t* epi_tile = smem + L.epi_offset + w * kEpiBytes;
     float acc[kAcc];
+    uint32_t frag[2][4][4];
     int it = 0;
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const int64_t g0 = (tile / k_tiles) * kBN, k0 = (tile % k_tiles) * kBM;
+      const int64_t g0 = (tile / k_tiles) * kTileN, k0 = (tile % k_tiles) * kBM;
+      const int tr0 = static_cast<int>(k0 % kTileRows) + row0;  // row in the scale tile
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
-      for (int st = 0; st < stages; ++st, ++it) {
+      fence_accumulators(acc);
+      // Stage st of the tile uses parity st % 2: two stages per iteration keep the parities
+      // static, so ptxas sees that no in-flight wgmma's fragments are overwritten.
+      auto run_stage = [&](int st, auto parity) {
         const int buf = it % L.nbuf;
         Barrier::wait(&full[buf], (it / L.nbuf) & 1);
-        // Rows 64w.. of the tile's weights: compute_stage's thread index within the CTA's M tiling.
-        Mma::compute_stage(pb, g, k0, smem + buf * L.stage.total(), L.stage, acc, [] {}, w * 128 + ct);
-        Barrier::arrive(&empty[buf]);  // compute_stage retired every wgmma of the stage
+        const uint8_t* stage = smem + buf * L.stage.total();
+        const int prev = (it + L.nbuf - 1) % L.nbuf;
+        stage_taps<decltype(parity)::value>(pb, g, stage, L.stage, row0, tr0, pixel0, sel, frag, acc, [&] {
+          if (st > 0) Barrier::arrive(&empty[prev]);
+        });
+        ++it;
+      };
+      int st = 0;
+      for (; st + 1 < stages; st += 2) {
+        run_stage(st, std::integral_constant<int, 0>{});
+        run_stage(st + 1, std::integral_constant<int, 1>{});
       }
-      const int64_t wk0 = k0 + w * 64;
+      if (st < stages) run_stage(st, std::integral_constant<int, 0>{});
+      wgmma_wait<0>();
+      fence_accumulators(acc);
+      Barrier::arrive(&empty[(it - 1) % L.nbuf]);  // the tile's last stage
+      const int64_t wg0 = g0 + pixel0, wk0 = k0 + (kPixelSplit ? 0 : w * 64);
       if (pb.out_dtype == DType::kF16) {
-        epilogue<__half>(pb, g, g0, wk0, acc, reinterpret_cast<__half*>(epi_tile), ct, kConsumerBarrier0 + w);
+        epilogue<__half>(pb, g, wg0, wk0, acc, reinterpret_cast<__half*>(epi_tile), ct, kConsumerBarrier0 + w);
       } else {
-        epilogue<__nv_bfloat16>(pb, g, g0, wk0, acc, reinterpret_cast<__nv_bfloat16*>(epi_tile), ct,
+        epilogue<__nv_bfloat16>(pb, g, wg0, wk0, acc, reinterpret_cast<__nv_bfloat16*>(epi_tile), ct,
                                 kConsumerBarrier0 + w);
       }
     }
   }
 
-  static __device__ void run(const ConvProblem& pb, const Geometry& g, const WsLayout& L, int64_t k_tiles) {
+  static __device__ void run(const ConvProblem& pb, const Geometry& g, const WsLayout& L, int64_t k_tiles,
+                             const WsTmaMaps& maps) {
     extern __shared__ __align__(128) uint8_t smem[];
     auto* full = reinterpret_cast<uint64_t*>(smem + L.barrier_offset);
     uint64_t* empty = full + L.nbuf;
     if (threadIdx.x == 0) {
       for (int i = 0; i < L.nbuf; ++i) {
-        Barrier::init(&full[i], kLoaders);            // every producer thread, after its fence
-        Barrier::init(&empty[i], 128 * kConsumers);   // every consumer thread, its wgmmas retired
+        // TMA: the producer thread's arrival with the stage's byte count; cp.async: every
+        // producer thread, after its fence.
+        Barrier::init(&full[i], kTma ? 1 : kLoaders);
+        Barrier::init(&empty[i], 128 * kConsumers);  // every consumer thread, its wgmmas retired
       }
       cutlass::arch::fence_barrier_init();
     }
@@ -704,7 +834,11 @@ struct WsKernel {
     const int wg = threadIdx.x / 128;
     if (wg < kProducers) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
-      produce(pb, g, L, k_tiles, smem, full, empty);
+      if constexpr (kTma) {
+        if (threadIdx.x == 0) produce_tma(pb, g, L, k_tiles, maps, smem, full, empty);
+      } else {
+        produce(pb, g, L, k_tiles, smem, full, empty);
+      }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
       consume(pb, g, L, k_tiles, smem, full, empty, wg - kProducers);
@@ -712,10 +846,11 @@ struct WsKernel {
   }
 };
 
-template <int kBN>
-__global__ void __launch_bounds__(WsKernel<kBN>::kThreads, 1)
-    conv_sm90_ws_kernel(const ConvProblem pb, const Geometry g, const WsLayout L, int64_t k_tiles) {
-  WsKernel<kBN>::run(pb, g, L, k_tiles);
+template <int kBN, bool kTma, int kBM>
+__global__ void __launch_bounds__(WsKernel<kBN, kTma, kBM>::kThreads, 1)
+    conv_sm90_ws_kernel(const ConvProblem pb, const Geometry g, const WsLayout L, int64_t k_tiles,
+                        const __grid_constant__ WsTmaMaps maps) {
+  WsKernel<kBN, kTma, kBM>::run(pb, g, L, k_tiles, maps);
 }
 
 // How a problem runs: stage buffers, shared memory, and the split of the stages over a cluster.
@@ -807,25 +942,89 @@ cudaError_t launch_taps(const ConvProblem& pb, cudaStream_t stream, int max_smem
   return launch<kAct, kBN, kWGM, 0>(pb, stream, max_smem, sms);
 }
 
+// Whether the warp-specialized kernel can load `pb` with TMA: the im2col conditions of
+// conv_sm90_schedule.h, code rows a multiple of 16 bytes (C % 32 == 0), 16-byte aligned x and codes.
+bool ws_tma_supported(const ConvProblem& pb) {
+  return im2col_loads_fit(pb, make_geometry(pb, 128)) && pb.c % 32 == 0 &&
+         reinterpret_cast<uintptr_t>(pb.x) % 16 == 0 && reinterpret_cast<uintptr_t>(pb.wgt.codes) % 16 == 0;
+}
+
+// Encodes the TMA maps of the warp-specialized kernel (bn pixels x bm channels a tile); false
+// when the problem does not allow TMA loads (the cp.async producers run instead) or the driver
+// refuses a map.
+bool encode_ws_maps(const ConvProblem& pb, const Geometry& g, int bn, int bm, WsTmaMaps* maps) {
+  if (!ws_tma_supported(pb)) return false;
+  const Im2colBox box = im2col_box(pb, g);
+  const auto c = static_cast<cuuint64_t>(pb.c), w = static_cast<cuuint64_t>(pb.w), h = static_cast<cuuint64_t>(pb.h);
+  const cuuint64_t x_dims[4] = {c, w, h, static_cast<cuuint64_t>(pb.n)};
+  const cuuint64_t x_strides[3] = {c * 2, w * c * 2, h * w * c * 2};  // bytes, dims 1..3
+  const int lower[2] = {box.lower_w, box.lower_h}, upper[2] = {box.upper_w, box.upper_h};
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  auto im2col = [&](CUtensorMap* map, int pixels) {
+    return CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeIm2col)(
+               map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(pb.x), x_dims, x_strides, lower, upper,
+               8, static_cast<cuuint32_t>(pixels), unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  };
+  const cuuint64_t code_dims[3] = {c / 2, static_cast<cuuint64_t>(pb.k), static_cast<cuuint64_t>(pb.r) * pb.s};
+  const cuuint64_t code_strides[2] = {c / 2, static_cast<cuuint64_t>(pb.k) * (c / 2)};
+  const cuuint32_t code_box[3] = {kCodeRowBytes, static_cast<cuuint32_t>(bm), static_cast<cuuint32_t>(pb.s)};
+  return im2col(&maps->act, bn) && im2col(&maps->act_halo, kHaloPixels) &&
+         CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
+             &maps->codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(pb.wgt.codes), code_dims,
+             code_strides, code_box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 // The warp-specialized kernel with the deepest ring (2 to 4 stages) that fits, one CTA per SM
 // looping over the tiles.
-template <int kBN>
-cudaError_t launch_ws(const ConvProblem& pb, cudaStream_t stream, int max_smem, int sms) {
-  using K = WsKernel<kBN>;
-  const Geometry g = make_geometry(pb, kBN);
+template <int kBN, bool kTma, int kBM = 128>
+cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsTmaMaps& maps, cudaStream_t stream,
+                             int max_smem, int sms) {
+  using K = WsKernel<kBN, kTma, kBM>;
   WsLayout L;
   for (int nbuf = 4; nbuf >= 2; --nbuf) {
-    L = ws_layout(pb, g, K::kBM, K::kConsumers * K::kEpiBytes, nbuf);
+    L = ws_layout(pb, g, kBM, K::kConsumers * K::kEpiBytes, nbuf, !kTma);
     if (L.total <= max_smem) break;
   }
   if (L.total > max_smem) return cudaErrorInvalidValue;
-  const int64_t k_tiles = ceil_div(pb.k, K::kBM);
+  const int64_t k_tiles = ceil_div(pb.k, kBM);
   const int64_t tiles = g.pixel_tiles * k_tiles;
-  auto* kernel = conv_sm90_ws_kernel<kBN>;
+  auto* kernel = conv_sm90_ws_kernel<kBN, kTma, kBM>;
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total);
   if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(std::min<int64_t>(tiles, sms)), K::kThreads, L.total, stream>>>(pb, g, L, k_tiles);
+  kernel<<<static_cast<unsigned>(std::min<int64_t>(tiles, sms)), K::kThreads, L.total, stream>>>(pb, g, L, k_tiles,
+                                                                                                  maps);
   return cudaGetLastError();
+}
+
+// Pixel tile widths of the warp-specialized kernel: 128 and 256 with TMA or cp.async loads, the
+// others (sizes that fill the SMs in one wave on ResNet stages) with TMA loads only.
+constexpr bool ws_has_cp_async(int bn) { return bn == 128 || bn == 256; }
+
+// TMA loads where encode_ws_maps allows them and `tma` asks for them, else cp.async (where the
+// width has them; cudaErrorInvalidValue otherwise).
+template <int kBN>
+cudaError_t launch_ws(const ConvProblem& pb, cudaStream_t stream, int max_smem, int sms, bool tma) {
+  WsTmaMaps maps{};
+  const Geometry g_tma = make_geometry(pb, kBN, /*im2col=*/true);
+  if (tma && encode_ws_maps(pb, g_tma, kBN, 128, &maps)) {
+    return launch_ws_kernel<kBN, true>(pb, g_tma, maps, stream, max_smem, sms);
+  }
+  if constexpr (ws_has_cp_async(kBN)) {
+    return launch_ws_kernel<kBN, false>(pb, make_geometry(pb, kBN), maps, stream, max_smem, sms);
+  }
+  return cudaErrorInvalidValue;
+}
+
+// The pixel-split kernel (64 channels x 2 * kBN pixels a tile, for K <= 64), TMA loads only.
+template <int kBN>
+cudaError_t launch_ws_pixel_split(const ConvProblem& pb, cudaStream_t stream, int max_smem, int sms) {
+  using K = WsKernel<kBN, true, 64>;
+  WsTmaMaps maps{};
+  const Geometry g = make_geometry(pb, K::kTileN, /*im2col=*/true);
+  if (!encode_ws_maps(pb, g, K::kTileN, 64, &maps)) return cudaErrorInvalidValue;
+  return launch_ws_kernel<kBN, true, 64>(pb, g, maps, stream, max_smem, sms);
 }
 
 // What the warp-specialized kernel takes: bf16 activations, 3 filter taps along W, and a 2-byte
@@ -836,17 +1035,33 @@ bool ws_supported(const ConvProblem& pb) {
          reinterpret_cast<uintptr_t>(pb.out) % 16 == 0;
 }
 
-// The library's choice (H200 kernel timings, docs/conv.md): the warp-specialized kernel for
-// problems it takes with at least 128 output channels, with 256-pixel tiles when they still give
-// three quarters of the SMs a tile, else 128-pixel tiles under the same condition; otherwise the
-// register-A kernel, whose split-K serves the small grids and whose one-warpgroup tiles serve
-// K <= 64 (where two consumers would share, and twice decode, one 64-channel weight tile).
+// The library's choice (H200 kernel timings, docs/conv.md). The warp-specialized kernel where it
+// takes the problem and its tiles give at least three quarters of the SMs work; otherwise the
+// register-A kernel, whose split-K serves the small grids.
+// - TMA loads, K >= 128: the narrowest pixel tile whose tiles fit in one wave (the kernel is bound
+//   by each tile's serial decode-and-MMA chain, so more CTAs with less work each win; a wider tile
+//   with a second, partial wave lost everywhere), 256 pixels when none fits.
+// - TMA loads, K <= 64: the pixel-split kernel (64 channels x 256 pixels).
+// - cp.async loads (other strides, C % 32 == 16), K >= 128: 256-pixel tiles, else 128-pixel ones.
 ConvSm90Kernel choose_kernel(const ConvProblem& pb, int sms) {
-  if (!ws_supported(pb) || pb.k < 128) return ConvSm90Kernel::kRegisterA;
-  const int64_t k_tiles = ceil_div(pb.k, 128), enough = (3 * sms + 3) / 4;
+  if (!ws_supported(pb)) return ConvSm90Kernel::kRegisterA;
+  const int64_t enough = (3 * sms + 3) / 4;
+  auto pick = [&](ConvSm90Kernel kind, int64_t tiles) { return tiles >= enough ? kind : ConvSm90Kernel::kRegisterA; };
+  if (ws_tma_supported(pb) && pb.k <= 64) return pick(ConvSm90Kernel::kWs64x256, make_geometry(pb, 256).pixel_tiles);
+  if (pb.k < 128) return ConvSm90Kernel::kRegisterA;
+  const int64_t k_tiles = ceil_div(pb.k, 128);
+  if (ws_tma_supported(pb)) {
+    constexpr std::pair<int, ConvSm90Kernel> kWidths[] = {
+        {64, ConvSm90Kernel::kWs128x64},   {112, ConvSm90Kernel::kWs128x112}, {128, ConvSm90Kernel::kWs128x128},
+        {208, ConvSm90Kernel::kWs128x208}, {256, ConvSm90Kernel::kWs128x256}};
+    for (const auto& [bn, kind] : kWidths) {
+      const int64_t tiles = make_geometry(pb, bn).pixel_tiles * k_tiles;
+      if (tiles <= sms) return pick(kind, tiles);
+    }
+    return ConvSm90Kernel::kWs128x256;
+  }
   if (make_geometry(pb, 256).pixel_tiles * k_tiles >= enough) return ConvSm90Kernel::kWs128x256;
-  if (make_geometry(pb, 128).pixel_tiles * k_tiles >= enough) return ConvSm90Kernel::kWs128x128;
-  return ConvSm90Kernel::kRegisterA;
+  return pick(ConvSm90Kernel::kWs128x128, make_geometry(pb, 128).pixel_tiles * k_tiles);
 }
 
 int device_attribute(cudaDeviceAttr attr) {
@@ -868,8 +1083,17 @@ cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream, ConvSm90Kernel 
     return cudaErrorInvalidValue;
   }
   if (kernel == ConvSm90Kernel::kAuto) kernel = choose_kernel(p, sms);
-  if (kernel == ConvSm90Kernel::kWs128x128) return launch_ws<128>(p, stream, max_smem, sms);
-  if (kernel == ConvSm90Kernel::kWs128x256) return launch_ws<256>(p, stream, max_smem, sms);
+  switch (kernel) {
+    case ConvSm90Kernel::kWs128x64: return launch_ws<64>(p, stream, max_smem, sms, true);
+    case ConvSm90Kernel::kWs128x112: return launch_ws<112>(p, stream, max_smem, sms, true);
+    case ConvSm90Kernel::kWs128x128: return launch_ws<128>(p, stream, max_smem, sms, true);
+    case ConvSm90Kernel::kWs128x208: return launch_ws<208>(p, stream, max_smem, sms, true);
+    case ConvSm90Kernel::kWs128x256: return launch_ws<256>(p, stream, max_smem, sms, true);
+    case ConvSm90Kernel::kWs128x128CpAsync: return launch_ws<128>(p, stream, max_smem, sms, false);
+    case ConvSm90Kernel::kWs128x256CpAsync: return launch_ws<256>(p, stream, max_smem, sms, false);
+    case ConvSm90Kernel::kWs64x256: return launch_ws_pixel_split<128>(p, stream, max_smem, sms);
+    default: break;
+  }
   // One warpgroup per CTA when K fits in 64 channels, or when 128-channel tiles would give fewer
   // CTAs than two per SM (more, smaller CTAs keep every SM busy).
   const bool narrow = p.k <= 64 || make_geometry(p, 128).pixel_tiles * ceil_div(p.k, 128) < 2 * sms;

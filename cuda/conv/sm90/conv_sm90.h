@@ -11,9 +11,22 @@ namespace jax_nvfp4 {
 
 // Which sm_90a kernel runs a problem: the library's choice (kAuto), the register-A kernel (every
 // activation dtype and filter, split-K for small grids), or the warp-specialized kernel with CTA
-// tiles of 128 output channels x 128 or 256 pixels (bf16 activations, S = 3, bf16/f16 output,
-// K % 8 == 0). Tests and benchmarks force one; the values are the FFI attribute `kernel`.
-enum class ConvSm90Kernel { kAuto = 0, kRegisterA = 1, kWs128x128 = 2, kWs128x256 = 3 };
+// tiles of 128 output channels x 64 to 256 pixels (bf16 activations, S = 3, bf16/f16 output,
+// K % 8 == 0). It loads with TMA where it can (stride 1, C % 32 == 0); the 128- and 256-pixel
+// tilings fall back to cp.async loads elsewhere (and the *CpAsync values force those), the others
+// need TMA. Tests and benchmarks force one; the values are the FFI attribute `kernel`.
+enum class ConvSm90Kernel {
+  kAuto = 0,
+  kRegisterA = 1,
+  kWs128x128 = 2,
+  kWs128x256 = 3,
+  kWs128x128CpAsync = 4,
+  kWs128x256CpAsync = 5,
+  kWs128x64 = 6,
+  kWs128x112 = 7,
+  kWs128x208 = 8,
+  kWs64x256 = 9,  // 64 output channels x 256 pixels, two consumers along the pixels (TMA loads)
+};
 
 // Runs `p` on `stream`. Activations bf16/f16/f32 or NVFP4 (x_q: codes [N*H*W, C/2], scales one
 // tiled [W, C/16] matrix per (n, h) image row, as an NVFP4Array [N, H, W, C] stores them).

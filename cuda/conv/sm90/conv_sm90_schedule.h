@@ -25,6 +25,8 @@ namespace jax_nvfp4 {
 namespace conv90 {
 
 constexpr int kChunkC = 64;  // input channels per pipeline stage (one scale tile along C)
+// Pixels of the second TMA box that loads a tile's halo slots (im2col loads, below).
+constexpr int kHaloPixels = 8;
 
 struct Geometry {
   int64_t wv = 0;             // virtual output row width Q + halo
@@ -36,12 +38,14 @@ struct Geometry {
   int c_chunks = 0;           // ceil(C / kChunkC)
 };
 
-NVFP4_HD Geometry make_geometry(const ConvProblem& pb, int bn) {
+// `im2col`: the layout of the TMA loads (below): BN + kHaloPixels slots, a multiple of 8, so
+// every 8-channel column starts 128-byte aligned as a TMA destination must.
+NVFP4_HD Geometry make_geometry(const ConvProblem& pb, int bn, bool im2col = false) {
   Geometry g;
   g.halo = static_cast<int>(((pb.s - 1) * pb.dil_w) / pb.stride_w);
   g.wv = pb.q + g.halo;
   g.phases = pb.stride_w;
-  g.slots = (bn + g.halo) | 1;
+  g.slots = im2col ? bn + kHaloPixels : (bn + g.halo) | 1;
   g.virtual_pixels = pb.n * pb.p * g.wv;
   g.pixel_tiles = ceil_div(g.virtual_pixels, bn);
   g.c_chunks = static_cast<int>(ceil_div(pb.c, kChunkC));
@@ -89,6 +93,44 @@ NVFP4_HD bool slot_source(const ConvProblem& pb, const Geometry& g, int64_t g0, 
   if (!slot_origin(pb, g, g0, phase, slot, n, &h0, w)) return false;
   *h = h0 + static_cast<int64_t>(r) * pb.dil_h;
   return *h >= 0 && *h < pb.h;
+}
+
+// TMA im2col loads (stride 1). The hardware walks pixels along W, then H, then N, inside a
+// bounding box of filter base positions, and reads each at base + (0, r * dil_h), zero outside
+// the input. With the box spanning W in [-pad_w, W + upper_w) (Wv positions: a virtual row) and H
+// in [-pad_h, H + upper_h) (P positions), the walk from virtual pixel v's base visits exactly the
+// input pixels of slots v, v + 1, ... for filter row r, across output rows and images: one copy
+// per 8-channel column fills a tile's slots (a second, kHaloPixels long, its halo).
+struct Im2colBox {
+  int lower_w, lower_h, upper_w, upper_h;
+};
+
+NVFP4_HD Im2colBox im2col_box(const ConvProblem& pb, const Geometry& g) {
+  return Im2colBox{-pb.pad_w, -pb.pad_h, static_cast<int>(g.wv - pb.w - pb.pad_w),
+                   static_cast<int>(pb.p - pb.h - pb.pad_h)};
+}
+
+// Whether the im2col loads can fill the slots: stride 1 (the walk steps one pixel), a halo the
+// second box covers, and the corners and filter-row offsets the 4-D tensor map encodes (corners
+// in [-128, 127], offsets in [0, 255]).
+NVFP4_HD bool im2col_loads_fit(const ConvProblem& pb, const Geometry& g) {
+  const Im2colBox b = im2col_box(pb, g);
+  auto corner = [](int64_t v) { return v >= -128 && v <= 127; };
+  return pb.stride_h == 1 && pb.stride_w == 1 && g.halo <= kHaloPixels && corner(b.lower_w) &&
+         corner(b.lower_h) && corner(b.upper_w) && corner(b.upper_h) &&
+         static_cast<int64_t>(pb.r - 1) * pb.dil_h <= 255;
+}
+
+// The filter base position (w, h, n) where the walk for virtual pixel v starts.
+struct Im2colStart {
+  int32_t w, h, n;
+};
+
+NVFP4_HD Im2colStart im2col_start(const ConvProblem& pb, const Geometry& g, int64_t v) {
+  const int64_t row = v / g.wv, vq = v - row * g.wv;
+  const int64_t img = row / pb.p, p = row - img * pb.p;
+  return Im2colStart{static_cast<int32_t>(vq - pb.pad_w), static_cast<int32_t>(p - pb.pad_h),
+                     static_cast<int32_t>(img)};
 }
 
 // The output pixel of virtual pixel v, or false for a discarded column (or past the end).

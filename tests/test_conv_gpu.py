@@ -87,18 +87,24 @@ def test_kernel_matches_float64(gpu, name):
     np.testing.assert_array_equal(got, np.asarray(f(x, w)))  # a race would move the result
 
 
-@pytest.mark.parametrize("forced_kernel", ["ws128x128", "ws128x256", "ws128x128_cpasync"], indirect=True)
-@pytest.mark.parametrize("name", WS_CASES)
-def test_warp_specialized_kernel_matches_float64(gpu, forced_kernel, name):
+def check_with_bias_against_float64(name, out_dtype):
+    """The forced kernel on GPU_CASES[name] with a bias, 2-byte output, against float64; a second
+    call must give the same bits (a race would move them)."""
     case = GPU_CASES[name]
     x, w = operands(case, seed=len(name))
     bias = jax.random.normal(jax.random.key(4), (case[4],), jnp.float32)
-    f = conv_fn(case, out_dtype=jnp.bfloat16)
+    f = conv_fn(case, out_dtype=out_dtype)
     got = np.asarray(f(x, w, bias).astype(jnp.float32))
     want = cc.oracle(x, w, case, bias=bias)
     assert got.shape == want.shape
-    assert cc.rel_err(got, want) < 1e-2  # the bf16 output rounding
-    np.testing.assert_array_equal(got, np.asarray(f(x, w, bias).astype(jnp.float32)))  # races
+    assert cc.rel_err(got, want) < 1e-2  # the 2-byte output rounding
+    np.testing.assert_array_equal(got, np.asarray(f(x, w, bias).astype(jnp.float32)))
+
+
+@pytest.mark.parametrize("forced_kernel", ["ws128x128", "ws128x256", "ws128x128_cpasync"], indirect=True)
+@pytest.mark.parametrize("name", WS_CASES)
+def test_warp_specialized_kernel_matches_float64(gpu, forced_kernel, name):
+    check_with_bias_against_float64(name, jnp.bfloat16)
 
 
 # The tilings that need TMA loads (stride 1, C % 32 == 0).
@@ -108,14 +114,7 @@ TMA_ONLY_KERNELS = ["ws128x64", "ws128x112", "ws128x208", "ws64x256"]
 @pytest.mark.parametrize("forced_kernel", TMA_ONLY_KERNELS, indirect=True)
 @pytest.mark.parametrize("name", TMA_CASES)
 def test_tma_only_tilings_match_float64(gpu, forced_kernel, name):
-    case = GPU_CASES[name]
-    x, w = operands(case, seed=len(name))
-    bias = jax.random.normal(jax.random.key(4), (case[4],), jnp.float32)
-    f = conv_fn(case, out_dtype=jnp.float16)
-    got = np.asarray(f(x, w, bias).astype(jnp.float32))
-    want = cc.oracle(x, w, case, bias=bias)
-    assert cc.rel_err(got, want) < 1e-2  # the f16 output rounding
-    np.testing.assert_array_equal(got, np.asarray(f(x, w, bias).astype(jnp.float32)))  # races
+    check_with_bias_against_float64(name, jnp.float16)
 
 
 @pytest.mark.parametrize("name", TMA_CASES)

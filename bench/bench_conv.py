@@ -60,8 +60,10 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
         return stages * (bn + 8) * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2, label
 
     if s == 3 and k % 8 == 0 and stride == 1 and c % 32 == 0:  # warp-specialized, TMA loads
-        if k <= 64 and tiles(256) >= enough:
-            return tma(256, 64, "ws 64x256 (pixel split)")
+        if k <= 64:  # the pixel split: the width whose busiest SM has the fewest pixels
+            bn = 416 if -(-tiles(416) // sms) * 416 <= -(-tiles(256) // sms) * 256 else 256
+            if tiles(bn) >= enough:
+                return tma(bn, 64, f"ws 64x{bn} (pixel split)")
         if k >= 128:
             k_tiles = -(-k // 128)
             fits = [bn for bn in (64, 112, 128, 208, 256) if tiles(bn) * k_tiles <= sms]

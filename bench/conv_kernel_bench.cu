@@ -109,6 +109,7 @@ const KernelChoice kKernels[] = {
     {"ws128x208", ConvSm90Kernel::kWs128x208},
     {"ws128x256", ConvSm90Kernel::kWs128x256},
     {"ws64x256", ConvSm90Kernel::kWs64x256},
+    {"ws64x416", ConvSm90Kernel::kWs64x416},
     {"ws128x128_cpasync", ConvSm90Kernel::kWs128x128CpAsync},
     {"ws128x256_cpasync", ConvSm90Kernel::kWs128x256CpAsync},
     {"auto", ConvSm90Kernel::kAuto},

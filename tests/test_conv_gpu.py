@@ -108,7 +108,7 @@ def test_warp_specialized_kernel_matches_float64(gpu, forced_kernel, name):
 
 
 # The tilings that need TMA loads (stride 1, C % 32 == 0).
-TMA_ONLY_KERNELS = ["ws128x64", "ws128x112", "ws128x208", "ws64x256"]
+TMA_ONLY_KERNELS = ["ws128x64", "ws128x112", "ws128x208", "ws64x256", "ws64x416"]
 
 
 @pytest.mark.parametrize("forced_kernel", TMA_ONLY_KERNELS, indirect=True)
@@ -202,7 +202,7 @@ MEMCHECK_PROGRAM = textwrap.dedent("""
     # Its TMA loads (stride 1, C = 96: a channel chunk half past C), every TMA tiling.
     x = jax.random.normal(jax.random.key(4), (3, 11, 13, 96), jnp.float32).astype(jnp.bfloat16)
     w = jn.quantize_conv_weight(jax.random.normal(jax.random.key(5), (3, 3, 96, 200)))
-    for kernel in ("ws128x128", "ws128x64", "ws128x208", "ws64x256"):
+    for kernel in ("ws128x128", "ws128x64", "ws128x208", "ws64x256", "ws64x416"):
         os.environ["JAX_NVFP4_CONV_SM90_KERNEL"] = kernel
         jax.clear_caches()
         y = jn.conv(x, w, padding="SAME", rhs_dilation=(2, 1), bias=jnp.ones((200,)))

@@ -73,7 +73,7 @@ ffi::Error conv_impl(cudaStream_t stream, ffi::AnyBuffer x,
   switch (current_compute_capability()) {
 #ifdef JAX_NVFP4_HAS_SM90
     case 90: {
-      if (kernel < 0 || kernel > static_cast<int64_t>(ConvSm90Kernel::kWs64x256)) {
+      if (kernel < 0 || kernel > static_cast<int64_t>(ConvSm90Kernel::kWs64x416)) {
         return invalid("unknown sm_90a kernel " + std::to_string(kernel));
       }
       const auto which = static_cast<ConvSm90Kernel>(kernel);

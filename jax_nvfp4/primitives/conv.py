@@ -31,16 +31,16 @@ from jax_nvfp4.primitives._base import (ShapedArray, define_primitive, empty_f32
 
 CONV_TARGET = "jax_nvfp4_conv"
 
-# JAX_NVFP4_CONV_SM90_KERNEL=register_a|ws128x64|ws128x112|ws128x128|ws128x208|ws128x256|ws64x256 forces one
-# of the Hopper kernels (tests and benchmarks run each on one shape; a warp-specialized one fails on
-# problems it does not take); ws128x128_cpasync|ws128x256_cpasync force the warp-specialized one's
-# cp.async loads where it would use TMA.
+# JAX_NVFP4_CONV_SM90_KERNEL=register_a|ws128x64|ws128x112|ws128x128|ws128x208|ws128x256|ws64x256|
+# ws64x416 forces one of the Hopper kernels (tests and benchmarks run each on one shape; a
+# warp-specialized one fails on problems it does not take); ws128x128_cpasync|ws128x256_cpasync
+# force the warp-specialized one's cp.async loads where it would use TMA.
 # Read when a call is lowered: set it before jit compiles the function (jax.clear_caches() drops
 # compiled ones). Values: cuda/conv/sm90/conv_sm90.h, ConvSm90Kernel.
 KERNEL_ENV = "JAX_NVFP4_CONV_SM90_KERNEL"
 _KERNELS = {"": 0, "auto": 0, "register_a": 1, "ws128x128": 2, "ws128x256": 3,
             "ws128x128_cpasync": 4, "ws128x256_cpasync": 5, "ws128x64": 6, "ws128x112": 7,
-            "ws128x208": 8, "ws64x256": 9}
+            "ws128x208": 8, "ws64x256": 9, "ws64x416": 10}
 
 
 def forced_kernel() -> int:

@@ -1041,13 +1041,18 @@ bool ws_supported(const ConvProblem& pb) {
 // - TMA loads, K >= 128: the narrowest pixel tile whose tiles fit in one wave (the kernel is bound
 //   by each tile's serial decode-and-MMA chain, so more CTAs with less work each win; a wider tile
 //   with a second, partial wave lost everywhere), 256 pixels when none fits.
-// - TMA loads, K <= 64: the pixel-split kernel (64 channels x 256 pixels).
+// - TMA loads, K <= 64: the pixel-split kernel (64 channels x 256 or 416 pixels), the width whose
+//   busiest SM has the fewest pixels (waves times width; the wider on a tie: fewer tiles).
 // - cp.async loads (other strides, C % 32 == 16), K >= 128: 256-pixel tiles, else 128-pixel ones.
 ConvSm90Kernel choose_kernel(const ConvProblem& pb, int sms) {
   if (!ws_supported(pb)) return ConvSm90Kernel::kRegisterA;
   const int64_t enough = (3 * sms + 3) / 4;
   auto pick = [&](ConvSm90Kernel kind, int64_t tiles) { return tiles >= enough ? kind : ConvSm90Kernel::kRegisterA; };
-  if (ws_tma_supported(pb) && pb.k <= 64) return pick(ConvSm90Kernel::kWs64x256, make_geometry(pb, 256).pixel_tiles);
+  if (ws_tma_supported(pb) && pb.k <= 64) {
+    const int64_t tiles256 = make_geometry(pb, 256).pixel_tiles, tiles416 = make_geometry(pb, 416).pixel_tiles;
+    if (ceil_div(tiles416, sms) * 416 <= ceil_div(tiles256, sms) * 256) return pick(ConvSm90Kernel::kWs64x416, tiles416);
+    return pick(ConvSm90Kernel::kWs64x256, tiles256);
+  }
   if (pb.k < 128) return ConvSm90Kernel::kRegisterA;
   const int64_t k_tiles = ceil_div(pb.k, 128);
   if (ws_tma_supported(pb)) {
@@ -1092,6 +1097,7 @@ cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream, ConvSm90Kernel 
     case ConvSm90Kernel::kWs128x128CpAsync: return launch_ws<128>(p, stream, max_smem, sms, false);
     case ConvSm90Kernel::kWs128x256CpAsync: return launch_ws<256>(p, stream, max_smem, sms, false);
     case ConvSm90Kernel::kWs64x256: return launch_ws_pixel_split<128>(p, stream, max_smem, sms);
+    case ConvSm90Kernel::kWs64x416: return launch_ws_pixel_split<208>(p, stream, max_smem, sms);
     default: break;
   }
   // One warpgroup per CTA when K fits in 64 channels, or when 128-channel tiles would give fewer

@@ -26,6 +26,7 @@ enum class ConvSm90Kernel {
   kWs128x112 = 7,
   kWs128x208 = 8,
   kWs64x256 = 9,  // 64 output channels x 256 pixels, two consumers along the pixels (TMA loads)
+  kWs64x416 = 10,  // the same, 416 pixels
 };
 
 // Runs `p` on `stream`. Activations bf16/f16/f32 or NVFP4 (x_q: codes [N*H*W, C/2], scales one

@@ -232,7 +232,6 @@ int check_all(bool tails_only) {
 // ---------------------------------------------------------------------------------------------
 // Timing
 
-constexpr size_t kRotateBytes = size_t{320} << 20;  // > 5x the 60 MB L2
 constexpr int kCallsPerGraph = 100;
 constexpr int kRepeats = 7;
 
@@ -288,14 +287,13 @@ int time_all(bool peers, const char* label, int64_t only_m, int64_t only_n) {
   }
   std::printf("\n| variant | M | N | K | ours us | GB/s (weights) | %% of copy | cuBLAS bf16 us | speedup |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
-  const int64_t shapes[][2] = {{14336, 4096}, {4096, 14336}, {4096, 4096}, {6144, 4096}};
   std::mt19937 rng(7);
-  for (auto& sh : shapes) {
+  for (auto& sh : kLlamaShapes) {
     const int64_t n = sh[0], k = sh[1];
     if (only_n > 0 && n != only_n) continue;
     const size_t code_bytes = n * k / 2, scale_bytes = scale_matrix_bytes(n, k / kBlockSize);
     const size_t w_bytes = code_bytes + scale_bytes;
-    const int copies = static_cast<int>(std::max<size_t>(2, (kRotateBytes + w_bytes - 1) / w_bytes));
+    const int copies = rotation_copies(w_bytes);
     uint8_t *codes, *scales;
     CUDA_CHECK(cudaMalloc(&codes, code_bytes * copies));
     CUDA_CHECK(cudaMalloc(&scales, scale_bytes * copies));
@@ -318,7 +316,7 @@ int time_all(bool peers, const char* label, int64_t only_m, int64_t only_n) {
     }
     // bf16 weights for cuBLAS, rotated the same way.
     const size_t wb_bytes = n * k * 2;
-    const int wb_copies = static_cast<int>(std::max<size_t>(2, (kRotateBytes + wb_bytes - 1) / wb_bytes));
+    const int wb_copies = rotation_copies(wb_bytes);
     void* wb = nullptr;
     if (cublas.ok) {
       CUDA_CHECK(cudaMalloc(&wb, wb_bytes * wb_copies));

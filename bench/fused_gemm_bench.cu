@@ -33,8 +33,6 @@ using namespace jax_nvfp4;
 
 namespace {
 
-constexpr size_t kRotateBytes = size_t{320} << 20;
-
 std::vector<int64_t> parse_list(const char* s) {
   std::vector<int64_t> v;
   for (const char* p = s; *p;) {
@@ -74,13 +72,12 @@ int main(int argc, char** argv) {
 
   std::printf("\n| M | N | K | fused us | fused_ws us | prefill us | cuBLAS bf16 us | fused_ws TFLOP/s | "
               "ws / cuBLAS | max rel diff |\n|---|---|---|---|---|---|---|---|---|---|\n");
-  const int64_t shapes[][2] = {{14336, 4096}, {4096, 14336}, {4096, 4096}, {6144, 4096}};
   std::mt19937 rng(11);
-  for (auto& sh : shapes) {
+  for (auto& sh : kLlamaShapes) {
     const int64_t n = sh[0], k = sh[1];
     if (only_n > 0 && n != only_n) continue;
     const size_t code_bytes = n * k / 2, scale_bytes = scale_matrix_bytes(n, k / kBlockSize);
-    const int copies = static_cast<int>(std::max<size_t>(2, kRotateBytes / (code_bytes + scale_bytes) + 1));
+    const int copies = rotation_copies(code_bytes + scale_bytes);
     std::vector<uint8_t> codes(code_bytes), scales(scale_bytes, 0);
     std::uniform_int_distribution<int> byte(0, 255), sc(0x20, 0x40);  // E4M3 2^-4 .. 2
     for (auto& c : codes) c = static_cast<uint8_t>(byte(rng));
@@ -94,7 +91,7 @@ int main(int argc, char** argv) {
       CUDA_CHECK(cudaMemcpy(d_scales + c * scale_bytes, scales.data(), scale_bytes, cudaMemcpyHostToDevice));
     }
     const size_t wb_bytes = n * k * 2;
-    const int wb_copies = static_cast<int>(std::max<size_t>(2, kRotateBytes / wb_bytes + 1));
+    const int wb_copies = rotation_copies(wb_bytes);
     void* wb;
     CUDA_CHECK(cudaMalloc(&wb, wb_bytes * wb_copies));
     CUDA_CHECK(cudaMemset(wb, 0x3C, wb_bytes * wb_copies));

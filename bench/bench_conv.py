@@ -41,6 +41,11 @@ SHAPES = [
 CHUNK_C = 64  # channels per pipeline stage of the sm_90a kernel
 
 
+def ws_estimate_us(stages, bn, splits):
+    """conv_sm90.cu's ws_estimate_us: the fitted time of a one-wave warp-specialized launch."""
+    return 7.5 + -(-stages // splits) * (0.95 + 0.0038 * bn) + (splits - 1) * (3.0 + 0.01 * bn)
+
+
 def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
     """Activation bytes global -> shared of the sm_90a kernel (bf16), with the reuse and as an
     implicit GEMM that loads each tap's tile separately, and the kernel and its CTA tile (output
@@ -64,12 +69,13 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
             bn = 416 if -(-tiles(416) // sms) * 416 <= -(-tiles(256) // sms) * 256 else 256
             if tiles(bn) >= enough:
                 return tma(bn, 64, f"ws 64x{bn} (pixel split)")
-        if k >= 128:
-            k_tiles = -(-k // 128)
-            fits = [bn for bn in (64, 112, 128, 208, 256) if tiles(bn) * k_tiles <= sms]
-            bn = fits[0] if fits else 256
-            if tiles(bn) * k_tiles >= enough or not fits:
-                return tma(bn, 128, f"ws 128x{bn}")
+        if k >= 128:  # the one-wave tiling, unsplit or split-K in two, of least ws_estimate_us
+            k_tiles, stages = -(-k // 128), r * chunks
+            fits = [(ws_estimate_us(stages, bn, sp), bn, sp) for sp in (1, 2) if sp <= stages
+                    for bn in (64, 112, 128, 208, 256) if tiles(bn) * k_tiles * sp <= sms]
+            _, bn, sp = min(fits) if fits else (0, 256, 1)
+            if tiles(bn) * k_tiles * sp >= enough or not fits:
+                return tma(bn, 128, f"ws 128x{bn}" + (f", split-K {sp}" if sp > 1 else ""))
     elif s == 3 and k >= 128 and k % 8 == 0:  # warp-specialized, cp.async loads
         for bn in (256, 128):
             k_tiles = -(-k // 128)

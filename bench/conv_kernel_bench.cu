@@ -5,10 +5,12 @@
 //        -isystem <cutlass>/include -o conv_kernel_bench bench/conv_kernel_bench.cu
 //        cuda/conv/sm90/conv_sm90.cu
 //   (<cutlass>: the nvidia-cutlass wheel's cutlass_library/source, for CuTe's wgmma and stmatrix)
-//   ./conv_kernel_bench [--label NAME] [--shape SUBSTRING] [--kernel NAME]
+//   ./conv_kernel_bench [--label NAME] [--shape SUBSTRING] [--kernel PREFIX] [--splits 2,3,4]
 //
 // Every sm_90a kernel that takes a shape runs (ConvSm90Kernel: register_a, the warp-specialized
-// ws128xBN tilings with their loads, and auto, the library's choice); --kernel keeps one (and auto).
+// ws128xBN tilings with their loads, and auto, the library's choice); --kernel keeps those whose
+// name starts with PREFIX (and auto); --splits adds the TMA ws128xBN tilings split-K over a cluster
+// of that many CTAs.
 // Random bf16 activations and NVFP4 weights (random codes, E4M3 scales in [2^-4, 2]), bf16
 // output. Each shape: 64 sampled outputs checked against a float64 host convolution of the same
 // operands; time per launch from CUDA events over 200 back-to-back launches, the kernels
@@ -19,8 +21,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -97,8 +101,9 @@ double reference_output(const ConvProblem& p, const HostOperands& h, int64_t n, 
 }
 
 struct KernelChoice {
-  const char* name;
+  std::string name;
   ConvSm90Kernel kernel;
+  int splits = 1;
 };
 
 const KernelChoice kKernels[] = {
@@ -121,7 +126,32 @@ uint64_t fnv_hash(const std::vector<uint16_t>& v) {
   return hsh;
 }
 
-void run_shape(const Shape& sh, const char* label, const char* only_kernel) {
+// "2,3,4" -> {2, 3, 4}.
+std::vector<int> parse_ints(const char* list) {
+  std::vector<int> out;
+  for (const char* c = list; *c != '\0';) {
+    char* end = nullptr;
+    out.push_back(static_cast<int>(std::strtol(c, &end, 10)));
+    if (end == c) break;
+    c = *end == ',' ? end + 1 : end;
+  }
+  return out;
+}
+
+// kKernels, plus every warp-specialized 128-channel TMA tiling split over each of `splits`
+// CTAs (named like ws128x256/s4).
+std::vector<KernelChoice> kernel_choices(const std::vector<int>& splits) {
+  std::vector<KernelChoice> out(std::begin(kKernels), std::end(kKernels));
+  for (const KernelChoice& kc : kKernels) {
+    if (kc.name.rfind("ws128x", 0) != 0 || kc.name.find("cpasync") != std::string::npos) continue;
+    for (int s : splits) {
+      if (s > 1) out.push_back({kc.name + "/s" + std::to_string(s), kc.kernel, s});
+    }
+  }
+  return out;
+}
+
+void run_shape(const Shape& sh, const char* label, const char* only_kernel, const std::vector<KernelChoice>& choices) {
   ConvProblem p;
   p.n = sh.n; p.h = sh.h; p.w = sh.w; p.c = sh.c; p.k = sh.k;
   p.r = sh.r; p.s = sh.s; p.stride_h = sh.stride; p.stride_w = sh.stride;
@@ -156,9 +186,9 @@ void run_shape(const Shape& sh, const char* label, const char* only_kernel) {
   std::vector<std::vector<double>> times;
   std::vector<double> worst_err;
   std::vector<uint64_t> hashes;
-  for (const KernelChoice& kc : kKernels) {
-    if (only_kernel != nullptr && std::strcmp(kc.name, only_kernel) != 0 && std::strcmp(kc.name, "auto") != 0) continue;
-    const cudaError_t err = conv_sm90(p, stream, kc.kernel);
+  for (const KernelChoice& kc : choices) {
+    if (only_kernel != nullptr && kc.name.rfind(only_kernel, 0) != 0 && kc.name != "auto") continue;
+    const cudaError_t err = conv_sm90(p, stream, kc.kernel, kc.splits);
     if (err == cudaErrorInvalidValue) {
       cudaGetLastError();
       continue;
@@ -186,15 +216,16 @@ void run_shape(const Shape& sh, const char* label, const char* only_kernel) {
   }
   for (int round = 0; round < 7; ++round) {
     for (size_t i = 0; i < ran.size(); ++i) {
-      const ConvSm90Kernel kernel = ran[i].kernel;
-      times[i].push_back(median_us_per_call(stream, 1, 200, [&](int) { CUDA_CHECK(conv_sm90(p, stream, kernel)); }));
+      const KernelChoice& kc = ran[i];
+      times[i].push_back(
+          median_us_per_call(stream, 1, 200, [&](int) { CUDA_CHECK(conv_sm90(p, stream, kc.kernel, kc.splits)); }));
     }
   }
   const double flops = 2.0 * out_elems * p.r * p.s * p.c;
   for (size_t i = 0; i < ran.size(); ++i) {
     std::sort(times[i].begin(), times[i].end());
     const double us = times[i][times[i].size() / 2];
-    std::printf("| %s | %s | %s | %.1f | %.0f | %.1e | %016llx |\n", label, ran[i].name, sh.name, us, flops / us / 1e6,
+    std::printf("| %s | %s | %s | %.1f | %.0f | %.1e | %016llx |\n", label, ran[i].name.c_str(), sh.name, us, flops / us / 1e6,
                 worst_err[i], static_cast<unsigned long long>(hashes[i]));
   }
   std::fflush(stdout);
@@ -212,7 +243,9 @@ int main(int argc, char** argv) {
   const char* label = "ours";
   const char* only = nullptr;
   const char* only_kernel = nullptr;
+  std::vector<int> splits;
   for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--splits")) splits = parse_ints(argv[i + 1]);
     if (!std::strcmp(argv[i], "--label")) label = argv[i + 1];
     if (!std::strcmp(argv[i], "--shape")) only = argv[i + 1];
     if (!std::strcmp(argv[i], "--kernel")) only_kernel = argv[i + 1];
@@ -222,7 +255,7 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %d SMs\n| variant | shape | us | TFLOP/s | max rel err (64 samples) | output hash |\n"
               "|---|---|---|---|---|---|\n", prop.name, prop.multiProcessorCount);
   for (const Shape& sh : kShapes) {
-    if (only == nullptr || std::strstr(sh.name, only)) run_shape(sh, label, only_kernel);
+    if (only == nullptr || std::strstr(sh.name, only)) run_shape(sh, label, only_kernel, kernel_choices(splits));
   }
   return 0;
 }

@@ -2,6 +2,7 @@
 schedule emulated on the host, and the sm_90a kernel's SASS."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 import jax
@@ -216,10 +217,12 @@ def test_sm90_kernels_use_hgmma(kernel_sass):
 def test_sm90_warp_specialized_kernels_use_hgmma_and_mbarriers(kernel_sass):
     kernels = kernel_sass("sm_90a", r"conv_sm90_ws_kernel")
     # 128- and 256-pixel tiles with TMA and cp.async loads; 64-, 112- and 208-pixel tiles and the
-    # two 64-channel pixel-split tiles (256 and 416 pixels) with TMA loads.
-    assert len(kernels) == 9
+    # two 64-channel pixel-split tiles (256 and 416 pixels) with TMA loads; the five 128-channel
+    # TMA tilings again split-K (the last template argument, kSplitK).
+    assert len(kernels) == 14
     tma = {name: sass for name, sass in kernels.items() if "ELb1E" in name}
-    assert len(tma) == 7
+    split = {name: sass for name, sass in kernels.items() if "ELb1EEEv" in name}
+    assert len(tma) == 12 and len(split) == 5
     for name, sass in kernels.items():
         assert "HGMMA.64x" in sass, name
         assert "SYNCS.PHASECHK" in sass, f"{name} waits on no mbarrier"
@@ -230,3 +233,24 @@ def test_sm90_warp_specialized_kernels_use_hgmma_and_mbarriers(kernel_sass):
             assert "LDGSTS" not in sass, f"{name} still issues cp.async"
         else:
             assert "LDGSTS" in sass, name
+        # The split's partial sums meet across the cluster, after a cluster-wide barrier.
+        assert ("UCGABAR_WAIT" in sass) == (name in split), name
+
+
+@pytest.mark.parametrize("value, want", [
+    ("", (0, 0)), ("auto", (0, 0)), ("ws128x256", (3, 0)), ("ws64x416", (10, 0)),
+    ("ws128x128/s2", (2, 2)), ("ws128x64/s8", (6, 8)),
+])
+def test_forced_sm90_kernel_and_split_from_the_environment(monkeypatch, value, want):
+    from jax_nvfp4.primitives import conv as conv_primitive
+    monkeypatch.setenv(conv_primitive.KERNEL_ENV, value)
+    assert conv_primitive.forced_kernel() == want
+
+
+@pytest.mark.parametrize("value", ["fastest", "ws128x128/s1", "ws128x128/s9", "ws64x256/s2",
+                                   "ws128x128_cpasync/s2", "register_a/s2", "ws128x128/sx"])
+def test_unknown_forced_sm90_kernel_or_split_is_rejected(monkeypatch, value):
+    from jax_nvfp4.primitives import conv as conv_primitive
+    monkeypatch.setenv(conv_primitive.KERNEL_ENV, value)
+    with pytest.raises(ValueError, match=f"JAX_NVFP4_CONV_SM90_KERNEL.*{re.escape(repr(value))}"):
+        conv_primitive.forced_kernel()

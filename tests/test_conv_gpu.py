@@ -133,6 +133,54 @@ def test_every_warp_specialized_tiling_gives_identical_outputs(gpu, monkeypatch,
         np.testing.assert_array_equal(out, outs["ws128x256_cpasync"], err_msg=kernel)
 
 
+def stages(name):
+    """Pipeline stages of a tile of GPU_CASES[name]: filter rows x 64-channel chunks."""
+    _, _, _, c, _, r, *_ = GPU_CASES[name]
+    return r * -(-c // 64)
+
+
+# Split-K over a cluster (the 128-channel TMA tilings), on every TMA case with a stage per CTA.
+SPLIT_KERNELS = ["ws128x128/s2", "ws128x256/s2", "ws128x64/s3", "ws128x112/s2", "ws128x208/s4"]
+SPLIT_RUNS = [(kernel, name) for kernel in SPLIT_KERNELS for name in TMA_CASES
+              if int(kernel.split("/s")[1]) <= stages(name)]
+
+
+@pytest.mark.parametrize("forced_kernel, name", SPLIT_RUNS, indirect=["forced_kernel"])
+def test_split_k_tilings_match_float64(gpu, forced_kernel, name):
+    check_with_bias_against_float64(name, jnp.bfloat16)
+
+
+@pytest.mark.parametrize("splits", [2, 3])
+@pytest.mark.parametrize("name", TMA_CASES)
+def test_split_k_tilings_give_identical_outputs(gpu, monkeypatch, name, splits):
+    """Every CTA of a cluster sums the same stages whatever the tile width, and the partial sums
+    meet in rank order, so the split tilings agree bit for bit (not with the unsplit ones, whose
+    float32 sums run in another order)."""
+    if splits > stages(name):
+        pytest.skip("fewer stages than CTAs")
+    case = GPU_CASES[name]
+    x, w = operands(case, seed=len(name) + 2)
+    outs = {}
+    for width in (64, 112, 128, 208, 256):
+        kernel = f"ws128x{width}/s{splits}"
+        monkeypatch.setenv("JAX_NVFP4_CONV_SM90_KERNEL", kernel)
+        jax.clear_caches()
+        outs[kernel] = np.asarray(conv_fn(case, out_dtype=jnp.bfloat16)(x, w).astype(jnp.float32))
+    jax.clear_caches()
+    first = outs[f"ws128x64/s{splits}"]
+    assert cc.rel_err(first, cc.oracle(x, w, case)) < 1e-2  # the bf16 output rounding
+    for kernel, out in outs.items():
+        np.testing.assert_array_equal(out, first, err_msg=kernel)
+
+
+@pytest.mark.parametrize("forced_kernel", ["ws128x128/s4"], indirect=True)
+def test_split_k_rejects_more_ctas_than_stages(gpu, forced_kernel):
+    case = GPU_CASES["wide_tiles_k64"]  # 3 filter rows x 1 channel chunk
+    x, w = operands(case, seed=2)
+    with pytest.raises(Exception, match="forced warp-specialized"):
+        np.asarray(conv_fn(case)(x, w))
+
+
 @pytest.mark.parametrize("forced_kernel", TMA_ONLY_KERNELS, indirect=True)
 def test_tma_only_tilings_reject_strided_problems(gpu, forced_kernel):
     case = GPU_CASES["3x3_stride2_k136"]
@@ -202,7 +250,8 @@ MEMCHECK_PROGRAM = textwrap.dedent("""
     # Its TMA loads (stride 1, C = 96: a channel chunk half past C), every TMA tiling.
     x = jax.random.normal(jax.random.key(4), (3, 11, 13, 96), jnp.float32).astype(jnp.bfloat16)
     w = jn.quantize_conv_weight(jax.random.normal(jax.random.key(5), (3, 3, 96, 200)))
-    for kernel in ("ws128x128", "ws128x64", "ws128x208", "ws64x256", "ws64x416"):
+    for kernel in ("ws128x128", "ws128x64", "ws128x208", "ws64x256", "ws64x416", "ws128x128/s2",
+                   "ws128x256/s3"):
         os.environ["JAX_NVFP4_CONV_SM90_KERNEL"] = kernel
         jax.clear_caches()
         y = jn.conv(x, w, padding="SAME", rhs_dilation=(2, 1), bias=jnp.ones((200,)))

@@ -9,7 +9,8 @@
 //   bias      [K] any float dtype, or f32[0]
 // Result: out [N, P, Q, K] of bf16/f16/f32.
 // Attributes: stride_h, stride_w, pad_h, pad_w (leading padding), dil_h, dil_w; kernel: the
-// sm_90a kernel (ConvSm90Kernel: 0 the launcher's choice, else a forced one; tests and benchmarks).
+// sm_90a kernel (ConvSm90Kernel: 0 the launcher's choice, else a forced one; tests and benchmarks);
+// splits: the forced kernel's split-K over a cluster (0 or 1: unsplit).
 #include <cuda_runtime.h>
 
 #include <string>
@@ -33,7 +34,8 @@ ffi::Error conv_impl(cudaStream_t stream, ffi::AnyBuffer x,
                      ffi::AnyBuffer x_scales, ffi::AnyBuffer x_s_dec, ffi::AnyBuffer w_codes,
                      ffi::AnyBuffer w_scales, ffi::AnyBuffer w_s_dec, ffi::AnyBuffer bias,
                      ffi::Result<ffi::AnyBuffer> out, int64_t stride_h, int64_t stride_w,
-                     int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t kernel) {
+                     int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t kernel,
+                     int64_t splits) {
   JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_conv");
   const auto xd = x.dimensions(), wd = w_codes.dimensions(), od = out->dimensions();
   if (xd.size() != 4 || wd.size() != 4 || od.size() != 4) {
@@ -76,12 +78,15 @@ ffi::Error conv_impl(cudaStream_t stream, ffi::AnyBuffer x,
       if (kernel < 0 || kernel > static_cast<int64_t>(ConvSm90Kernel::kWs64x416)) {
         return invalid("unknown sm_90a kernel " + std::to_string(kernel));
       }
+      if (splits < 0 || splits > 8) return invalid("split-K over " + std::to_string(splits) + " CTAs (0 to 8)");
       const auto which = static_cast<ConvSm90Kernel>(kernel);
-      const cudaError_t err = conv_sm90(p, stream, which);
+      const cudaError_t err = conv_sm90(p, stream, which, static_cast<int>(splits));
       if (err == cudaErrorInvalidValue && which != ConvSm90Kernel::kAuto && which != ConvSm90Kernel::kRegisterA) {
         return invalid("the forced warp-specialized sm_90a kernel does not take this problem (it needs bf16 "
                        "activations, S = 3, a bf16/f16 output with K % 8 == 0, and shared memory for two stages; "
-                       "its 64-, 112- and 208-pixel and its 64-channel tilings also stride 1 and C % 32 == 0)");
+                       "its 64-, 112- and 208-pixel and its 64-channel tilings also stride 1 and C % 32 == 0; "
+                       "split-K a 128-channel tiling with TMA loads, at most one CTA per stage, and stage "
+                       "buffers that hold a CTA's partial sums)");
       }
       if (err == cudaErrorInvalidValue) {
         return invalid("problem needs more shared memory than the sm_90a kernel can take "
@@ -119,7 +124,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ConvFfi, conv_impl,
                                   .Attr<int64_t>("pad_w")
                                   .Attr<int64_t>("dil_h")
                                   .Attr<int64_t>("dil_w")
-                                  .Attr<int64_t>("kernel"),
+                                  .Attr<int64_t>("kernel")
+                                  .Attr<int64_t>("splits"),
                               {kGraphSafe});
 
 JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_conv", ConvFfi);

@@ -13,11 +13,14 @@ h = p*sh - lo_h + r*dh, w = q*sw - lo_w + s*dw, in float32 (padding explicit, no
 
 FFI target (cuda/conv/conv_ffi.cc): "jax_nvfp4_conv" with 7 operands, absent ones as placeholders:
     x, x_scales (f8[0] for float x), x_s_dec (1.0 for float x), w_codes, w_scales, w_s_dec,
-    bias (f32[0] if none); attributes stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, and kernel
-    (the sm_90a kernel: 0 the launcher's choice, or one forced through KERNEL_ENV).
+    bias (f32[0] if none); attributes stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, kernel
+    (the sm_90a kernel: 0 the launcher's choice, or one forced through KERNEL_ENV) and splits
+    (the forced kernel's split-K, 0 unsplit).
 """
 
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -34,18 +37,29 @@ CONV_TARGET = "jax_nvfp4_conv"
 # JAX_NVFP4_CONV_SM90_KERNEL=register_a|ws128x64|ws128x112|ws128x128|ws128x208|ws128x256|ws64x256|
 # ws64x416 forces one of the Hopper kernels (tests and benchmarks run each on one shape; a
 # warp-specialized one fails on problems it does not take); ws128x128_cpasync|ws128x256_cpasync
-# force the warp-specialized one's cp.async loads where it would use TMA.
+# force the warp-specialized one's cp.async loads where it would use TMA; a 128-channel TMA tiling
+# with a suffix /s2 .. /s8 (ws128x128/s2) runs split-K over a cluster of that many CTAs.
 # Read when a call is lowered: set it before jit compiles the function (jax.clear_caches() drops
 # compiled ones). Values: cuda/conv/sm90/conv_sm90.h, ConvSm90Kernel.
 KERNEL_ENV = "JAX_NVFP4_CONV_SM90_KERNEL"
 _KERNELS = {"": 0, "auto": 0, "register_a": 1, "ws128x128": 2, "ws128x256": 3,
             "ws128x128_cpasync": 4, "ws128x256_cpasync": 5, "ws128x64": 6, "ws128x112": 7,
             "ws128x208": 8, "ws64x256": 9, "ws64x416": 10}
+_SPLIT_K_KERNELS = ("ws128x64", "ws128x112", "ws128x128", "ws128x208", "ws128x256")
+_SPLITS = range(2, 9)
 
 
-def forced_kernel() -> int:
-    """The `kernel` attribute of the FFI call (0: the launcher's choice), from KERNEL_ENV."""
-    return env_choice(KERNEL_ENV, _KERNELS)
+def forced_kernel() -> tuple[int, int]:
+    """The `kernel` and `splits` attributes of the FFI call from KERNEL_ENV ((0, 0): the
+    launcher's choice). Raises ValueError naming a value it does not know."""
+    value = os.environ.get(KERNEL_ENV, "")
+    name, suffix, splits = value.partition("/s")
+    if not suffix:
+        return env_choice(KERNEL_ENV, _KERNELS), 0
+    if name in _SPLIT_K_KERNELS and splits.isdigit() and int(splits) in _SPLITS:
+        return _KERNELS[name], int(splits)
+    raise ValueError(f"{KERNEL_ENV}: split-K takes one of {list(_SPLIT_K_KERNELS)} with /s2 .. /s8, "
+                     f"got {value!r}")
 
 
 def output_spatial(in_hw, filter_rs, window_strides, padding, rhs_dilation):
@@ -96,9 +110,11 @@ def _kernel(*args, x_nvfp4, has_bias, window_strides, padding, rhs_dilation, out
     out = jax.ShapeDtypeStruct(_out_shape(x, w_codes, window_strides, padding, rhs_dilation),
                                out_dtype)
     (sh, sw), ((ph, _), (pw, _)), (dh, dw) = window_strides, padding, rhs_dilation
+    kernel, splits = forced_kernel()
     return ffi_kernel_call(CONV_TARGET, [out], *operands, stride_h=np.int64(sh),
                            stride_w=np.int64(sw), pad_h=np.int64(ph), pad_w=np.int64(pw),
-                           dil_h=np.int64(dh), dil_w=np.int64(dw), kernel=np.int64(forced_kernel()))
+                           dil_h=np.int64(dh), dil_w=np.int64(dw), kernel=np.int64(kernel),
+                           splits=np.int64(splits))
 
 
 conv_p = define_primitive("nvfp4_conv", abstract_eval=_abstract, reference=_reference,

@@ -138,6 +138,9 @@ NVFP4_HD int slot_table_bytes(const Geometry& g) {
   return static_cast<int>(g.phases * g.slots * sizeof(SlotEntry));
 }
 
+// The most CTAs a warp-specialized tile's stages split over (a portable cluster).
+constexpr int kMaxWsSplits = 8;
+
 // Shared memory of the warp-specialized kernel (WsKernel): nbuf stages (the register-A kernel's
 // stage layout), the consumers' epilogue tiles, the slot table (cp.async loads only), and the
 // full/empty barrier of every stage.
@@ -586,12 +589,13 @@ __global__ void __launch_bounds__(128 * kWGM, 1) conv_sm90_kernel(const ConvProb
 // kBM = 64 (K <= 64, TMA loads): the two consumers split the pixels instead, each 64 channels x
 // kBN pixels of a 2 * kBN pixel tile, decoding the same 64 weight rows (the 128-channel tile would
 // leave half its MMAs on zero rows).
-template <int kBN, bool kTma, int kBM = 128>
+template <int kBN, bool kTma, int kBM = 128, bool kSplitK = false>
 struct WsKernel {
   static constexpr int kS = 3;
   static constexpr int kConsumers = 2;
   static constexpr bool kPixelSplit = kBM == 64;
   static_assert(kBM == 128 || (kPixelSplit && kTma), "64-channel tiles split the pixels, with TMA loads");
+  static_assert(!kSplitK || kTma, "split-K with TMA loads");
   static constexpr int kTileN = kPixelSplit ? 2 * kBN : kBN;  // pixels of a CTA tile
   using Mma = Kernel<ActKind::kBF16, kBN, kBM / 64, kS, false>;  // stage layout, loads, tap math
   // Producer warpgroups: two for cp.async loads where the consumers' registers allow (a
@@ -605,8 +609,9 @@ struct WsKernel {
   static constexpr int kEpiPitch = 64 + 8;                  // staged pixel row: 64 channels + pad
   static constexpr int kEpiBytes = kEpiPixels * kEpiPitch * 2;
   // Named barriers (0 is __syncthreads): the cp.async producers' (1, in produce), then one per
-  // consumer warpgroup.
+  // consumer warpgroup, then both consumers' (split-K, leave_partials).
   static constexpr int kConsumerBarrier0 = 2;
+  static constexpr int kConsumerThreads = 128 * kConsumers;
   // setmaxnreg moves registers from the producers, which only compute addresses, to the consumers
   // (with two producers too, where the kernel compiles to 128 a thread: 7-11 % faster on the H200).
   static constexpr int kProducerRegs = 56, kConsumerRegs = kProducers == 1 ? 224 : 160;
@@ -619,11 +624,42 @@ struct WsKernel {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
   }
 
+  // kSplitK: the gridDim.z CTAs of a cluster along z share one tile (the launcher gives every
+  // cluster exactly one), CTA z running the z-th of gridDim.z equal ranges of its stages; their
+  // partial sums meet in the epilogue (SplitSum). Its own instantiation: the split's code compiled
+  // into the unsplit kernel made that one up to 20 % slower (H200).
+  struct StageRange {
+    int first, end;
+  };
+  static __device__ StageRange stage_range(int stages) {
+    if constexpr (!kSplitK) return {0, stages};
+    const int z = static_cast<int>(blockIdx.z), splits = static_cast<int>(gridDim.z);
+    return {stages * z / splits, stages * (z + 1) / splits};
+  }
+
+  // Where a split CTA's epilogue finds the partial sums: every CTA of the cluster leaves its
+  // accumulators in its own (by then idle) stage ring, [kAcc][consumer thread], and CTA z finishes
+  // the epilogue passes p with p % splits == z, adding the partials of all CTAs in rank order
+  // (deterministic, and the same sum whichever CTA computes it).
+  struct SplitSum {
+    float* partial;
+    int splits, rank, thread;
+  };
+
+  static __device__ SplitSum leave_partials(const float (&acc)[kAcc], uint8_t* smem, int thread) {
+    constexpr int kConsumersBarrier = kConsumerBarrier0 + kConsumers;  // both consumer warpgroups
+    named_sync(kConsumersBarrier, kConsumerThreads);  // both consumers' wgmmas have retired
+    float* partial = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) partial[i * kConsumerThreads + thread] = acc[i];
+    cg::this_cluster().sync();  // every CTA's partials are in place
+    return {partial, static_cast<int>(gridDim.z), static_cast<int>(blockIdx.z), thread};
+  }
+
   static __device__ void produce(const ConvProblem& pb, const Geometry& g, const WsLayout& L, int64_t k_tiles,
                                  uint8_t* smem, uint64_t* full, uint64_t* empty) {
     const int tid = threadIdx.x;
     auto* table = reinterpret_cast<SlotEntry*>(smem + L.table_offset);
-    const int stages = pb.r * g.c_chunks;
     const int64_t tiles = g.pixel_tiles * k_tiles;
     // A stage is signalled `lag` stages after its copies were issued, once they have landed and
     // this thread has fenced them (cp.async writes through the generic proxy; wgmma reads through
@@ -631,13 +667,14 @@ struct WsKernel {
     // buffer for the consumers to work on while the producer waits.
     const int lag = L.nbuf >= 4 ? 2 : L.nbuf - 2;
     constexpr int kProducerBarrier = 1;
+    const StageRange range = stage_range(pb.r * g.c_chunks);
     int it = 0;
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
       const int64_t g0 = (tile / k_tiles) * kBN, k0 = (tile % k_tiles) * kBM;
       named_sync(kProducerBarrier, kLoaders);  // the previous tile's loads have all read the table
       build_slot_table<kLoaders>(pb, g, g0, table, tid);
       named_sync(kProducerBarrier, kLoaders);
-      for (int st = 0; st < stages; ++st, ++it) {
+      for (int st = range.first; st < range.end; ++st, ++it) {
         const int buf = it % L.nbuf;
         Barrier::wait(&empty[buf], ((it / L.nbuf) & 1) ^ 1);
         Mma::template load_stage<kLoaders>(pb, g, table, k0, st, smem + buf * L.stage.total(), L.stage, tid);
@@ -664,7 +701,7 @@ struct WsKernel {
     const uint32_t weight_bytes = L.stage.code_bytes + L.stage.scale_bytes;
     const uint64_t hint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
     const int64_t kb = pb.c / kBlockSize, scale_bytes = scale_matrix_bytes(pb.k, kb);
-    const int stages = pb.r * g.c_chunks;
+    const StageRange range = stage_range(pb.r * g.c_chunks);
     const int64_t tiles = g.pixel_tiles * k_tiles;
     int it = 0;
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -673,7 +710,7 @@ struct WsKernel {
       // Past the last virtual pixel the halo slots feed only discarded columns: not loaded.
       const bool has_halo = g0 + kTileN < g.virtual_pixels;
       const int64_t scale_tile = (k0 / kTileRows) * scale_k_tiles(kb);
-      for (int st = 0; st < stages; ++st, ++it) {
+      for (int st = range.first; st < range.end; ++st, ++it) {
         const int buf = it % L.nbuf;
         Barrier::wait(&empty[buf], ((it / L.nbuf) & 1) ^ 1);
         const int r = st / g.c_chunks, cc = st % g.c_chunks;
@@ -708,9 +745,10 @@ struct WsKernel {
   // Stores the warpgroup's 64 channels x kBN pixels through its shared-memory tile, kEpiPixels
   // pixels per pass (the last pass takes the rest): stmatrix (transposed) into
   // [pixel][kEpiPitch], then one 16-byte store per 8 channels of a pixel.
+  // Split-K: only this CTA's passes, over the sums of the cluster's partials (SplitSum).
   template <typename T>
   static __device__ void epilogue(const ConvProblem& pb, const Geometry& g, int64_t g0, int64_t k0,
-                                  const float (&acc)[kAcc], T* tile, int ct, int barrier) {
+                                  float (&acc)[kAcc], T* tile, int ct, int barrier, const SplitSum& split) {
     const int warp = ct / 32, lane = ct % 32;
     const int rows = warp * 16, row0 = rows + lane / 4;
     const RowScale rs = row_scale(pb, k0 + row0);
@@ -719,6 +757,18 @@ struct WsKernel {
     T* out = static_cast<T*>(pb.out) + k;
     auto pass = [&](int first, auto pixels) {
       constexpr int kPixels = decltype(pixels)::value;
+      if constexpr (kSplitK) {
+        if ((first / kEpiPixels) % split.splits != split.rank) return;
+        cg::cluster_group cluster = cg::this_cluster();
+        for (int r = 0; r < split.splits; ++r) {
+          const float* part = cluster.map_shared_rank(split.partial, r) + split.thread;
+#pragma unroll
+          for (int i = (first / 8) * 4; i < (first + kPixels) / 8 * 4; ++i) {
+            const float v = part[i * kConsumerThreads];
+            acc[i] = r == 0 ? v : acc[i] + v;
+          }
+        }
+      }
       named_sync(barrier, 128);  // the previous pass's reads of the tile are done
       stmatrix_transposed<T, kPixels / 8>(acc + (first / 8) * 4, rs.alpha, rs.bias, tile, kEpiPitch, rows, lane);
       named_sync(barrier, 128);
@@ -773,7 +823,8 @@ struct WsKernel {
     const int row0 = (kPixelSplit ? 0 : w * 64) + (ct / 32) * 16 + lane / 4;
     const int pixel0 = kPixelSplit ? w * kBN : 0;
     const uint32_t sel = (lane % 4) | ((4 + lane % 4) << 4);
-    const int stages = pb.r * g.c_chunks;
+    const StageRange range = stage_range(pb.r * g.c_chunks);
+    const int stages = range.end - range.first;  // this CTA's, counted from 0 below
     const int64_t tiles = g.pixel_tiles * k_tiles;
     uint8_t* epi_tile = smem + L.epi_offset + w * kEpiBytes;
     float acc[kAcc];
@@ -806,13 +857,16 @@ struct WsKernel {
       wgmma_wait<0>();
       fence_accumulators(acc);
       Barrier::arrive(&empty[(it - 1) % L.nbuf]);  // the tile's last stage
+      SplitSum split{};
+      if constexpr (kSplitK) split = leave_partials(acc, smem, 128 * w + ct);
       const int64_t wg0 = g0 + pixel0, wk0 = k0 + (kPixelSplit ? 0 : w * 64);
       if (pb.out_dtype == DType::kF16) {
-        epilogue<__half>(pb, g, wg0, wk0, acc, reinterpret_cast<__half*>(epi_tile), ct, kConsumerBarrier0 + w);
+        epilogue<__half>(pb, g, wg0, wk0, acc, reinterpret_cast<__half*>(epi_tile), ct, kConsumerBarrier0 + w, split);
       } else {
         epilogue<__nv_bfloat16>(pb, g, wg0, wk0, acc, reinterpret_cast<__nv_bfloat16*>(epi_tile), ct,
-                                kConsumerBarrier0 + w);
+                                kConsumerBarrier0 + w, split);
       }
+      if constexpr (kSplitK) cg::this_cluster().sync();  // the cluster has read this CTA's partials
     }
   }
 
@@ -826,7 +880,7 @@ struct WsKernel {
         // TMA: the producer thread's arrival with the stage's byte count; cp.async: every
         // producer thread, after its fence.
         Barrier::init(&full[i], kTma ? 1 : kLoaders);
-        Barrier::init(&empty[i], 128 * kConsumers);  // every consumer thread, its wgmmas retired
+        Barrier::init(&empty[i], kConsumerThreads);  // every consumer thread, its wgmmas retired
       }
       cutlass::arch::fence_barrier_init();
     }
@@ -839,6 +893,11 @@ struct WsKernel {
       } else {
         produce(pb, g, L, k_tiles, smem, full, empty);
       }
+      if constexpr (kSplitK) {  // the consumers' two cluster barriers (one tile per cluster)
+        __syncwarp();
+        cg::this_cluster().sync();
+        cg::this_cluster().sync();
+      }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
       consume(pb, g, L, k_tiles, smem, full, empty, wg - kProducers);
@@ -846,11 +905,11 @@ struct WsKernel {
   }
 };
 
-template <int kBN, bool kTma, int kBM>
-__global__ void __launch_bounds__(WsKernel<kBN, kTma, kBM>::kThreads, 1)
+template <int kBN, bool kTma, int kBM, bool kSplitK>
+__global__ void __launch_bounds__(WsKernel<kBN, kTma, kBM, kSplitK>::kThreads, 1)
     conv_sm90_ws_kernel(const ConvProblem pb, const Geometry g, const WsLayout L, int64_t k_tiles,
                         const __grid_constant__ WsTmaMaps maps) {
-  WsKernel<kBN, kTma, kBM>::run(pb, g, L, k_tiles, maps);
+  WsKernel<kBN, kTma, kBM, kSplitK>::run(pb, g, L, k_tiles, maps);
 }
 
 // How a problem runs: stage buffers, shared memory, and the split of the stages over a cluster.
@@ -883,16 +942,14 @@ inline LaunchPlan choose_plan(int stage_bytes, int table_bytes, int partial_byte
   return plan;
 }
 
-// Launches a split kernel with the grid's z as one cluster.
-template <typename KernelFn>
-cudaError_t launch_split(KernelFn kernel, dim3 grid, int threads, const LaunchPlan& plan, const ConvProblem& pb,
-                         const Geometry& g, bool staged, cudaStream_t stream) {
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem);
-  if (err != cudaSuccess) return err;
+// Launches a split kernel with the grid's z as one cluster (its shared memory limit already set).
+template <typename... Params, typename... Args>
+cudaError_t launch_cluster_z(void (*kernel)(Params...), dim3 grid, int threads, int smem, cudaStream_t stream,
+                             Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = plan.smem;
+  config.dynamicSmemBytes = smem;
   config.stream = stream;
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
@@ -901,7 +958,7 @@ cudaError_t launch_split(KernelFn kernel, dim3 grid, int threads, const LaunchPl
   cluster.val.clusterDim.z = grid.z;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, pb, g, plan.nbuf, staged);
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 template <ActKind kAct, int kBN, int kWGM, int kS>
@@ -923,7 +980,10 @@ cudaError_t launch(const ConvProblem& pb, cudaStream_t stream, int max_smem, int
                   static_cast<unsigned>(plan.splits));
   if constexpr (kWGM == 1) {
     if (plan.splits > 1) {
-      return launch_split(conv_sm90_kernel<kAct, kBN, kWGM, kS, true>, grid, K::kThreads, plan, pb, g, staged, stream);
+      auto* split_kernel = conv_sm90_kernel<kAct, kBN, kWGM, kS, true>;
+      const cudaError_t err = cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem);
+      if (err != cudaSuccess) return err;
+      return launch_cluster_z(split_kernel, grid, K::kThreads, plan.smem, stream, pb, g, plan.nbuf, staged);
     }
   }
   auto* kernel = conv_sm90_kernel<kAct, kBN, kWGM, kS, false>;
@@ -976,11 +1036,15 @@ bool encode_ws_maps(const ConvProblem& pb, const Geometry& g, int bn, int bm, Ws
              CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// The warp-specialized kernel with the deepest ring (2 to 4 stages) that fits, one CTA per SM
-// looping over the tiles.
+// The 128-channel TMA tilings that also come split-K over a cluster (kSplitK instantiations).
+constexpr bool ws_has_split_k(int bn, int bm) { return bm == 128; }
+
+// The warp-specialized kernel with the deepest ring (2 to 4 stages) that fits. Unsplit: one CTA
+// per SM looping over the tiles. Split-K over `splits` CTAs: one cluster per tile, whose partial
+// sums need the stage ring to hold a CTA's accumulators, and each CTA at least one stage.
 template <int kBN, bool kTma, int kBM = 128>
 cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsTmaMaps& maps, cudaStream_t stream,
-                             int max_smem, int sms) {
+                             int max_smem, int sms, int splits) {
   using K = WsKernel<kBN, kTma, kBM>;
   WsLayout L;
   for (int nbuf = 4; nbuf >= 2; --nbuf) {
@@ -990,12 +1054,27 @@ cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsT
   if (L.total > max_smem) return cudaErrorInvalidValue;
   const int64_t k_tiles = ceil_div(pb.k, kBM);
   const int64_t tiles = g.pixel_tiles * k_tiles;
-  auto* kernel = conv_sm90_ws_kernel<kBN, kTma, kBM>;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total);
-  if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(std::min<int64_t>(tiles, sms)), K::kThreads, L.total, stream>>>(pb, g, L, k_tiles,
-                                                                                                  maps);
-  return cudaGetLastError();
+  if (splits == 1) {
+    auto* kernel = conv_sm90_ws_kernel<kBN, kTma, kBM, false>;
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total);
+    if (err != cudaSuccess) return err;
+    kernel<<<static_cast<unsigned>(std::min<int64_t>(tiles, sms)), K::kThreads, L.total, stream>>>(pb, g, L, k_tiles,
+                                                                                                    maps);
+    return cudaGetLastError();
+  }
+  if constexpr (kTma && ws_has_split_k(kBN, kBM)) {
+    const int64_t partial_bytes = int64_t{K::kAcc} * K::kConsumerThreads * 4;
+    if (splits < 1 || splits > kMaxWsSplits || splits > pb.r * g.c_chunks ||
+        partial_bytes > int64_t{L.nbuf} * L.stage.total()) {
+      return cudaErrorInvalidValue;
+    }
+    auto* kernel = conv_sm90_ws_kernel<kBN, kTma, kBM, true>;
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total);
+    if (err != cudaSuccess) return err;
+    return launch_cluster_z(kernel, dim3(static_cast<unsigned>(tiles), 1, static_cast<unsigned>(splits)), K::kThreads,
+                            L.total, stream, pb, g, L, k_tiles, maps);
+  }
+  return cudaErrorInvalidValue;
 }
 
 // Pixel tile widths of the warp-specialized kernel: 128 and 256 with TMA or cp.async loads, the
@@ -1005,26 +1084,26 @@ constexpr bool ws_has_cp_async(int bn) { return bn == 128 || bn == 256; }
 // TMA loads where encode_ws_maps allows them and `tma` asks for them, else cp.async (where the
 // width has them; cudaErrorInvalidValue otherwise).
 template <int kBN>
-cudaError_t launch_ws(const ConvProblem& pb, cudaStream_t stream, int max_smem, int sms, bool tma) {
+cudaError_t launch_ws(const ConvProblem& pb, cudaStream_t stream, int max_smem, int sms, bool tma, int splits) {
   WsTmaMaps maps{};
   const Geometry g_tma = make_geometry(pb, kBN, /*im2col=*/true);
   if (tma && encode_ws_maps(pb, g_tma, kBN, 128, &maps)) {
-    return launch_ws_kernel<kBN, true>(pb, g_tma, maps, stream, max_smem, sms);
+    return launch_ws_kernel<kBN, true>(pb, g_tma, maps, stream, max_smem, sms, splits);
   }
   if constexpr (ws_has_cp_async(kBN)) {
-    return launch_ws_kernel<kBN, false>(pb, make_geometry(pb, kBN), maps, stream, max_smem, sms);
+    return launch_ws_kernel<kBN, false>(pb, make_geometry(pb, kBN), maps, stream, max_smem, sms, splits);
   }
   return cudaErrorInvalidValue;
 }
 
 // The pixel-split kernel (64 channels x 2 * kBN pixels a tile, for K <= 64), TMA loads only.
 template <int kBN>
-cudaError_t launch_ws_pixel_split(const ConvProblem& pb, cudaStream_t stream, int max_smem, int sms) {
+cudaError_t launch_ws_pixel_split(const ConvProblem& pb, cudaStream_t stream, int max_smem, int sms, int splits) {
   using K = WsKernel<kBN, true, 64>;
   WsTmaMaps maps{};
   const Geometry g = make_geometry(pb, K::kTileN, /*im2col=*/true);
   if (!encode_ws_maps(pb, g, K::kTileN, 64, &maps)) return cudaErrorInvalidValue;
-  return launch_ws_kernel<kBN, true, 64>(pb, g, maps, stream, max_smem, sms);
+  return launch_ws_kernel<kBN, true, 64>(pb, g, maps, stream, max_smem, sms, splits);
 }
 
 // What the warp-specialized kernel takes: bf16 activations, 3 filter taps along W, and a 2-byte
@@ -1035,37 +1114,70 @@ bool ws_supported(const ConvProblem& pb) {
          reinterpret_cast<uintptr_t>(pb.out) % 16 == 0;
 }
 
+// A kernel and, for the warp-specialized ones, the CTAs each tile's stages split over.
+struct KernelChoice {
+  ConvSm90Kernel kernel;
+  int splits;
+};
+
+// Estimated microseconds of a one-wave warp-specialized launch whose CTAs run `stages` stages of
+// `bn`-pixel tiles, split over `splits` CTAs: a fixed cost, the chain of a CTA's stages (a stage
+// of wider tiles takes longer, but far less than in proportion), and the split's reduction. The
+// constants are fitted to the H200 kernel timings in docs/conv.md (within ~1 us of them on the
+// ResNet stages); only their comparison matters.
+double ws_estimate_us(int stages, int bn, int splits) {
+  const double per_stage = 0.95 + 0.0038 * bn;
+  const double reduce = (splits - 1) * (3.0 + 0.01 * bn);
+  return 7.5 + ceil_div(stages, splits) * per_stage + reduce;
+}
+
 // The library's choice (H200 kernel timings, docs/conv.md). The warp-specialized kernel where it
-// takes the problem and its tiles give at least three quarters of the SMs work; otherwise the
+// takes the problem and its CTAs give at least three quarters of the SMs work; otherwise the
 // register-A kernel, whose split-K serves the small grids.
-// - TMA loads, K >= 128: the narrowest pixel tile whose tiles fit in one wave (the kernel is bound
-//   by each tile's serial decode-and-MMA chain, so more CTAs with less work each win; a wider tile
-//   with a second, partial wave lost everywhere), 256 pixels when none fits.
+// - TMA loads, K >= 128: of the tilings whose CTAs fit in one wave, unsplit or split-K over a
+//   cluster of two, the one with the lowest ws_estimate_us (the kernel is bound by each CTA's
+//   serial chain of decodes and wgmmas, so more CTAs with less work each win, and a second,
+//   partial wave loses); 256-pixel tiles when none fits. Clusters of three and four lost to two
+//   on the H200 (128 CTAs in clusters of four timed like two waves).
 // - TMA loads, K <= 64: the pixel-split kernel (64 channels x 256 or 416 pixels), the width whose
 //   busiest SM has the fewest pixels (waves times width; the wider on a tie: fewer tiles).
 // - cp.async loads (other strides, C % 32 == 16), K >= 128: 256-pixel tiles, else 128-pixel ones.
-ConvSm90Kernel choose_kernel(const ConvProblem& pb, int sms) {
-  if (!ws_supported(pb)) return ConvSm90Kernel::kRegisterA;
+KernelChoice choose_kernel(const ConvProblem& pb, int sms) {
+  constexpr KernelChoice kRegisterA{ConvSm90Kernel::kRegisterA, 1};
+  if (!ws_supported(pb)) return kRegisterA;
   const int64_t enough = (3 * sms + 3) / 4;
-  auto pick = [&](ConvSm90Kernel kind, int64_t tiles) { return tiles >= enough ? kind : ConvSm90Kernel::kRegisterA; };
+  auto pick = [&](ConvSm90Kernel kind, int64_t ctas, int splits = 1) {
+    return ctas >= enough ? KernelChoice{kind, splits} : kRegisterA;
+  };
   if (ws_tma_supported(pb) && pb.k <= 64) {
     const int64_t tiles256 = make_geometry(pb, 256).pixel_tiles, tiles416 = make_geometry(pb, 416).pixel_tiles;
     if (ceil_div(tiles416, sms) * 416 <= ceil_div(tiles256, sms) * 256) return pick(ConvSm90Kernel::kWs64x416, tiles416);
     return pick(ConvSm90Kernel::kWs64x256, tiles256);
   }
-  if (pb.k < 128) return ConvSm90Kernel::kRegisterA;
+  if (pb.k < 128) return kRegisterA;
   const int64_t k_tiles = ceil_div(pb.k, 128);
   if (ws_tma_supported(pb)) {
     constexpr std::pair<int, ConvSm90Kernel> kWidths[] = {
         {64, ConvSm90Kernel::kWs128x64},   {112, ConvSm90Kernel::kWs128x112}, {128, ConvSm90Kernel::kWs128x128},
         {208, ConvSm90Kernel::kWs128x208}, {256, ConvSm90Kernel::kWs128x256}};
-    for (const auto& [bn, kind] : kWidths) {
-      const int64_t tiles = make_geometry(pb, bn).pixel_tiles * k_tiles;
-      if (tiles <= sms) return pick(kind, tiles);
+    const int stages = pb.r * make_geometry(pb, 128).c_chunks;
+    KernelChoice best{ConvSm90Kernel::kWs128x256, 1};
+    int64_t best_ctas = -1;
+    double best_us = 0;
+    for (int splits = 1; splits <= 2 && splits <= stages; ++splits) {
+      for (const auto& [bn, kind] : kWidths) {
+        const int64_t ctas = make_geometry(pb, bn).pixel_tiles * k_tiles * splits;
+        const double us = ws_estimate_us(stages, bn, splits);
+        if (ctas <= sms && (best_ctas < 0 || us < best_us)) {
+          best = {kind, splits};
+          best_ctas = ctas;
+          best_us = us;
+        }
+      }
     }
-    return ConvSm90Kernel::kWs128x256;
+    return best_ctas < 0 ? best : pick(best.kernel, best_ctas, best.splits);
   }
-  if (make_geometry(pb, 256).pixel_tiles * k_tiles >= enough) return ConvSm90Kernel::kWs128x256;
+  if (make_geometry(pb, 256).pixel_tiles * k_tiles >= enough) return {ConvSm90Kernel::kWs128x256, 1};
   return pick(ConvSm90Kernel::kWs128x128, make_geometry(pb, 128).pixel_tiles * k_tiles);
 }
 
@@ -1079,25 +1191,29 @@ int device_attribute(cudaDeviceAttr attr) {
 }  // namespace
 }  // namespace conv90
 
-cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream, ConvSm90Kernel kernel) {
+cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream, ConvSm90Kernel kernel, int splits) {
   using namespace conv90;
   if (p.n * p.p * p.q == 0 || p.k == 0) return cudaSuccess;
   const int max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
-  if (kernel != ConvSm90Kernel::kAuto && kernel != ConvSm90Kernel::kRegisterA && !ws_supported(p)) {
-    return cudaErrorInvalidValue;
+  const bool ws = kernel != ConvSm90Kernel::kAuto && kernel != ConvSm90Kernel::kRegisterA;
+  if ((ws && !ws_supported(p)) || (!ws && splits > 1)) return cudaErrorInvalidValue;
+  if (kernel == ConvSm90Kernel::kAuto) {
+    const KernelChoice choice = choose_kernel(p, sms);
+    kernel = choice.kernel;
+    splits = choice.splits;
   }
-  if (kernel == ConvSm90Kernel::kAuto) kernel = choose_kernel(p, sms);
+  if (splits < 1) splits = 1;
   switch (kernel) {
-    case ConvSm90Kernel::kWs128x64: return launch_ws<64>(p, stream, max_smem, sms, true);
-    case ConvSm90Kernel::kWs128x112: return launch_ws<112>(p, stream, max_smem, sms, true);
-    case ConvSm90Kernel::kWs128x128: return launch_ws<128>(p, stream, max_smem, sms, true);
-    case ConvSm90Kernel::kWs128x208: return launch_ws<208>(p, stream, max_smem, sms, true);
-    case ConvSm90Kernel::kWs128x256: return launch_ws<256>(p, stream, max_smem, sms, true);
-    case ConvSm90Kernel::kWs128x128CpAsync: return launch_ws<128>(p, stream, max_smem, sms, false);
-    case ConvSm90Kernel::kWs128x256CpAsync: return launch_ws<256>(p, stream, max_smem, sms, false);
-    case ConvSm90Kernel::kWs64x256: return launch_ws_pixel_split<128>(p, stream, max_smem, sms);
-    case ConvSm90Kernel::kWs64x416: return launch_ws_pixel_split<208>(p, stream, max_smem, sms);
+    case ConvSm90Kernel::kWs128x64: return launch_ws<64>(p, stream, max_smem, sms, true, splits);
+    case ConvSm90Kernel::kWs128x112: return launch_ws<112>(p, stream, max_smem, sms, true, splits);
+    case ConvSm90Kernel::kWs128x128: return launch_ws<128>(p, stream, max_smem, sms, true, splits);
+    case ConvSm90Kernel::kWs128x208: return launch_ws<208>(p, stream, max_smem, sms, true, splits);
+    case ConvSm90Kernel::kWs128x256: return launch_ws<256>(p, stream, max_smem, sms, true, splits);
+    case ConvSm90Kernel::kWs128x128CpAsync: return launch_ws<128>(p, stream, max_smem, sms, false, splits);
+    case ConvSm90Kernel::kWs128x256CpAsync: return launch_ws<256>(p, stream, max_smem, sms, false, splits);
+    case ConvSm90Kernel::kWs64x256: return launch_ws_pixel_split<128>(p, stream, max_smem, sms, splits);
+    case ConvSm90Kernel::kWs64x416: return launch_ws_pixel_split<208>(p, stream, max_smem, sms, splits);
     default: break;
   }
   // One warpgroup per CTA when K fits in 64 channels, or when 128-channel tiles would give fewer

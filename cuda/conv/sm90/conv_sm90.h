@@ -12,7 +12,8 @@ namespace jax_nvfp4 {
 // Which sm_90a kernel runs a problem: the library's choice (kAuto), the register-A kernel (every
 // activation dtype and filter, split-K for small grids), or the warp-specialized kernel with CTA
 // tiles of 128 output channels x 64 to 256 pixels (bf16 activations, S = 3, bf16/f16 output,
-// K % 8 == 0). It loads with TMA where it can (stride 1, C % 32 == 0); the 128- and 256-pixel
+// K % 8 == 0), optionally split-K over a cluster. It loads with TMA where it can (stride 1,
+// C % 32 == 0); the 128- and 256-pixel
 // tilings fall back to cp.async loads elsewhere (and the *CpAsync values force those), the others
 // need TMA. Tests and benchmarks force one; the values are the FFI attribute `kernel`.
 enum class ConvSm90Kernel {
@@ -33,6 +34,10 @@ enum class ConvSm90Kernel {
 // tiled [W, C/16] matrix per (n, h) image row, as an NVFP4Array [N, H, W, C] stores them).
 // Returns cudaErrorInvalidValue for a problem it cannot take (shared memory over the limit, or a
 // forced kernel that does not take the problem's dtypes).
-cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream, ConvSm90Kernel kernel = ConvSm90Kernel::kAuto);
+// `splits` (a forced 128-channel warp-specialized kernel with TMA loads): the stages of every tile
+// split over a cluster of that many CTAs (split-K, at most 8); 1 or less runs unsplit. With kAuto
+// the launcher chooses the split too.
+cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream, ConvSm90Kernel kernel = ConvSm90Kernel::kAuto,
+                      int splits = 1);
 
 }  // namespace jax_nvfp4

@@ -1036,9 +1036,6 @@ bool encode_ws_maps(const ConvProblem& pb, const Geometry& g, int bn, int bm, Ws
              CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// The 128-channel TMA tilings that also come split-K over a cluster (kSplitK instantiations).
-constexpr bool ws_has_split_k(int bn, int bm) { return bm == 128; }
-
 // The warp-specialized kernel with the deepest ring (2 to 4 stages) that fits. Unsplit: one CTA
 // per SM looping over the tiles. Split-K over `splits` CTAs: one cluster per tile, whose partial
 // sums need the stage ring to hold a CTA's accumulators, and each CTA at least one stage.
@@ -1062,7 +1059,7 @@ cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsT
                                                                                                     maps);
     return cudaGetLastError();
   }
-  if constexpr (kTma && ws_has_split_k(kBN, kBM)) {
+  if constexpr (kTma && kBM == 128) {  // the tilings with a kSplitK instantiation
     const int64_t partial_bytes = int64_t{K::kAcc} * K::kConsumerThreads * 4;
     if (splits < 1 || splits > kMaxWsSplits || splits > pb.r * g.c_chunks ||
         partial_bytes > int64_t{L.nbuf} * L.stage.total()) {

@@ -235,6 +235,8 @@ def test_sm90_warp_specialized_kernels_use_hgmma_and_mbarriers(kernel_sass):
             assert "LDGSTS" in sass, name
         # The split's partial sums meet across the cluster, after a cluster-wide barrier.
         assert ("UCGABAR_WAIT" in sass) == (name in split), name
+        # Programmatic dependent launch: griddepcontrol.wait and .launch_dependents.
+        assert "ACQBULK" in sass and "PREEXIT" in sass, name
 
 
 @pytest.mark.parametrize("value, want", [

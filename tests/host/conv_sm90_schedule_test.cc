@@ -10,9 +10,9 @@
 //
 // usage: conv_sm90_schedule_test N H W C K R S sh sw pad_h pad_w dil_h dil_w P Q BN [slots|im2col]
 // prints "OK <outputs> <tiles> <max_slot_read> <slots>" or "FAIL <reason>".
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <algorithm>
 #include <cstdlib>
 #include <random>
 #include <string>

@@ -948,12 +948,14 @@ inline LaunchPlan choose_plan(int stage_bytes, int table_bytes, int partial_byte
   return plan;
 }
 
-// Launches `kernel` (its shared memory limit already set): with `cluster_z`, the grid's z as one
-// cluster; with `pdl`, as a programmatic dependent launch, for kernels that run
-// griddepcontrol.wait before they touch global memory.
+// Launches `kernel` with `smem` bytes of dynamic shared memory (raising its limit first): with
+// `cluster_z`, the grid's z as one cluster; with `pdl`, as a programmatic dependent launch, for
+// kernels that run griddepcontrol.wait before they touch global memory.
 template <typename... Params, typename... Args>
 cudaError_t launch_ex(void (*kernel)(Params...), dim3 grid, int threads, int smem, cudaStream_t stream, bool cluster_z,
                       bool pdl, Args&&... args) {
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(threads);
@@ -995,18 +997,12 @@ cudaError_t launch(const ConvProblem& pb, cudaStream_t stream, int max_smem, int
                   static_cast<unsigned>(plan.splits));
   if constexpr (kWGM == 1) {
     if (plan.splits > 1) {
-      auto* split_kernel = conv_sm90_kernel<kAct, kBN, kWGM, kS, true>;
-      const cudaError_t err = cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem);
-      if (err != cudaSuccess) return err;
-      return launch_ex(split_kernel, grid, K::kThreads, plan.smem, stream, /*cluster_z=*/true, /*pdl=*/false, pb, g,
-                       plan.nbuf, staged);
+      return launch_ex(conv_sm90_kernel<kAct, kBN, kWGM, kS, true>, grid, K::kThreads, plan.smem, stream,
+                       /*cluster_z=*/true, /*pdl=*/false, pb, g, plan.nbuf, staged);
     }
   }
-  auto* kernel = conv_sm90_kernel<kAct, kBN, kWGM, kS, false>;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem);
-  if (err != cudaSuccess) return err;
-  kernel<<<grid, K::kThreads, plan.smem, stream>>>(pb, g, plan.nbuf, staged);
-  return cudaGetLastError();
+  return launch_ex(conv_sm90_kernel<kAct, kBN, kWGM, kS, false>, grid, K::kThreads, plan.smem, stream,
+                   /*cluster_z=*/false, /*pdl=*/false, pb, g, plan.nbuf, staged);
 }
 
 // bf16 activations with 3 taps along W (the common case) get the unrolled tap loop.
@@ -1053,9 +1049,10 @@ bool encode_ws_maps(const ConvProblem& pb, const Geometry& g, int bn, int bm, Ws
 }
 
 // The warp-specialized kernel with the deepest ring (2 to 4 stages) that fits, as a programmatic
-// dependent launch (back to back on an H200: 28x28x128 b32 20.4 against 22.5 us, 14x14x256 22.4
-// against 23.8; the others unchanged). Unsplit: one CTA per SM looping over the tiles. Split-K over `splits` CTAs: one cluster per tile, whose partial
-// sums need the stage ring to hold a CTA's accumulators, and each CTA at least one stage.
+// dependent launch (back to back on an H200: 28x28x128 b32 20.6 against 22.2 us, 14x14x256 22.5
+// against 23.8; 56x56x64 unchanged). Unsplit: one CTA per SM looping over the tiles. Split-K over
+// `splits` CTAs: one cluster per tile, whose partial sums need the stage ring to hold a CTA's
+// accumulators, and each CTA at least one stage.
 template <int kBN, bool kTma, int kBM = 128>
 cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsTmaMaps& maps, cudaStream_t stream,
                              int max_smem, int sms, int splits) {
@@ -1069,10 +1066,7 @@ cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsT
   const int64_t k_tiles = ceil_div(pb.k, kBM);
   const int64_t tiles = g.pixel_tiles * k_tiles;
   if (splits == 1) {
-    auto* kernel = conv_sm90_ws_kernel<kBN, kTma, kBM, false>;
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total);
-    if (err != cudaSuccess) return err;
-    return launch_ex(kernel, dim3(static_cast<unsigned>(std::min<int64_t>(tiles, sms))), K::kThreads, L.total, stream,
+    return launch_ex(conv_sm90_ws_kernel<kBN, kTma, kBM, false>, dim3(static_cast<unsigned>(std::min<int64_t>(tiles, sms))), K::kThreads, L.total, stream,
                      /*cluster_z=*/false, /*pdl=*/true, pb, g, L, k_tiles, maps);
   }
   if constexpr (kTma && kBM == 128) {  // the tilings with a kSplitK instantiation
@@ -1081,11 +1075,9 @@ cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsT
         partial_bytes > int64_t{L.nbuf} * L.stage.total()) {
       return cudaErrorInvalidValue;
     }
-    auto* kernel = conv_sm90_ws_kernel<kBN, kTma, kBM, true>;
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L.total);
-    if (err != cudaSuccess) return err;
-    return launch_ex(kernel, dim3(static_cast<unsigned>(tiles), 1, static_cast<unsigned>(splits)), K::kThreads, L.total,
-                     stream, /*cluster_z=*/true, /*pdl=*/true, pb, g, L, k_tiles, maps);
+    return launch_ex(conv_sm90_ws_kernel<kBN, kTma, kBM, true>,
+                     dim3(static_cast<unsigned>(tiles), 1, static_cast<unsigned>(splits)), K::kThreads, L.total, stream,
+                     /*cluster_z=*/true, /*pdl=*/true, pb, g, L, k_tiles, maps);
   }
   return cudaErrorInvalidValue;
 }

@@ -1066,12 +1066,13 @@ cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsT
   const int64_t k_tiles = ceil_div(pb.k, kBM);
   const int64_t tiles = g.pixel_tiles * k_tiles;
   if (splits == 1) {
-    return launch_ex(conv_sm90_ws_kernel<kBN, kTma, kBM, false>, dim3(static_cast<unsigned>(std::min<int64_t>(tiles, sms))), K::kThreads, L.total, stream,
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, sms)));
+    return launch_ex(conv_sm90_ws_kernel<kBN, kTma, kBM, false>, grid, K::kThreads, L.total, stream,
                      /*cluster_z=*/false, /*pdl=*/true, pb, g, L, k_tiles, maps);
   }
   if constexpr (kTma && kBM == 128) {  // the tilings with a kSplitK instantiation
     const int64_t partial_bytes = int64_t{K::kAcc} * K::kConsumerThreads * 4;
-    if (splits < 1 || splits > kMaxWsSplits || splits > pb.r * g.c_chunks ||
+    if (splits > kMaxWsSplits || splits > pb.r * g.c_chunks ||
         partial_bytes > int64_t{L.nbuf} * L.stage.total()) {
       return cudaErrorInvalidValue;
     }

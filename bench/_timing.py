@@ -13,8 +13,8 @@ TARGET_S = 0.02  # wall time of one timed loop
 L2_BYTES = 60 * 2**20  # H200 (H100: 50 MB): operand sets rotate through more than this
 
 
-def loop_time(fn, args, rotate: bool = True) -> float:
-    """Seconds per call of fn(*args), timed inside one jitted fori_loop.
+class LoopTimer:
+    """A jitted loop of many calls of fn(*args), compiled and calibrated once, timed on demand.
 
     The trip count is static: XLA:GPU then runs the loop without reading its condition back to
     the host every iteration (a dynamic count costs a device->host sync, ~20-30 us, per call).
@@ -23,33 +23,58 @@ def loop_time(fn, args, rotate: bool = True) -> float:
     it, one operand set stays warm in L2 (as PyTorch's timing loop leaves cuDNN's). Every output
     passes through an optimization barrier, so XLA must produce all of it, and only a one-element
     slice of it is carried to the next iteration: the loop state holds no whole output that XLA
-    might copy into it every iteration."""
-    y0 = jax.eval_shape(fn, *args)
-    nbytes = sum(leaf.nbytes for leaf in jax.tree.leaves(args))
-    copies = int(min(8, max(1, -(-3 * L2_BYTES // nbytes)))) if rotate else 1
-    sets = [args] + [jax.tree.map(lambda a: jnp.array(a, copy=True), args) for _ in range(copies - 1)]
-    corner = (slice(0, 1),) * len(y0.shape)
+    might copy into it every iteration.
 
-    def make(n):
-        @jax.jit
-        def run(sets):
-            def body(_, carry):
-                sets, _ = lax.optimization_barrier(carry)
-                outs = lax.optimization_barrier(tuple(fn(*a) for a in sets))
-                return sets, tuple(y[corner] for y in outs)
-            zeros = tuple(jnp.zeros((1,) * len(y0.shape), y0.dtype) for _ in sets)
-            return lax.fori_loop(0, n, body, (sets, zeros))[1]
-        return run
+    fn is traced and compiled here, so anything read at lowering time (an environment variable
+    that picks a kernel) takes effect for the lifetime of the timer."""
 
-    def timed(run, reps):
-        jax.block_until_ready(run(sets))
-        out = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            jax.block_until_ready(run(sets))
-            out.append(time.perf_counter() - t0)
-        return statistics.median(out)
+    def __init__(self, fn, args, rotate: bool = True):
+        y0 = jax.eval_shape(fn, *args)
+        nbytes = sum(leaf.nbytes for leaf in jax.tree.leaves(args))
+        copies = int(min(8, max(1, -(-3 * L2_BYTES // nbytes)))) if rotate else 1
+        self._sets = [args] + [jax.tree.map(lambda a: jnp.array(a, copy=True), args) for _ in range(copies - 1)]
+        corner = (slice(0, 1),) * len(y0.shape)
 
-    probe = timed(make(8), 1) / (8 * copies)
-    n = int(min(1000, max(16, TARGET_S / max(probe * copies, 1e-7))))
-    return timed(make(n), 3) / (n * copies)
+        def make(n):
+            @jax.jit
+            def run(sets):
+                def body(_, carry):
+                    sets, _ = lax.optimization_barrier(carry)
+                    outs = lax.optimization_barrier(tuple(fn(*a) for a in sets))
+                    return sets, tuple(y[corner] for y in outs)
+                zeros = tuple(jnp.zeros((1,) * len(y0.shape), y0.dtype) for _ in sets)
+                return lax.fori_loop(0, n, body, (sets, zeros))[1]
+            return run.lower(self._sets).compile()
+
+        probe = make(8)
+        jax.block_until_ready(probe(self._sets))
+        t0 = time.perf_counter()
+        jax.block_until_ready(probe(self._sets))
+        per_call = (time.perf_counter() - t0) / (8 * copies)
+        n = int(min(1000, max(16, TARGET_S / max(per_call * copies, 1e-7))))
+        self._run, self._calls = make(n), n * copies
+        jax.block_until_ready(self._run(self._sets))
+
+    def __call__(self) -> float:
+        """Seconds per call, from one timed run of the loop."""
+        t0 = time.perf_counter()
+        jax.block_until_ready(self._run(self._sets))
+        return (time.perf_counter() - t0) / self._calls
+
+
+def loop_time(fn, args, rotate: bool = True, reps: int = 3) -> float:
+    """Seconds per call of fn(*args): the median of `reps` runs of a LoopTimer."""
+    timer = LoopTimer(fn, args, rotate)
+    return statistics.median(timer() for _ in range(reps))
+
+
+def interleaved_times(timers: dict, rounds: int = 7) -> dict:
+    """Median seconds per call of each LoopTimer, timed round-robin: every round runs each timer
+    once, in turn. Timed one after the other instead, candidates see different GPU clocks (the
+    clock falls as the GPU heats under back-to-back GEMMs), which biased same-run comparisons by
+    up to 15% (bench/results/prefill_gemm_h200_2026-11-21.md)."""
+    samples = {name: [] for name in timers}
+    for _ in range(rounds):
+        for name, timer in timers.items():
+            samples[name].append(timer())
+    return {name: statistics.median(ts) for name, ts in samples.items()}

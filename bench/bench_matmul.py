@@ -5,8 +5,9 @@
 
 Each op runs many times inside one jitted lax.fori_loop (its operands pass through an
 optimization barrier every iteration, so XLA can neither hoist nor merge the calls), rotating
-through copies of its operands larger than the L2 cache; the time per call is the median over
-repeats divided by the call count, free of host dispatch.
+through copies of its operands larger than the L2 cache; the time per call is the loop's time
+divided by its call count, free of host dispatch. The ops of one shape are timed round-robin
+(each loop once per round, 7 rounds, median), so they all see the same GPU clock.
 Writes DIR/matmul_bench.md (table), DIR/matmul_bench.csv and DIR/matmul_speedup.png."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 from jax import lax
 
 import jax_nvfp4 as jn
-from _timing import loop_time  # bench/ is the script's folder
+from _timing import LoopTimer, interleaved_times, loop_time  # bench/ is the script's folder
 
 SHAPES_NK = [(14336, 4096), (4096, 4096), (6144, 4096), (4096, 14336)]
 MS = [1, 4, 16, 64, 256, 1024, 4096, 8192]
@@ -67,7 +68,7 @@ def variants(m, n, k, key):
     }
 
 
-def plot(rows, path):
+def plot(rows, path, device):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -82,7 +83,7 @@ def plot(rows, path):
     ax.set_xscale("log", base=2)
     ax.set_xlabel("M (tokens)")
     ax.set_ylabel("speedup over bf16 jnp.dot")
-    ax.set_title("jax_nvfp4.matmul W4A16 on " + jax.devices()[0].device_kind)
+    ax.set_title("jax_nvfp4.matmul W4A16 on " + device)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -102,7 +103,8 @@ def write_report(rows, out, device, bw):
         w.writerows(rows)
     date = datetime.date.today().isoformat()
     lines = [f"# jax_nvfp4.matmul on {device} ({date}, jax {jax.__version__})", "",
-             f"Times in us per call (median, jitted fori_loop). HBM read+write {bw / 1e12:.2f} TB/s; "
+             "Times in us per call (median of 7 rounds, every op of a shape timed once per round, in turn; "
+             f"jitted fori_loop). HBM read+write {bw / 1e12:.2f} TB/s; "
              f"MMA ceiling = fastest bf16 jnp.dot here, {mma_peak / 1e12:.0f} TFLOP/s. "
              "%HBM: (NVFP4 weight + bf16 x/out bytes) / time / HBM; %MMA: flops / time / MMA ceiling.",
              "", "| M | N | K | ours W4A16 | ours W4A4 | bf16 dot | fp8 dot | scaled_matmul nvfp4 | "
@@ -149,9 +151,10 @@ def main():
     for n, k in (QUICK_NK if args.quick else SHAPES_NK):
         for m in args.ms or (QUICK_MS if args.quick else MS):
             row = {"M": m, "N": n, "K": k}
+            timers = {}
             for name, (fn, ops) in variants(m, n, k, jax.random.key(m + n + k)).items():
                 try:
-                    row[name] = loop_time(fn, ops) * 1e6
+                    timers[name] = LoopTimer(fn, ops)
                 except Exception as e:  # a peer XLA cannot run at this size is reported, not fatal
                     print(f"  {name} M={m} N={n} K={k}: {type(e).__name__}: {str(e)[:200]}")
                     row[name] = float("nan")
@@ -160,13 +163,14 @@ def main():
                 for path in FORCED_PATHS:
                     if path == "decode" and m > DECODE_MAX_FORCED_M:
                         continue
-                    os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = path
-                    jax.clear_caches()  # the path is read when the call is lowered
+                    os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = path  # read when the timer compiles
                     try:
-                        row[f"forced_{path}"] = loop_time(fn, ops) * 1e6
+                        timers[f"forced_{path}"] = LoopTimer(fn, ops)
                     finally:
                         os.environ.pop("JAX_NVFP4_GEMM_SM90_PATH")
-                        jax.clear_caches()
+            row.update({name: t * 1e6 for name, t in interleaved_times(timers).items()})
+            del timers
+            if args.paths and m in args.path_ms:
                 print(f"  forced paths M={m}: " + ", ".join(
                     f"{path} {row[f'forced_{path}']:.1f}us" for path in FORCED_PATHS
                     if f"forced_{path}" in row), flush=True)
@@ -179,7 +183,7 @@ def main():
             print(f"M={m:5d} N={n:5d} K={k:5d} " + " ".join(f"{nm}={row[nm]:.1f}us" for nm in names),
                   flush=True)
             write_report(rows, args.out, device, bw)
-            plot(rows, args.out / "matmul_speedup.png")
+            plot(rows, args.out / "matmul_speedup.png", device)
     lines = write_report(rows, args.out, device, bw)
     print("\n".join(lines))
 

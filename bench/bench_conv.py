@@ -4,8 +4,9 @@ lax.conv_general_dilated and PyTorch's cuDNN conv2d (channels_last, bf16, benchm
     python bench/bench_conv.py --out DIR
 
 Ours and XLA are timed on the device: many calls inside one jitted lax.fori_loop
-(_timing.loop_time, without rotating operand copies: all three keep one input set warm in L2);
-PyTorch with CUDA events. Medians of several repeats. Also reports the activation bytes the sm_90a
+(_timing.LoopTimer, without rotating operand copies: all three keep one input set warm in L2);
+PyTorch with CUDA events around back-to-back calls. The three are timed round-robin (each once
+per round, 7 rounds, median), so they see the same GPU clock. Also reports the activation bytes the sm_90a
 kernel loads from global memory into shared memory with and without the shifted-operand reuse,
 counted from its schedule (cuda/conv/sm90/conv_sm90_schedule.h)."""
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import statistics
 from pathlib import Path
 
 import jax
@@ -22,7 +22,7 @@ import numpy as np
 from jax import lax
 
 import jax_nvfp4 as jn
-from _timing import loop_time  # bench/ is the script's folder
+from _timing import TARGET_S, LoopTimer, interleaved_times  # bench/ is the script's folder
 
 # name: (N, H, W, C, K, R, S, stride, padding)
 SHAPES = [
@@ -97,7 +97,10 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
     return stages * per_stage_reuse, stages * per_stage_plain, f"register-A {64 if narrow else 128}x{bn}"
 
 
-def time_torch(n, h, w, c, k, r, s, stride, iters=50, repeats=5):
+def torch_timer(n, h, w, c, k, r, s, stride):
+    """A callable timing PyTorch's cuDNN conv2d (channels_last, bf16, benchmark mode): seconds per
+    call from CUDA events around back-to-back calls lasting about as long as one of our timed loops.
+    None without a CUDA PyTorch."""
     try:
         import torch
     except ImportError:
@@ -108,20 +111,19 @@ def time_torch(n, h, w, c, k, r, s, stride, iters=50, repeats=5):
     x = torch.randn(n, c, h, w, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
     wt = torch.randn(k, c, r, s, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
     pad = ((r - 1) // 2, (s - 1) // 2)
-    conv = lambda: torch.nn.functional.conv2d(x, wt, stride=stride, padding=pad)  # noqa: E731
-    for _ in range(10):
-        conv()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
+
+    def timed(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(iters):
-            conv()
+            torch.nn.functional.conv2d(x, wt, stride=stride, padding=pad)
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / iters)
-    return statistics.median(times)
+        return start.elapsed_time(end) / 1e3 / iters
+
+    timed(10)  # cuDNN's algorithm search
+    iters = int(min(2000, max(50, TARGET_S / timed(50))))
+    return lambda: timed(iters)
 
 
 def main():
@@ -139,9 +141,12 @@ def main():
         ours = lambda xc, wq, st=stride: jn.conv(xc, wq, window_strides=(st, st), padding=padding)  # noqa: E731
         xla = lambda xc, wb, st=stride: lax.conv_general_dilated(  # noqa: E731
             xc, wb, (st, st), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
-        t_ours = loop_time(ours, (x, wq), rotate=False)
-        t_xla = loop_time(xla, (x, w_bf16), rotate=False)
-        t_torch = time_torch(n, h, w, c, k, r, s, stride)
+        timers = {"ours": LoopTimer(ours, (x, wq), rotate=False), "xla": LoopTimer(xla, (x, w_bf16), rotate=False)}
+        cudnn = torch_timer(n, h, w, c, k, r, s, stride)
+        if cudnn:
+            timers["cudnn"] = cudnn
+        t = interleaved_times(timers)
+        t_ours, t_xla, t_torch = t["ours"], t["xla"], t.get("cudnn")
         out = jn.conv(x, wq, window_strides=(stride, stride), padding=padding)
         flops = 2.0 * out.shape[0] * out.shape[1] * out.shape[2] * k * r * s * c
         reuse, plain, bn = activation_bytes(n, h, w, c, k, r, s, stride)
@@ -153,7 +158,7 @@ def main():
     lines = [f"# jax_nvfp4.conv benchmark — {dev.device_kind}, {date}", "",
              "NVFP4 weights, bf16 activations and output; XLA: lax.conv_general_dilated bf16 "
              "(jitted fori_loop); cuDNN: PyTorch conv2d channels_last bf16, benchmark=True "
-             "(CUDA events). Medians. Activation MB: global->shared bytes of our kernel with "
+             "(CUDA events). Timed round-robin, medians of 7 rounds. Activation MB: global->shared bytes of our kernel with "
              "the shifted-operand reuse / without it (each tap loading its own tile).", "",
              "| shape | ours µs | TFLOP/s | XLA bf16 µs | cuDNN bf16 µs | vs XLA | vs cuDNN | "
              "act. MB reuse / no reuse | kernel, tile |",

@@ -6,9 +6,9 @@ lax.conv_general_dilated and PyTorch's cuDNN conv2d (channels_last, bf16, benchm
 Ours and XLA are timed on the device: many calls inside one jitted lax.fori_loop
 (_timing.LoopTimer, without rotating operand copies: all three keep one input set warm in L2);
 PyTorch with CUDA events around back-to-back calls. The three are timed round-robin (each once
-per round, 7 rounds, median), so they see the same GPU clock. Also reports the activation bytes the sm_90a
-kernel loads from global memory into shared memory with and without the shifted-operand reuse,
-counted from its schedule (cuda/conv/sm90/conv_sm90_schedule.h)."""
+per round, 7 rounds, median), so they see the same GPU clock. Also reports the activation bytes
+the sm_90a kernel loads from global memory into shared memory with and without the
+shifted-operand reuse, counted from its schedule (cuda/conv/sm90/conv_sm90_schedule.h)."""
 
 from __future__ import annotations
 

@@ -70,9 +70,10 @@ def loop_time(fn, args, rotate: bool = True, reps: int = 3) -> float:
 
 def interleaved_times(timers: dict, rounds: int = 7) -> dict:
     """Median seconds per call of each timer (a LoopTimer, or any callable that times one run and
-    returns seconds per call), timed round-robin: every round runs each timer once, in turn. Timed one after the other instead, candidates see different GPU clocks (the
-    clock falls as the GPU heats under back-to-back GEMMs), which biased same-run comparisons by
-    up to 15% (bench/results/prefill_gemm_h200_2026-11-21.md)."""
+    returns seconds per call), timed round-robin: every round runs each timer once, in turn.
+    Timed one after the other instead, candidates see different GPU clocks (the clock falls as
+    the GPU heats under back-to-back GEMMs), which biased same-run comparisons by up to 15%
+    (bench/results/prefill_gemm_h200_2026-11-21.md)."""
     samples = {name: [] for name in timers}
     for _ in range(rounds):
         for name, timer in timers.items():

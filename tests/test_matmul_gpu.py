@@ -78,7 +78,7 @@ def run(path, x, w, **kw):
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("m", [1, 3, 8, 17, 32, 255, 300])
+@pytest.mark.parametrize("m", [1, 3, 8, 12, 17, 32, 255, 300])
 @pytest.mark.parametrize("n,k", [(200, 272), (64, 4096), (1000, 1040)])
 def test_w4a16_bf16(kernels, path, m, n, k):
     x = mc.random_float((m, k), jnp.bfloat16, seed=m * 7 + k)

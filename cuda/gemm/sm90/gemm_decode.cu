@@ -9,6 +9,14 @@
 // its own 32 elements in the order the cheap dequantization produces them (pair j of a word =
 // elements j and j+4, nvfp4_bf16x2.h) and permutes its activations to match.
 //
+// Which 32 elements a lane owns: its 16 loaded code bytes (elements 32t .. 32t+31), or, with
+// more than 8 bf16/f16 activation rows, the interleaved set: one 16-element block in each half
+// of the chunk (interleaved_element). Then the 4 lanes of a quad load their 16-byte pieces of an
+// activation row from one 128-byte line per instruction, where the contiguous order touches two;
+// at 16 rows those line accesses made the L1 the bottleneck (Nsight Compute, H200). The weight
+// codes are still loaded 16 bytes per lane, and lanes t and t^2 swap half their words
+// (half_exchange).
+//
 // Split-K: gridDim.z blocks of one output tile form a thread-block cluster; each leaves its
 // partial sums in shared memory and the cluster adds them through distributed shared memory in
 // rank order (deterministic, no workspace), then applies alpha, bias and the output cast.
@@ -104,15 +112,59 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Activation row `m` (or zeros), elements e0..e0+31 of this lane.
-template <XKind XK>
-__device__ __forceinline__ void load_act(const GemmProblem& p, int64_t m, int64_t e0, bool vec16,
+// Whether a tile of 8 * T activation rows takes the interleaved order (see the top): bf16/f16
+// activations (16-byte pieces of 8 elements) and more than 8 rows. Measured on an H200
+// (bench/decode_kernel_bench.sh): at M = 16 it took 14-25% off, at M = 1 (where a quad's loads
+// of the one row are broadcast) it added 5-13%, at M = 8 it was mixed.
+template <int T, XKind XK>
+constexpr bool interleaved() {
+  return T >= 2 && (XK == XKind::kBF16 || XK == XKind::kF16);
+}
+
+// Interleaved order: the 16-element block of the chunk's first half that lane t owns (it also
+// owns the block 4 further, in the second half), and the first element of its word i (8
+// elements). In load i, the quad's lanes read elements 64 (i/2) + 16 b + 8 (i%2) for the four
+// b: one 128-byte line of bf16/f16.
+__device__ __forceinline__ int interleaved_block(int t) { return 2 * (t & 1) + (t >> 1); }
+__device__ __forceinline__ int interleaved_element(int t, int i) {
+  return 16 * interleaved_block(t) + 64 * (i >> 1) + 8 * (i & 1);
+}
+
+// The loaded code words (elements 32t + 8i) -> the interleaved words: lanes t < 2 keep words 0
+// and 1 and take lane t+2's 0 and 1 as their 2 and 3; lanes t >= 2 keep 2 and 3 and take lane
+// t-2's 2 and 3 as their 0 and 1.
+__device__ __forceinline__ void half_exchange(uint32_t (&w)[4], int t) {
+  const bool high = t & 2;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, high ? w[i] : w[i + 2], 2);
+    if (high) w[i] = got; else w[i + 2] = got;
+  }
+}
+
+// Activation row `m` (or zeros), the chunk from element c0, lane t's 32 elements (contiguous, or
+// IL: interleaved).
+template <XKind XK, bool IL>
+__device__ __forceinline__ void load_act(const GemmProblem& p, int64_t m, int64_t c0, int t, bool vec16,
                                          ActRaw<XK>& x) {
 #pragma unroll
   for (int i = 0; i < x_words<XK>(); ++i) x.w[i] = 0u;
   x.scales = 0u;
-  if (m >= p.m || e0 >= p.k) return;
-  if constexpr (XK == XKind::kNvfp4) {
+  const int64_t e0 = c0 + 32 * t;
+  if (m >= p.m) return;
+  if constexpr (IL) {
+    const uint8_t* row = static_cast<const uint8_t*>(p.a) + (m * p.k + c0) * 2;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int e = interleaved_element(t, i);
+      if (c0 + e < p.k) {  // K is a multiple of 16: a word is all in or all out
+        const uint4 u = __ldg(reinterpret_cast<const uint4*>(row + 2 * e));
+        x.w[4 * i] = u.x; x.w[4 * i + 1] = u.y; x.w[4 * i + 2] = u.z; x.w[4 * i + 3] = u.w;
+      }
+    }
+  } else if (e0 >= p.k) {
+    return;
+  } else if constexpr (XK == XKind::kNvfp4) {
     uint32_t c[4];
     load_codes(p.a_q.codes + m * (p.k / 2), e0, p.k, vec16, c);
 #pragma unroll
@@ -133,7 +185,7 @@ __device__ __forceinline__ void load_act(const GemmProblem& p, int64_t m, int64_
   }
 }
 
-// B registers of word q (elements 8q..8q+7 of the lane's 32) in pair order: b[j] holds
+// B registers of word q (the lane's elements 8q..8q+7) in pair order: b[j] holds
 // elements j and j+4; `lo` gets the bf16 remainder when x is split.
 template <XKind XK>
 __device__ __forceinline__ void act_pairs(const ActRaw<XK>& x, int q, uint32_t (&b)[4],
@@ -177,48 +229,61 @@ struct Chunk {
   ActRaw<XK> x[T];
 };
 
-template <int T, XKind XK>
+// The chunk from element c0 (checked: it may end past K), lane t of its quad.
+template <int T, XKind XK, bool IL>
 __device__ __forceinline__ void load_chunk(const GemmProblem& p, int64_t n_row, int64_t m_row,
-                                           int64_t e0, bool active, bool vec16, Chunk<T, XK>& c) {
+                                           int64_t c0, int t, bool vec16, Chunk<T, XK>& c) {
+  const int64_t e0 = c0 + 32 * t, kb = p.k / kBlockSize;  // the lane's 16 code bytes
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t n = n_row + 8 * r;
-    const bool ok = active && n < p.n;
+    const bool ok = n < p.n;
     uint32_t codes[4];
     load_codes(p.b.codes + n * (p.k / 2), ok ? e0 : p.k, p.k, vec16, codes);
 #pragma unroll
     for (int i = 0; i < 4; ++i) c.w.codes[r][i] = codes[i];
-    c.w.scales[r] = ok && e0 < p.k ? load_scales(p.b.scales, n, e0, p.k) : 0u;
+    if constexpr (IL) {  // blocks past K: zero codes, and 0 * a NaN scale would not be 0
+      const int64_t b0 = c0 / kBlockSize + interleaved_block(t), b1 = b0 + kTileKBlocks;
+      const uint8_t* first = p.b.scales + scale_offset(n, b0, kb);
+      const uint32_t lo = ok && b0 < kb ? first[0] : 0u, hi = ok && b1 < kb ? first[kTileBytes] : 0u;
+      c.w.scales[r] = lo | hi << 8;
+    } else {
+      c.w.scales[r] = ok && e0 < p.k ? load_scales(p.b.scales, n, e0, p.k) : 0u;
+    }
   }
 #pragma unroll
-  for (int tt = 0; tt < T; ++tt) load_act<XK>(p, active ? m_row + 8 * tt : p.m, e0, vec16, c.x[tt]);
+  for (int tt = 0; tt < T; ++tt) load_act<XK, IL>(p, m_row + 8 * tt, c0, t, vec16, c.x[tt]);
 }
 
 // Per-lane pointers into the current full chunk (all 128 elements in range), advanced one
 // chunk at a time: the steady-state loop does no index math and no range checks. Rows past N
 // or M are clamped to the last row: they load valid memory and their results are not stored.
-template <int T, XKind XK>
+template <int T, XKind XK, bool IL>
 struct Cursor {
-  const uint8_t* codes[2];   // weight rows g, g+8 at the lane's first element
-  const uint8_t* scales[2];  // their two block scales
+  const uint8_t* codes[2];   // weight rows g, g+8 at the lane's first code byte
+  const uint8_t* scales[2];  // their two block scales (IL: the first of them; the other is a tile on)
   const uint8_t* x[T];       // activation rows (float bytes or NVFP4 codes)
   const uint8_t* x_scales[T];
 
   static constexpr int kScaleStep = static_cast<int>(row_scale_step(kChunk));
   static constexpr int kXStep = XK == XKind::kNvfp4 ? kChunk / 2 : kChunk * (XK == XKind::kF32 ? 4 : 2);
 
-  __device__ __forceinline__ Cursor(const GemmProblem& p, int64_t n_row, int64_t m_row, int64_t e0) {
-    const int64_t kb = p.k / kBlockSize;
+  // c0: the chunk's first element; t: the lane in its quad.
+  __device__ __forceinline__ Cursor(const GemmProblem& p, int64_t n_row, int64_t m_row, int64_t c0, int t) {
+    const int64_t kb = p.k / kBlockSize, e0 = c0 + 32 * t;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int64_t n = min(n_row + 8 * r, p.n - 1);
       codes[r] = p.b.codes + n * (p.k / 2) + e0 / 2;
-      scales[r] = p.b.scales + scale_offset(n, e0 / kBlockSize, kb);
+      scales[r] = p.b.scales + scale_offset(n, IL ? c0 / kBlockSize + interleaved_block(t) : e0 / kBlockSize, kb);
     }
 #pragma unroll
     for (int tt = 0; tt < T; ++tt) {
       const int64_t m = min(m_row + 8 * tt, p.m - 1);
-      if constexpr (XK == XKind::kNvfp4) {
+      if constexpr (IL) {
+        x[tt] = static_cast<const uint8_t*>(p.a) + (m * p.k + c0 + interleaved_element(t, 0)) * 2;
+        x_scales[tt] = nullptr;
+      } else if constexpr (XK == XKind::kNvfp4) {
         x[tt] = p.a_q.codes + m * (p.k / 2) + e0 / 2;
         x_scales[tt] = p.a_q.scales + scale_offset(m, e0 / kBlockSize, kb);
       } else {
@@ -243,7 +308,11 @@ struct Cursor {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       codes16(codes[r], vec16, w.codes[r]);
-      w.scales[r] = *reinterpret_cast<const uint16_t*>(scales[r]);
+      if constexpr (IL) {
+        w.scales[r] = static_cast<uint32_t>(scales[r][0]) | static_cast<uint32_t>(scales[r][kTileBytes]) << 8;
+      } else {
+        w.scales[r] = *reinterpret_cast<const uint16_t*>(scales[r]);
+      }
       codes[r] += kChunk / 2;
       scales[r] += kScaleStep;
     }
@@ -263,8 +332,9 @@ struct Cursor {
         x_scales[tt] += kScaleStep;
       } else {
 #pragma unroll
-        for (int v = 0; v < x_words<XK>() / 4; ++v) {
-          const uint4 u = __ldg(reinterpret_cast<const uint4*>(x[tt]) + v);
+        for (int v = 0; v < x_words<XK>() / 4; ++v) {  // IL: word v's 16 bytes
+          const int offset = IL ? 2 * (interleaved_element(0, v) - interleaved_element(0, 0)) : 16 * v;
+          const uint4 u = __ldg(reinterpret_cast<const uint4*>(x[tt] + offset));
           xs[tt].w[4 * v] = u.x; xs[tt].w[4 * v + 1] = u.y;
           xs[tt].w[4 * v + 2] = u.z; xs[tt].w[4 * v + 3] = u.w;
         }
@@ -274,17 +344,26 @@ struct Cursor {
   }
 };
 
-template <int T, XKind XK>
-__device__ __forceinline__ void compute_chunk(const WeightRaw& w, const ActRaw<XK> (&x)[T],
+// t: the lane in its quad (used when IL).
+template <int T, XKind XK, bool IL>
+__device__ __forceinline__ void compute_chunk(const WeightRaw& w, const ActRaw<XK> (&x)[T], int t,
                                               float (&acc)[T][4]) {
-  uint32_t sc[2][2];
-  widen_scales(w.scales[0], sc[0][0], sc[0][1]);
-  widen_scales(w.scales[1], sc[1][0], sc[1][1]);
+  uint32_t codes[2][4], sc[2][4];  // per row (g, g+8): the lane's words, each word's scale
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) codes[r][q] = w.codes[r][q];
+    if constexpr (IL) half_exchange(codes[r], t);
+    // both orders: words 0, 1 in the first block, 2, 3 in the second
+    widen_scales(w.scales[r], sc[r][0], sc[r][2]);
+    sc[r][1] = sc[r][0];
+    sc[r][3] = sc[r][2];
+  }
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     uint32_t a0[4], a1[4];  // rows g and g+8
-    dequant_word(w.codes[0][q], sc[0][q / 2], a0);
-    dequant_word(w.codes[1][q], sc[1][q / 2], a1);
+    dequant_word(codes[0][q], sc[0][q], a0);
+    dequant_word(codes[1][q], sc[1][q], a1);
 #pragma unroll
     for (int tt = 0; tt < T; ++tt) {
       uint32_t b[4], lo[4];
@@ -303,6 +382,7 @@ __device__ __forceinline__ void compute_chunk(const WeightRaw& w, const ActRaw<X
 
 template <int T, XKind XK>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const GemmProblem p, int64_t chunks) {
+  constexpr bool IL = interleaved<T, XK>();
   __shared__ float partial[4 * T][kThreads];
   cg::cluster_group cluster = cg::this_cluster();
   const int split = static_cast<int>(gridDim.z), rank = static_cast<int>(blockIdx.z);
@@ -321,11 +401,10 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const GemmProblem p, i
   // Full chunks through the cursor: the weights of kDepth chunks in flight (a register ring,
   // unrolled so its slots are static), the activations one chunk ahead. Only the last chunk of
   // K can be partial; it takes the checked path.
-  const int64_t lane_k = 32 * t;
   const int64_t c_full = min(c_end, p.k / kChunk);
   int64_t c = c_begin;
   if (c < c_full) {
-    Cursor<T, XK> cur(p, n0 + g, m0 + g, c * kChunk + lane_k);
+    Cursor<T, XK, IL> cur(p, n0 + g, m0 + g, c * kChunk, t);
     const int n_full = static_cast<int>(c_full - c);
     WeightRaw w[kDepth];
     ActRaw<XK> x[2][T];
@@ -341,7 +420,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const GemmProblem p, i
 #pragma unroll
       for (int s = 0; s < kDepth; ++s) {
         cur.load_acts(vec16, x[(s + 1) % 2]);
-        compute_chunk<T, XK>(w[s], x[s % 2], acc);
+        compute_chunk<T, XK, IL>(w[s], x[s % 2], t, acc);
         cur.load_weights(vec16, w[s]);
       }
     }
@@ -350,7 +429,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const GemmProblem p, i
       for (int s = 0; s < kDepth; ++s) {
         if (i + s < n_full) {
           if (i + s + 1 < n_full) cur.load_acts(vec16, x[(s + 1) % 2]);
-          compute_chunk<T, XK>(w[s], x[s % 2], acc);
+          compute_chunk<T, XK, IL>(w[s], x[s % 2], t, acc);
           if (i + s + kDepth < n_full) cur.load_weights(vec16, w[s]);
         }
       }
@@ -359,8 +438,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const GemmProblem p, i
   }
   for (; c < c_end; ++c) {  // the partial last chunk
     Chunk<T, XK> tail;
-    load_chunk<T, XK>(p, n0 + g, m0 + g, c * kChunk + lane_k, true, vec16, tail);
-    compute_chunk<T, XK>(tail.w, tail.x, acc);
+    load_chunk<T, XK, IL>(p, n0 + g, m0 + g, c * kChunk, t, vec16, tail);
+    compute_chunk<T, XK, IL>(tail.w, tail.x, t, acc);
   }
 
 #pragma unroll

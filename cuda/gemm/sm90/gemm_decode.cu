@@ -275,7 +275,8 @@ struct Cursor {
     for (int r = 0; r < 2; ++r) {
       const int64_t n = min(n_row + 8 * r, p.n - 1);
       codes[r] = p.b.codes + n * (p.k / 2) + e0 / 2;
-      scales[r] = p.b.scales + scale_offset(n, IL ? c0 / kBlockSize + interleaved_block(t) : e0 / kBlockSize, kb);
+      const int64_t block = IL ? c0 / kBlockSize + interleaved_block(t) : e0 / kBlockSize;
+      scales[r] = p.b.scales + scale_offset(n, block, kb);
     }
 #pragma unroll
     for (int tt = 0; tt < T; ++tt) {
@@ -332,8 +333,8 @@ struct Cursor {
         x_scales[tt] += kScaleStep;
       } else {
 #pragma unroll
-        for (int v = 0; v < x_words<XK>() / 4; ++v) {  // IL: word v's 16 bytes
-          const int offset = IL ? 2 * (interleaved_element(0, v) - interleaved_element(0, 0)) : 16 * v;
+        for (int v = 0; v < x_words<XK>() / 4; ++v) {  // IL: word v, as far from word 0 in every lane
+          const int offset = IL ? 2 * interleaved_element(0, v) : 16 * v;
           const uint4 u = __ldg(reinterpret_cast<const uint4*>(x[tt] + offset));
           xs[tt].w[4 * v] = u.x; xs[tt].w[4 * v + 1] = u.y;
           xs[tt].w[4 * v + 2] = u.z; xs[tt].w[4 * v + 3] = u.w;

@@ -55,6 +55,20 @@ def quantize_kernel(kernel, layer: str, *, in_ndim: int = 1, conv: bool = False)
                       box.replace(value=q.scales, names=fields["scales"]), q.s_dec)
 
 
+def _params(module, layer: str, kernel_shape, bias_shape, **quantize_args):
+    """The module's 'kernel' param (the float master kernel with `qat`, else its NVFP4Array:
+    `quantize_kernel` with `quantize_args`) and its 'bias' param (None without `use_bias`)."""
+    if module.qat:
+        kernel = module.param("kernel", module.kernel_init, kernel_shape, module.param_dtype)
+    else:
+        kernel = module.param("kernel", lambda rng: quantize_kernel(
+            module.kernel_init(rng, kernel_shape, module.param_dtype), layer, **quantize_args))
+    bias = None
+    if module.use_bias:
+        bias = module.param("bias", module.bias_init, bias_shape, module.param_dtype)
+    return kernel, bias
+
+
 def _apply(module, x, in_shape: tuple[int, ...], out_shape: tuple[int, ...]):
     """The parameters and forward pass of Dense/DenseGeneral: x [..., *in_shape] ->
     [..., *out_shape]."""
@@ -62,17 +76,11 @@ def _apply(module, x, in_shape: tuple[int, ...], out_shape: tuple[int, ...]):
     k, n = math.prod(in_shape), math.prod(out_shape)
     _core.check_in_features(k, f"{layer} (input size {in_shape})")
     _core.check_act_quant(module.act_quant, module.act_s_enc, layer)
-    kernel_shape = (*in_shape, *out_shape)
+    kernel, bias = _params(module, layer, (*in_shape, *out_shape), out_shape, in_ndim=len(in_shape))
     if module.qat:
-        kernel = module.param("kernel", module.kernel_init, kernel_shape, module.param_dtype)
         kernel = kernel.reshape(k, n)
-    else:
-        kernel = module.param("kernel", lambda rng: quantize_kernel(
-            module.kernel_init(rng, kernel_shape, module.param_dtype), layer,
-            in_ndim=len(in_shape)))
-    bias = None
-    if module.use_bias:
-        bias = module.param("bias", module.bias_init, out_shape, module.param_dtype).reshape(n)
+    if bias is not None:
+        bias = bias.reshape(n)
     lead = x.shape[:x.ndim - len(in_shape)]
     y = _core.dense(x.reshape(*lead, k), kernel, bias, in_features=k, dtype=module.dtype,
                     param_dtype=module.param_dtype, act_quant=module.act_quant,
@@ -171,15 +179,8 @@ class Conv(nn.Module):
             raise ValueError(f"{layer}: input must be [..., H, W, C], got shape {tuple(x.shape)}")
         in_features = x.shape[-1]
         _core.check_in_features(in_features, f"{layer} (input channels)")
-        kernel_shape = (*kernel_size, in_features, self.features)
-        if self.qat:
-            kernel = self.param("kernel", self.kernel_init, kernel_shape, self.param_dtype)
-        else:
-            kernel = self.param("kernel", lambda rng: quantize_kernel(
-                self.kernel_init(rng, kernel_shape, self.param_dtype), layer, conv=True))
-        bias = None
-        if self.use_bias:
-            bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+        kernel, bias = _params(self, layer, (*kernel_size, in_features, self.features),
+                               (self.features,), conv=True)
         return _core.conv(x, kernel, bias, in_features=in_features,
                           strides=_core.pair(self.strides, "strides", layer),
                           padding=_core.conv_padding(self.padding, layer),

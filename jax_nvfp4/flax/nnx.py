@@ -110,6 +110,43 @@ class _NVFP4Layer(nnx.Module):
     def _bias(self):
         return self.bias[...] if self.bias is not None else None
 
+    def _init_weights(self, kernel_shape, *, in_features, out_features, use_bias, dtype,
+                      param_dtype, kernel_init, bias_init, qat, act_quant, act_s_enc, rngs,
+                      kernel_metadata, bias_metadata, conv):
+        """Checks the constructor's common arguments, then creates the kernel (float [*, in,
+        out] from `kernel_init`, stored as NVFP4 unless `qat`) and the bias."""
+        layer = type(self).__name__
+        _core.check_in_features(in_features, layer)
+        _core.check_out_features(out_features, layer)
+        _core.check_act_quant(act_quant, act_s_enc, layer)
+        kernel = kernel_init(rngs.params(), kernel_shape, param_dtype)
+        self.kernel = _make_kernel(kernel, qat, kernel_metadata, layer, conv=conv)
+        self.bias = _make_bias(use_bias, bias_init, rngs, out_features, param_dtype,
+                               bias_metadata)
+        self.in_features = in_features
+        self.out_features = out_features
+        self.use_bias = use_bias
+        self.dtype = dtype
+        self.param_dtype = param_dtype
+        self.qat = qat
+        self.act_quant = act_quant
+        self.act_s_enc = act_s_enc
+
+    @classmethod
+    def _from_float(cls, kernel, bias, layout: str, ndim: int, shape_args, kernel_metadata,
+                    bias_metadata, kwargs):
+        """from_float of a layer whose float kernel has `ndim` axes in `layout`; shape_args maps
+        its shape to the constructor's leading arguments."""
+        kernel = jnp.asarray(kernel)
+        if kernel.ndim != ndim:
+            raise ValueError(f"{cls.__name__}.from_float: kernel must be {layout}, got shape "
+                             f"{kernel.shape}")
+        return cls(*shape_args(kernel.shape), use_bias=bias is not None, param_dtype=kernel.dtype,
+                   kernel_init=lambda *_: kernel,
+                   bias_init=lambda *_: jnp.asarray(bias, kernel.dtype),
+                   kernel_metadata=kernel_metadata, bias_metadata=bias_metadata,
+                   rngs=nnx.Rngs(0), **kwargs)
+
 
 class Linear(_NVFP4Layer):
     """y = x @ kernel + bias with an NVFP4 kernel (see the module docstring for the modes).
@@ -125,22 +162,12 @@ class Linear(_NVFP4Layer):
                  act_s_enc: float | None = None, rngs: nnx.Rngs,
                  kernel_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({}),
                  bias_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({})):
-        layer = type(self).__name__
-        _core.check_in_features(in_features, layer)
-        _core.check_out_features(out_features, layer)
-        _core.check_act_quant(act_quant, act_s_enc, layer)
-        kernel = kernel_init(rngs.params(), (in_features, out_features), param_dtype)
-        self.kernel = _make_kernel(kernel, qat, kernel_metadata, layer)
-        self.bias = _make_bias(use_bias, bias_init, rngs, out_features, param_dtype,
-                               bias_metadata)
-        self.in_features = in_features
-        self.out_features = out_features
-        self.use_bias = use_bias
-        self.dtype = dtype
-        self.param_dtype = param_dtype
-        self.qat = qat
-        self.act_quant = act_quant
-        self.act_s_enc = act_s_enc
+        self._init_weights((in_features, out_features), in_features=in_features,
+                           out_features=out_features, use_bias=use_bias, dtype=dtype,
+                           param_dtype=param_dtype, kernel_init=kernel_init, bias_init=bias_init,
+                           qat=qat, act_quant=act_quant, act_s_enc=act_s_enc, rngs=rngs,
+                           kernel_metadata=kernel_metadata, bias_metadata=bias_metadata,
+                           conv=False)
 
     @classmethod
     def from_float(cls, kernel, bias=None, *, kernel_metadata: tp.Mapping = MappingProxyType({}),
@@ -148,15 +175,8 @@ class Linear(_NVFP4Layer):
         """An inference-mode layer from trained float weights: kernel [in, out] (Flax layout),
         bias [out] or None. Metadata (e.g. sharding) is that of the float variables; other
         keyword arguments are the constructor's (dtype, act_quant, act_s_enc, ...)."""
-        kernel = jnp.asarray(kernel)
-        if kernel.ndim != 2:
-            raise ValueError(f"{cls.__name__}.from_float: kernel must be [in, out], got shape "
-                             f"{kernel.shape}")
-        return cls(*kernel.shape, use_bias=bias is not None, param_dtype=kernel.dtype,
-                   kernel_init=lambda *_: kernel,
-                   bias_init=lambda *_: jnp.asarray(bias, kernel.dtype),
-                   kernel_metadata=kernel_metadata, bias_metadata=bias_metadata,
-                   rngs=nnx.Rngs(0), **kwargs)
+        return cls._from_float(kernel, bias, "[in, out]", 2, lambda shape: shape, kernel_metadata,
+                               bias_metadata, kwargs)
 
     def __call__(self, x):
         return _core.dense(x, self.weight, self._bias(), in_features=self.in_features,
@@ -184,42 +204,26 @@ class Conv(_NVFP4Layer):
                  kernel_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({}),
                  bias_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({})):
         layer = type(self).__name__
-        _core.check_in_features(in_features, layer)
-        _core.check_out_features(out_features, layer)
-        _core.check_act_quant(act_quant, act_s_enc, layer)
         self.kernel_size = _core.pair(kernel_size, "kernel_size", layer)
         self.strides = _core.pair(strides, "strides", layer)
         self.kernel_dilation = _core.pair(kernel_dilation, "kernel_dilation", layer)
         self.padding = _core.conv_padding(padding, layer)
-        kernel = kernel_init(rngs.params(), (*self.kernel_size, in_features, out_features),
-                             param_dtype)
-        self.kernel = _make_kernel(kernel, qat, kernel_metadata, layer, conv=True)
-        self.bias = _make_bias(use_bias, bias_init, rngs, out_features, param_dtype,
-                               bias_metadata)
-        self.in_features = in_features
-        self.out_features = out_features
-        self.use_bias = use_bias
-        self.dtype = dtype
-        self.param_dtype = param_dtype
-        self.qat = qat
-        self.act_quant = act_quant
-        self.act_s_enc = act_s_enc
+        self._init_weights((*self.kernel_size, in_features, out_features),
+                           in_features=in_features, out_features=out_features,
+                           use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
+                           kernel_init=kernel_init, bias_init=bias_init, qat=qat,
+                           act_quant=act_quant, act_s_enc=act_s_enc, rngs=rngs,
+                           kernel_metadata=kernel_metadata, bias_metadata=bias_metadata,
+                           conv=True)
 
     @classmethod
     def from_float(cls, kernel, bias=None, *, kernel_metadata: tp.Mapping = MappingProxyType({}),
                    bias_metadata: tp.Mapping = MappingProxyType({}), **kwargs) -> "Conv":
         """An inference-mode layer from trained float weights: kernel HWIO [R, S, in, out],
         bias [out] or None; other keyword arguments are the constructor's."""
-        kernel = jnp.asarray(kernel)
-        if kernel.ndim != 4:
-            raise ValueError(f"{cls.__name__}.from_float: kernel must be HWIO [R, S, in, out], "
-                             f"got shape {kernel.shape}")
-        r, s, c, k = kernel.shape
-        return cls(c, k, (r, s), use_bias=bias is not None, param_dtype=kernel.dtype,
-                   kernel_init=lambda *_: kernel,
-                   bias_init=lambda *_: jnp.asarray(bias, kernel.dtype),
-                   kernel_metadata=kernel_metadata, bias_metadata=bias_metadata,
-                   rngs=nnx.Rngs(0), **kwargs)
+        return cls._from_float(kernel, bias, "HWIO [R, S, in, out]", 4,
+                               lambda shape: (shape[2], shape[3], shape[:2]), kernel_metadata,
+                               bias_metadata, kwargs)
 
     def __call__(self, x):
         return _core.conv(x, self.weight, self._bias(), in_features=self.in_features,

@@ -7,7 +7,8 @@ import operator
 import jax.numpy as jnp
 from jax import lax
 
-from jax_nvfp4.format import BLOCK, NVFP4Array, checked_activation, checked_bias, output_dtype
+from jax_nvfp4.format import (BLOCK, NVFP4Array, checked_activation, checked_bias, checked_weight,
+                              output_dtype)
 from jax_nvfp4.primitives.conv import output_spatial
 from jax_nvfp4.sharding.conv import partitioned_conv_p as conv_p
 from jax_nvfp4.quantization import quantize
@@ -77,13 +78,7 @@ def conv(x, w: NVFP4Array, *, window_strides=(1, 1), padding="SAME", rhs_dilatio
     Products are exact (e2m1 * e4m3 in bf16 on the tensor cores), accumulation float32, the tensor
     scales s_dec_w (* s_dec_x) applied in the epilogue. Float32/float16 activations are rounded to
     bfloat16 on the GPU paths."""
-    if not isinstance(w, NVFP4Array):
-        raise TypeError(f"conv: w must be an NVFP4Array [R, S, K, C] (see "
-                        f"jax_nvfp4.quantize_conv_weight), got {type(w).__name__}")
-    w.validate("conv: w")
-    if w.ndim != 4 or w.s_dec.ndim:
-        raise ValueError(f"conv: w must be a 4-D [R, S, K, C] NVFP4Array with a scalar s_dec, got "
-                         f"shape {w.shape} with s_dec shape {tuple(w.s_dec.shape)}")
+    checked_weight(w, "conv", "[R, S, K, C]", "jax_nvfp4.quantize_conv_weight")
     x, x_nvfp4 = checked_activation(x, "conv")
     if len(x.shape) != 4:
         raise ValueError(f"conv: x must be NHWC [N, H, W, C], got shape {tuple(x.shape)}")

@@ -199,6 +199,19 @@ def checked_bias(bias, n: int, op: str):
     return bias
 
 
+def checked_weight(w, op: str, layout: str, hint: str) -> None:
+    """Checks that `w` is a valid NVFP4Array of len(layout) axes (e.g. "[N, K]") with a scalar
+    s_dec; `hint` names the function that makes one."""
+    if not isinstance(w, NVFP4Array):
+        raise TypeError(f"{op}: w must be an NVFP4Array {layout} (see {hint}), got "
+                        f"{type(w).__name__}")
+    w.validate(f"{op}: w")
+    ndim = layout.count(",") + 1
+    if w.ndim != ndim or w.s_dec.ndim:
+        raise ValueError(f"{op}: w must be a {ndim}-D {layout} NVFP4Array with a scalar s_dec, "
+                         f"got shape {w.shape} with s_dec shape {tuple(w.s_dec.shape)}")
+
+
 def checked_activation(x, op: str):
     """(x, is_nvfp4): `x` as a float array, or an NVFP4Array with a scalar s_dec (both checked)."""
     if isinstance(x, NVFP4Array):

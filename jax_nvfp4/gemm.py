@@ -7,7 +7,7 @@ import math
 import jax.numpy as jnp
 
 from jax_nvfp4.format import (BLOCK, TILE_ROWS, NVFP4Array, checked_activation, checked_bias,
-                              output_dtype, plain_to_tiled, tiled_to_plain)
+                              checked_weight, output_dtype, plain_to_tiled, tiled_to_plain)
 from jax_nvfp4.sharding.matmul import partitioned_matmul_p as matmul_p
 
 
@@ -46,13 +46,7 @@ def matmul(x, w: NVFP4Array, *, bias=None, out_dtype=None, out_s_enc=None):
        following W4A4 layer needs no float round trip.
 
     Accumulation is float32; s_dec_x * s_dec_w is applied in the epilogue."""
-    if not isinstance(w, NVFP4Array):
-        raise TypeError(f"matmul: w must be an NVFP4Array (see jax_nvfp4.quantize), got "
-                        f"{type(w).__name__}")
-    w.validate("matmul: w")
-    if w.ndim != 2 or w.s_dec.ndim:
-        raise ValueError(f"matmul: w must be a 2-D [N, K] NVFP4Array with a scalar s_dec, got "
-                         f"shape {w.shape} with s_dec shape {tuple(w.s_dec.shape)}")
+    checked_weight(w, "matmul", "[N, K]", "jax_nvfp4.quantize")
     n, k = w.shape
     x, a_nvfp4 = checked_activation(x, "matmul")
     if x.shape[-1] != k:

@@ -94,7 +94,8 @@ def _make_bias(use_bias, bias_init, rngs, out_features, param_dtype, bias_metada
 
 
 class _NVFP4Layer(nnx.Module):
-    """What Linear and Conv share: the weight the forward pass uses."""
+    """What Linear and Conv share: their construction from float weights and the weight the
+    forward pass uses."""
 
     kernel: nnx.Param | NVFP4Kernel
     bias: nnx.Param | None

@@ -1,7 +1,8 @@
-// Split-K over a thread-block cluster, for the sm_90a GEMM kernels that reduce their partial
-// sums through distributed shared memory: the cluster launch, and the largest split whose whole
-// grid the GPU keeps resident at once (one wave: a second, partial wave would double the time
-// of its blocks; more resident warps hide more load and MMA latency).
+// Split-K for the sm_90a GEMM kernels that add their partial sums through shared memory, over a
+// thread-block cluster (distributed shared memory) or over the warps of one block: the cluster
+// launch, and the largest split whose whole grid the GPU keeps resident at once (one wave: a
+// second, partial wave would double the time of its blocks; more resident warps hide more load
+// and MMA latency).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -61,18 +62,49 @@ ResidentBlocks query_resident_blocks(Kernel kernel, dim3 block, size_t smem_byte
   return blocks;
 }
 
+// Entry s: K parts the device runs at once when each part is one warp of a block of s warps
+// (a tile per block, no shared memory beyond the kernel's static one); the same one-wave test
+// as for clusters then applies (tiles * s <= entry s).
+template <typename Kernel>
+ResidentBlocks query_resident_warp_parts(Kernel kernel) {
+  ResidentBlocks parts{};
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return parts;
+  }
+  for (int s = 1; s <= kMaxClusterSplit; ++s) {
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * s, 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      per_sm = 0;
+    }
+    parts[s] = static_cast<int64_t>(per_sm) * sms * s;
+  }
+  return parts;
+}
+
+enum class SplitOver { kCluster, kWarps };
+
 // The same, for kernel kKernel, cached per device: the queries cost more than a decode-size
-// kernel. Also sets the kernel's dynamic shared memory limit on the device (once).
-template <auto kKernel>
+// kernel. Also sets the kernel's dynamic shared memory limit on the device (once). With
+// SplitOver::kWarps, `block` and `smem_bytes` are not used (the block is 32 * split threads).
+template <auto kKernel, SplitOver kOver = SplitOver::kCluster>
 ResidentBlocks resident_blocks(dim3 block, size_t smem_bytes) {
   constexpr int kMaxDevices = 64;
   static ResidentBlocks cache[kMaxDevices];
   static std::once_flag done[kMaxDevices];
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) {
-    return query_resident_blocks(kKernel, block, smem_bytes);
-  }
-  std::call_once(done[device], [&] { cache[device] = query_resident_blocks(kKernel, block, smem_bytes); });
+  const auto query = [&] {
+    if constexpr (kOver == SplitOver::kWarps) {
+      return query_resident_warp_parts(kKernel);
+    } else {
+      return query_resident_blocks(kKernel, block, smem_bytes);
+    }
+  };
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return query();
+  std::call_once(done[device], [&] { cache[device] = query(); });
   return cache[device];
 }
 

@@ -1,9 +1,8 @@
 // Small-M NVFP4 GEMM for sm_90a: weight streaming with tensor-core mma.sync (see gemm_sm90.h).
 //
-// Work split: a block of 4 warps owns 64 weight rows (16 per warp, the MMA's M) and 8*T
-// activation rows (the MMA's N, T n8-tiles); the warps walk the same K chunks at once, so the
-// activation chunk they share comes from L1. A chunk is 128 K elements: each lane (g = lane/4,
-// t = lane%4) loads 16 bytes of codes (32 elements, two scale blocks) of weight rows g and g+8.
+// Work split: a warp owns 16 weight rows (the MMA's M) and 8*T activation rows (the MMA's N, T
+// n8-tiles) over one part of K. A chunk is 128 K elements: each lane (g = lane/4, t = lane%4)
+// loads 16 bytes of codes (32 elements, two scale blocks) of weight rows g and g+8.
 //
 // The MMA contracts over its 16 k slots in any order as long as A and B agree, so a lane feeds
 // its own 32 elements in the order the cheap dequantization produces them (pair j of a word =
@@ -17,9 +16,17 @@
 // codes are still loaded 16 bytes per lane, and lanes t and t^2 swap half their words
 // (half_exchange).
 //
-// Split-K: gridDim.z blocks of one output tile form a thread-block cluster; each leaves its
-// partial sums in shared memory and the cluster adds them through distributed shared memory in
-// rank order (deterministic, no workspace), then applies alpha, bias and the output cast.
+// Split-K, deterministic and without workspace: the parts of a tile leave their partial sums in
+// shared memory and rank r adds every part in rank order for its share of the fragment slots,
+// then applies alpha, bias and the output cast.
+// - T == 1 (M <= 8): a block is one 16-row tile, its warps are the K parts (no cluster).
+// - T >= 2: a block of 4 warps owns 64 rows and walks one K part; its warps read the same
+//   activation chunk at once, from L1 (at M = 16 the activation loads bound the kernel). The
+//   gridDim.z blocks of the K parts form a thread-block cluster and add through distributed
+//   shared memory.
+// The cluster version at T == 1 was 6-21% slower on an H200 (bench/results/
+// decode_kernel_h200_2026-11-22.md, seventeenth session; the cluster launch and its barriers,
+// presumably: not profiled).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -42,6 +49,7 @@ namespace cg = cooperative_groups;
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRowsPerBlock = kWarps * 16;
+constexpr int kMaxSplit = kMaxClusterSplit;  // K parts of a tile, over warps or cluster blocks
 constexpr int kChunk = 128;  // K elements per step: 4 lanes x 32
 // K chunks of weights in flight per lane (registers). Measured on an H200 (bench/
 // decode_kernel_bench.sh): 4 was slower than 2 on most shapes, its registers cost occupancy.
@@ -381,16 +389,32 @@ __device__ __forceinline__ void compute_chunk(const WeightRaw& w, const ActRaw<X
   }
 }
 
+// Where a tile's K split lives: one 16-row warp tile per block whose warps take the K parts
+// (T == 1: no cluster, the block's shared memory adds the parts), or 4 warp tiles per block
+// and the K parts in blocks of a cluster (T >= 2: the 4 warps of a block share their
+// activation chunk through L1, which bounds M = 16; see the top).
+template <int T>
+constexpr bool warp_split() {
+  return T == 1;
+}
+template <int T>
+constexpr int max_threads() {
+  return warp_split<T>() ? kMaxSplit * 32 : kThreads;
+}
+
 template <int T, XKind XK>
-__global__ void __launch_bounds__(kThreads) decode_kernel(const GemmProblem p, int64_t chunks) {
+__global__ void __launch_bounds__(max_threads<T>()) decode_kernel(const GemmProblem p, int64_t chunks) {
   constexpr bool IL = interleaved<T, XK>();
-  __shared__ float partial[4 * T][kThreads];
-  cg::cluster_group cluster = cg::this_cluster();
-  const int split = static_cast<int>(gridDim.z), rank = static_cast<int>(blockIdx.z);
+  constexpr bool kWarpSplit = warp_split<T>();
+  __shared__ float partial[4 * T][max_threads<T>()];
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp * 16;
+  // The K part of this warp (rank) and the number of parts (split).
+  const int split = static_cast<int>(kWarpSplit ? blockDim.x / 32 : gridDim.z);
+  const int rank = kWarpSplit ? warp : static_cast<int>(blockIdx.z);
+  const int64_t n0 = kWarpSplit ? static_cast<int64_t>(blockIdx.x) * 16
+                                : static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp * 16;
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * 8 * T;
   const int64_t c_begin = chunks * rank / split, c_end = chunks * (rank + 1) / split;
   const bool vec16 = p.k % 32 == 0;
@@ -448,14 +472,27 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const GemmProblem p, i
 #pragma unroll
     for (int i = 0; i < 4; ++i) partial[4 * tt + i][threadIdx.x] = acc[tt][i];
   }
-  cluster.sync();
+  // The part of rank r of this thread's fragment slot: in warp r of this block, or in the same
+  // thread of block r of the cluster.
+  const auto part = [&](int e, int r) -> float {
+    if constexpr (kWarpSplit) {
+      return partial[e][32 * r + lane];
+    } else {
+      return cg::this_cluster().map_shared_rank(&partial[e][0], r)[threadIdx.x];
+    }
+  };
+  if constexpr (kWarpSplit) {
+    __syncthreads();
+  } else {
+    cg::this_cluster().sync();
+  }
 
   // Rank r finishes fragment slots e = r, r+split, ...: the sum over ranks in rank order.
   float alpha = *p.b.s_dec * (1.0f / kDequantFactor);
   if (p.a_is_nvfp4) alpha *= *p.a_q.s_dec * (1.0f / kDequantFactor);
   for (int e = rank; e < 4 * T; e += split) {
     float sum = 0.f;
-    for (int r = 0; r < split; ++r) sum += cluster.map_shared_rank(&partial[e][0], r)[threadIdx.x];
+    for (int r = 0; r < split; ++r) sum += part(e, r);
     const int tt = e / 4, i = e % 4;
     const int64_t n = n0 + g + (i >= 2 ? 8 : 0);
     const int64_t m = m0 + 8 * tt + 2 * t + (i & 1);
@@ -465,21 +502,32 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const GemmProblem p, i
       store_as(p.out, p.out_dtype, m * p.n + n, v);
     }
   }
-  cluster.sync();  // keep this block's partials alive until every rank has read them
+  // Keep this block's partials alive until every rank of the cluster has read them.
+  if constexpr (!kWarpSplit) cg::this_cluster().sync();
 }
 
 template <int T, XKind XK>
 cudaError_t launch(const GemmProblem& p, cudaStream_t stream) {
   const int64_t chunks = ceil_div(p.k, kChunk);
-  const int64_t n_tiles = ceil_div(p.n, kRowsPerBlock), m_tiles = ceil_div(p.m, 8 * T);
+  const int64_t m_tiles = ceil_div(p.m, 8 * T);
   if (m_tiles > 65535) return cudaErrorInvalidValue;
-  // Split K over a cluster, as far as the grid stays resident (cluster_split.cuh), at least 2
-  // chunks a part.
-  const int split = one_wave_split(n_tiles * m_tiles, chunks, 2,
-                                   resident_blocks<decode_kernel<T, XK>>(dim3(kThreads), 0));
-  const ClusterLaunch launch(dim3(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles), split),
-                             dim3(kThreads), 0, split, stream);
-  return cudaLaunchKernelEx(&launch.cfg, decode_kernel<T, XK>, p, chunks);
+  // Split K as far as the grid stays resident (one wave), at least 2 chunks a part.
+  if constexpr (warp_split<T>()) {
+    const int64_t n_tiles = ceil_div(p.n, 16);
+    const int split = one_wave_split(
+        n_tiles * m_tiles, chunks, 2,
+        resident_blocks<decode_kernel<T, XK>, SplitOver::kWarps>(dim3(), 0));
+    decode_kernel<T, XK><<<dim3(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles)),
+                           32 * split, 0, stream>>>(p, chunks);
+    return cudaGetLastError();
+  } else {
+    const int64_t n_tiles = ceil_div(p.n, kRowsPerBlock);
+    const int split = one_wave_split(n_tiles * m_tiles, chunks, 2,
+                                     resident_blocks<decode_kernel<T, XK>>(dim3(kThreads), 0));
+    const ClusterLaunch launch(dim3(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles), split),
+                               dim3(kThreads), 0, split, stream);
+    return cudaLaunchKernelEx(&launch.cfg, decode_kernel<T, XK>, p, chunks);
+  }
 }
 
 template <XKind XK>

@@ -24,9 +24,9 @@
 //   activation chunk at once, from L1 (at M = 16 the activation loads bound the kernel). The
 //   gridDim.z blocks of the K parts form a thread-block cluster and add through distributed
 //   shared memory.
-// The cluster version at T == 1 was 6-21% slower on an H200 (bench/results/
-// decode_kernel_h200_2026-11-22.md, seventeenth session; the cluster launch and its barriers,
-// presumably: not profiled).
+// At T == 1 the cluster version took 3-20% longer on an H200 on 11 of the 12 Llama shape x M
+// rows measured, and the same on the twelfth (bench/results/decode_kernel_h200_2026-11-22.md,
+// seventeenth session; the cluster launch and its barriers, presumably: not profiled).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <mutex>
 
+#include "gemm/sm90/gemm_sm90_internal.h"  // sm_count
+
 namespace jax_nvfp4 {
 namespace sm90 {
 
@@ -68,44 +70,43 @@ ResidentBlocks query_resident_blocks(Kernel kernel, dim3 block, size_t smem_byte
 template <typename Kernel>
 ResidentBlocks query_resident_warp_parts(Kernel kernel) {
   ResidentBlocks parts{};
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return parts;
-  }
   for (int s = 1; s <= kMaxClusterSplit; ++s) {
     int per_sm = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * s, 0) != cudaSuccess) {
       (void)cudaGetLastError();
       per_sm = 0;
     }
-    parts[s] = static_cast<int64_t>(per_sm) * sms * s;
+    parts[s] = static_cast<int64_t>(per_sm) * sm_count() * s;
   }
   return parts;
 }
 
+// query() once per device for each (kernel, kind of split): the queries cost more than a
+// decode-size kernel.
 enum class SplitOver { kCluster, kWarps };
-
-// The same, for kernel kKernel, cached per device: the queries cost more than a decode-size
-// kernel. Also sets the kernel's dynamic shared memory limit on the device (once). With
-// SplitOver::kWarps, `block` and `smem_bytes` are not used (the block is 32 * split threads).
-template <auto kKernel, SplitOver kOver = SplitOver::kCluster>
-ResidentBlocks resident_blocks(dim3 block, size_t smem_bytes) {
+template <auto kKernel, SplitOver kOver, typename Query>
+ResidentBlocks cached_per_device(Query query) {
   constexpr int kMaxDevices = 64;
   static ResidentBlocks cache[kMaxDevices];
   static std::once_flag done[kMaxDevices];
   int device = 0;
-  const auto query = [&] {
-    if constexpr (kOver == SplitOver::kWarps) {
-      return query_resident_warp_parts(kKernel);
-    } else {
-      return query_resident_blocks(kKernel, block, smem_bytes);
-    }
-  };
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return query();
   std::call_once(done[device], [&] { cache[device] = query(); });
   return cache[device];
+}
+
+// query_resident_blocks for kernel kKernel, cached per device. Also sets the kernel's dynamic
+// shared memory limit on the device (once).
+template <auto kKernel>
+ResidentBlocks resident_blocks(dim3 block, size_t smem_bytes) {
+  return cached_per_device<kKernel, SplitOver::kCluster>(
+      [&] { return query_resident_blocks(kKernel, block, smem_bytes); });
+}
+
+// query_resident_warp_parts for kernel kKernel, cached per device.
+template <auto kKernel>
+ResidentBlocks resident_warp_parts() {
+  return cached_per_device<kKernel, SplitOver::kWarps>([] { return query_resident_warp_parts(kKernel); });
 }
 
 // The largest split (<= kMaxClusterSplit, >= min_chunks K chunks a part) that keeps `tiles`

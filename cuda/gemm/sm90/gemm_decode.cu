@@ -516,7 +516,7 @@ cudaError_t launch(const GemmProblem& p, cudaStream_t stream) {
     const int64_t n_tiles = ceil_div(p.n, 16);
     const int split = one_wave_split(
         n_tiles * m_tiles, chunks, 2,
-        resident_blocks<decode_kernel<T, XK>, SplitOver::kWarps>(dim3(), 0));
+        resident_warp_parts<decode_kernel<T, XK>>());
     decode_kernel<T, XK><<<dim3(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles)),
                            32 * split, 0, stream>>>(p, chunks);
     return cudaGetLastError();

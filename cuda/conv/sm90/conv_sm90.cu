@@ -34,6 +34,7 @@
 #include "cutlass/cuda_host_adapter.hpp"
 #include "common/bf16x2.cuh"
 #include "common/dtype_io.cuh"
+#include "common/launch_config.cuh"
 #include "common/nvfp4_decode.cuh"
 #include "common/scale_layout.h"
 #include "common/sm90_async.cuh"
@@ -889,8 +890,8 @@ struct WsKernel {
     // the stream finishes; nothing above touched global memory, and the wait returns once that
     // grid has completed and its writes are visible. The next grid may launch at once: it waits
     // the same way for this one (its CTAs take SMs as this grid's CTAs leave them).
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;");
+    wait_for_prior_grids();
+    allow_next_grid();
     const int wg = threadIdx.x / 128;
     if (wg < kProducers) {
       cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
@@ -956,26 +957,8 @@ cudaError_t launch_ex(void (*kernel)(Params...), dim3 grid, int threads, int sme
                       bool pdl, Args&&... args) {
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attrs[2] = {};
-  unsigned n = 0;
-  if (cluster_z) {
-    attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n].val.clusterDim.x = 1;
-    attrs[n].val.clusterDim.y = 1;
-    attrs[n++].val.clusterDim.z = grid.z;
-  }
-  if (pdl) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  config.attrs = attrs;
-  config.numAttrs = n;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  const LaunchConfig launch(grid, dim3(threads), smem, stream, cluster_z ? grid.z : 0, pdl);
+  return cudaLaunchKernelEx(&launch.cfg, kernel, std::forward<Args>(args)...);
 }
 
 template <ActKind kAct, int kBN, int kWGM, int kS>

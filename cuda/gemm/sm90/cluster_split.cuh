@@ -1,8 +1,7 @@
 // Split-K for the sm_90a GEMM kernels that add their partial sums through shared memory, over a
-// thread-block cluster (distributed shared memory) or over the warps of one block: the cluster
-// launch, and the largest split whose whole grid the GPU keeps resident at once (one wave: a
-// second, partial wave would double the time of its blocks; more resident warps hide more load
-// and MMA latency).
+// thread-block cluster (distributed shared memory) or over the warps of one block: the largest
+// split whose whole grid the GPU keeps resident at once (one wave: a second, partial wave would
+// double the time of its blocks; more resident warps hide more load and MMA latency).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,33 +10,13 @@
 #include <cstdint>
 #include <mutex>
 
+#include "common/launch_config.cuh"
 #include "gemm/sm90/gemm_sm90_internal.h"  // sm_count
 
 namespace jax_nvfp4 {
 namespace sm90 {
 
 constexpr int kMaxClusterSplit = 8;  // the portable cluster size
-
-// A launch of `grid` whose blocks along z (the K split) form one cluster.
-struct ClusterLaunch {
-  cudaLaunchAttribute attr;
-  cudaLaunchConfig_t cfg;
-  ClusterLaunch(dim3 grid, dim3 block, size_t smem_bytes, int split, cudaStream_t stream)
-      : attr{}, cfg{} {
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = static_cast<unsigned>(split);
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem_bytes;
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-  }
-  ClusterLaunch(const ClusterLaunch&) = delete;
-  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
-};
 
 // Entry s (1..kMaxClusterSplit): blocks the device runs at once in clusters of s; 0 where the
 // launch is impossible.
@@ -53,7 +32,7 @@ ResidentBlocks query_resident_blocks(Kernel kernel, dim3 block, size_t smem_byte
     return blocks;
   }
   for (int s = 1; s <= kMaxClusterSplit; ++s) {
-    const ClusterLaunch probe(dim3(1, 1, s), block, smem_bytes, s, nullptr);
+    const LaunchConfig probe(dim3(1, 1, s), block, smem_bytes, nullptr, s, /*pdl=*/false);
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe.cfg) != cudaSuccess) {
       (void)cudaGetLastError();  // leave no sticky error for the launch to report

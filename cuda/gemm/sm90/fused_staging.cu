@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/launch_config.cuh"
 #include "common/scale_layout.h"
 #include "gemm/sm90/fused_staging.h"
 #include "gemm/sm90/fused_weights.cuh"
@@ -79,6 +80,7 @@ template <XKind XK, int MT>
 __global__ void stage_kernel(const GemmProblem p, int64_t staged_rows, int64_t chunks, uint32_t* xs) {
   constexpr int kTileWords = MT * kChunk / 2;
   const int64_t total = staged_rows * chunks * 16;
+  wait_for_prior_grids();  // programmatic dependent launch: the grid before may be writing x
   for (int64_t id = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; id < total;
        id += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int tq = static_cast<int>(id % 16);  // consecutive threads read consecutive 8-element words
@@ -98,9 +100,9 @@ cudaError_t launch(const GemmProblem& p, const StagedActivations& s, cudaStream_
   const int64_t staged_rows = s.m_tiles * MT;
   const int64_t threads = staged_rows * s.chunks * 16;
   const int64_t blocks = std::min<int64_t>(ceil_div(threads, 256), 8LL * sm_count());
-  stage_kernel<XK, MT><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-      p, staged_rows, s.chunks, static_cast<uint32_t*>(p.workspace));
-  return cudaGetLastError();
+  const LaunchConfig config(dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream, /*cluster_z=*/0, /*pdl=*/true);
+  return cudaLaunchKernelEx(&config.cfg, stage_kernel<XK, MT>, p, staged_rows, s.chunks,
+                            static_cast<uint32_t*>(p.workspace));
 }
 
 template <int MT>

@@ -36,6 +36,7 @@
 
 #include <cstdint>
 
+#include "common/launch_config.cuh"
 #include "common/scale_layout.h"
 #include "common/sm90_async.cuh"
 #include "gemm/sm90/cluster_split.cuh"
@@ -119,6 +120,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // group j holds weight chunk j (prologue round j, or iteration j - kLw); an activation
   // loader's holds chunk j in prologue round j < kLx, chunk j + kLx in iteration j. So before
   // iteration j commits, kLw - 1 (weights) or kLx - 1 (activations) younger groups may pend.
+  // Programmatic dependent launch (launch_gemm): the grid before this one, the staging kernel,
+  // may still be running; nothing above touched global memory.
+  wait_for_prior_grids();
 #pragma unroll 1
   for (int j = 0; j < Cfg::kLw; ++j) {
     if (!x_loader && j < n_local) load_w(j);
@@ -214,9 +218,9 @@ cudaError_t launch_gemm(const GemmProblem& p, const Plan& pl, cudaStream_t strea
   const ResidentBlocks capacity = resident_blocks<fused_kernel<MT, kVec16>>(dim3(kThreads), Tile<MT>::kSmemBytes);
   if (capacity[1] == 0) return cudaErrorInvalidConfiguration;  // the kernel cannot run here
   const int split = one_wave_split(pl.n_tiles * pl.x.m_tiles, pl.x.chunks, kMinChunksPerSplit, capacity);
-  const ClusterLaunch launch(
+  const LaunchConfig launch(
       dim3(static_cast<unsigned>(pl.n_tiles), static_cast<unsigned>(pl.x.m_tiles), static_cast<unsigned>(split)),
-      dim3(kThreads), Tile<MT>::kSmemBytes, split, stream);
+      dim3(kThreads), Tile<MT>::kSmemBytes, stream, static_cast<unsigned>(split), /*pdl=*/true);
   return cudaLaunchKernelEx(&launch.cfg, fused_kernel<MT, kVec16>, p, static_cast<const uint8_t*>(p.workspace),
                             pl.x.chunks, pl.x.rows_per_x_row);
 }

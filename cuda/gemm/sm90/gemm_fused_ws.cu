@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/launch_config.cuh"
 #include "common/scale_layout.h"
 #include "common/sm90_async.cuh"
 #include "common/stmatrix_tile.cuh"
@@ -224,6 +225,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
+  // Programmatic dependent launch (launch): the grid before this one, the staging kernel, may
+  // still be writing the activations; nothing above touched global memory.
+  wait_for_prior_grids();
   if (threadIdx.x >= 128 * kConsumers) {
     produce<kPiece>(p, xs, chunks, tiles, smem, full, empty);
   } else {
@@ -238,9 +242,10 @@ cudaError_t launch(const GemmProblem& p, const StagedActivations& x, cudaStream_
   if (capacity[1] == 0) return cudaErrorInvalidConfiguration;  // the kernel cannot run here
   const Tiles tiles{ceil_div(p.n, kRows), x.m_tiles};
   const int64_t grid = std::min<int64_t>(tiles.count(), sm_count());
-  fused_ws_kernel<kPiece><<<static_cast<unsigned>(grid), kThreads, kSmemBytes, stream>>>(
-      p, static_cast<const uint8_t*>(p.workspace), x.chunks, x.rows_per_x_row, tiles);
-  return cudaGetLastError();
+  const LaunchConfig config(dim3(static_cast<unsigned>(grid)), dim3(kThreads), kSmemBytes, stream, /*cluster_z=*/0,
+                            /*pdl=*/true);
+  return cudaLaunchKernelEx(&config.cfg, fused_ws_kernel<kPiece>, p, static_cast<const uint8_t*>(p.workspace),
+                            x.chunks, x.rows_per_x_row, tiles);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// Times the prefill path's weight dequantization pass (NVFP4 -> bf16, gemm_prefill.cu) alone on
-// the Llama-3-8B weight shapes, operand copies rotating through more than the L2:
+// Times the prefill path's preparation kernel (gemm_prefill.cu) with bf16 x, i.e. the weight
+// dequantization pass (NVFP4 -> bf16), alone on the Llama-3-8B weight shapes, operand copies
+// rotating through more than the L2:
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -I cuda
 //        -o dequant_pass_bench bench/dequant_pass_bench.cu cuda/gemm/sm90/sm_count.cu
@@ -23,9 +24,10 @@ namespace sm90 {
 size_t wgmma_gemm_workspace_f32(int, int, int) { return 0; }
 size_t wgmma_gemm_workspace_bf16(int, int, int) { return 0; }
 size_t wgmma_gemm_workspace_f16(int, int, int) { return 0; }
-cudaError_t wgmma_gemm_f32(const WgmmaGemmArgs&, cudaStream_t) { return cudaErrorNotSupported; }
-cudaError_t wgmma_gemm_bf16(const WgmmaGemmArgs&, cudaStream_t) { return cudaErrorNotSupported; }
-cudaError_t wgmma_gemm_f16(const WgmmaGemmArgs&, cudaStream_t) { return cudaErrorNotSupported; }
+using Prepare = std::function<cudaError_t()>;
+cudaError_t wgmma_gemm_f32(const WgmmaGemmArgs&, cudaStream_t, const Prepare&) { return cudaErrorNotSupported; }
+cudaError_t wgmma_gemm_bf16(const WgmmaGemmArgs&, cudaStream_t, const Prepare&) { return cudaErrorNotSupported; }
+cudaError_t wgmma_gemm_f16(const WgmmaGemmArgs&, cudaStream_t, const Prepare&) { return cudaErrorNotSupported; }
 }  // namespace sm90
 }  // namespace jax_nvfp4
 
@@ -50,11 +52,24 @@ int main(int argc, char** argv) {
       CUDA_CHECK(cudaMemcpy(dc[i], codes.data(), code_bytes, cudaMemcpyHostToDevice));
       CUDA_CHECK(cudaMemcpy(ds[i], scales.data(), scale_bytes, cudaMemcpyHostToDevice));
     }
-    __nv_bfloat16* out;
-    CUDA_CHECK(cudaMalloc(&out, sh.n * sh.k * 2));
+    // A W4A16 problem (bf16 x, which needs no conversion): the preparation kernel then writes
+    // the bf16 weights, alpha and the float32 bias row; the weights dominate its bytes.
+    float* s_dec;
+    CUDA_CHECK(cudaMalloc(&s_dec, sizeof(float)));
+    CUDA_CHECK(cudaMemset(s_dec, 0, sizeof(float)));
+    GemmProblem p;
+    p.m = 1;
+    p.n = sh.n;
+    p.k = sh.k;
+    p.b.s_dec = s_dec;
+    const sm90::Plan plan = sm90::make_plan(p);
+    uint8_t* ws;
+    CUDA_CHECK(cudaMalloc(&ws, plan.total));
+    const __nv_bfloat16* out = reinterpret_cast<const __nv_bfloat16*>(ws + plan.off_w);
     auto call = [&](int i) {
-      Nvfp4Operand op{dc[i % kCopies], ds[i % kCopies], nullptr};
-      CUDA_CHECK(sm90::dequantize_to_bf16(op, sh.n, sh.n, sh.k, 1, out, stream));
+      p.b.codes = dc[i % kCopies];
+      p.b.scales = ds[i % kCopies];
+      CUDA_CHECK(sm90::prepare(p, plan, ws, stream));
     };
     for (int i = 0; i < 8; ++i) call(i);
     const double us = median_us_per_call(stream, 7, 40, call);
@@ -66,6 +81,7 @@ int main(int argc, char** argv) {
     std::printf("| %s | %lld x %lld | %.1f us | %.2f TB/s | %016llx |\n", label, (long long)sh.n, (long long)sh.k, us,
                 bytes / us * 1e-6, (unsigned long long)h);
     for (int i = 0; i < kCopies; ++i) { cudaFree(dc[i]); cudaFree(ds[i]); }
-    cudaFree(out);
+    cudaFree(ws);
+    cudaFree(s_dec);
   }
 }

@@ -3,10 +3,10 @@
 // what the JAX-level figures add.
 //
 //   bash bench/fused_gemm_bench.sh      (builds this file with the three kernels; on the GPU)
-//   ./fused_gemm_bench [--ms 256,512,...] [--only-n N]
+//   ./fused_gemm_bench [--ms 256,512,...] [--only-n N] [--w4a4]
 //
 // W4A16: random NVFP4 weights (all 16 codes, E4M3 scales in [2^-4, 2]) and bf16 activations,
-// bf16 output. Every candidate runs 20 back-to-back calls in turn, 7 rounds, median per call
+// bf16 output; with --w4a4 the activations are random NVFP4 as well (cuBLAS still gets bf16). Every candidate runs 20 back-to-back calls in turn, 7 rounds, median per call
 // (clock drift as the GPU warms hits all alike); the weights rotate over copies larger than the
 // L2, as in the JAX benchmark. The three families' outputs are compared with each other
 // (relative Frobenius difference; they compute the same products in different orders).
@@ -58,15 +58,17 @@ double rel_diff(const std::vector<__nv_bfloat16>& a, const std::vector<__nv_bflo
 int main(int argc, char** argv) {
   std::vector<int64_t> ms = {256, 512, 1024, 2048, 4096, 8192};
   int64_t only_n = 0;
+  bool w4a4 = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--ms") && i + 1 < argc) ms = parse_list(argv[++i]);
     else if (!std::strcmp(argv[i], "--only-n") && i + 1 < argc) only_n = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--w4a4")) w4a4 = true;
   }
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  std::printf("device %s, %d SMs, %s\n", prop.name, prop.multiProcessorCount, w4a4 ? "W4A4" : "W4A16");
   Cublas cublas;
   cublas.init(s);
 
@@ -109,6 +111,20 @@ int main(int argc, char** argv) {
       CUDA_CHECK(cudaMalloc(&y, m * n * 2));
       CUDA_CHECK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
       GemmProblem p = w4a16_problem(m, n, k, x, d_codes, d_scales, s_dec, y);
+      uint8_t *x_codes = nullptr, *x_scales = nullptr;
+      if (w4a4) {
+        const size_t xc_bytes = m * k / 2, xs_bytes = scale_matrix_bytes(m, k / kBlockSize);
+        std::vector<uint8_t> xc(xc_bytes), xs(xs_bytes, 0);
+        for (auto& c : xc) c = static_cast<uint8_t>(byte(rng));
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t b = 0; b < k / kBlockSize; ++b) xs[scale_offset(r, b, k / kBlockSize)] = static_cast<uint8_t>(sc(rng));
+        CUDA_CHECK(cudaMalloc(&x_codes, xc_bytes));
+        CUDA_CHECK(cudaMalloc(&x_scales, xs_bytes));
+        CUDA_CHECK(cudaMemcpy(x_codes, xc.data(), xc_bytes, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(x_scales, xs.data(), xs_bytes, cudaMemcpyHostToDevice));
+        p.a_is_nvfp4 = true;
+        p.a_q = {x_codes, x_scales, s_dec};
+      }
       p.workspace_bytes = std::max({sm90::fused_workspace_bytes(p), sm90::fused_ws_workspace_bytes(p),
                                     sm90::prefill_workspace_bytes(p)});
       CUDA_CHECK(cudaMalloc(&p.workspace, p.workspace_bytes));
@@ -162,6 +178,10 @@ int main(int argc, char** argv) {
       CUDA_CHECK(cudaFree(p.workspace));
       CUDA_CHECK(cudaFree(x));
       CUDA_CHECK(cudaFree(y));
+      if (w4a4) {
+        CUDA_CHECK(cudaFree(x_codes));
+        CUDA_CHECK(cudaFree(x_scales));
+      }
     }
     CUDA_CHECK(cudaFree(d_codes));
     CUDA_CHECK(cudaFree(d_scales));

@@ -172,7 +172,8 @@ int main() {
     calls.push_back([&] { cublas_gemm(handle, s.m, s.n, s.k, da, db, dd); });
 #endif
     for (const NamedOrder& o : kOrders) {
-      calls.push_back([&, o] { CUDA_CHECK(Config::run(s.m, s.n, s.k, da, db, dd, alpha, bias, ws, stream, o.order)); });
+      const WgmmaGemmArgs g{s.m, s.n, s.k, da, db, dd, alpha, bias, ws};
+      calls.push_back([&, g, o] { CUDA_CHECK(Config::run(g, stream, {}, o.order)); });
     }
     std::printf("| %d | %d | %d |", s.m, s.n, s.k);
     for (double us : round_robin_us(stream, calls)) std::printf(" %.1f (%.0f) |", us, flops / us * 1e-6);

@@ -6,13 +6,16 @@
 // epilogue. Activations that are not bf16 are made bf16 first: NVFP4 x is dequantized the same
 // way, f16 and f32 x are split into hi + lo bf16 halves laid side by side along K (the weights
 // are then written twice along K), which is exact for f16 and leaves ~2^-17 relative for f32.
+// One kernel launch prepares all of that (and alpha and the bias).
 //
-// The GEMM is CUTLASS's TMA warp-specialized persistent wgmma kernel (wgmma_gemm.cuh).
+// The GEMM is CUTLASS's TMA warp-specialized persistent wgmma kernel (wgmma_gemm.cuh), a
+// programmatic dependent launch of the preparation kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
 
+#include "common/launch_config.cuh"
 #include "common/nvfp4_decode.cuh"
 #include "common/scale_layout.h"
 #include "gemm/sm90/gemm_device_utils.cuh"
@@ -42,78 +45,98 @@ __device__ __forceinline__ uint4 dequant_word_ordered(uint32_t word, uint32_t sc
                     __byte_perm(p0, p1, 0x7632), __byte_perm(p2, p3, 0x7632));
 }
 
-// The preparation kernels walk rows with the grid (one row per block at a time) and a row's
+// The preparation kernel walks rows with the grid (one row per block at a time) and a row's
 // elements with the block's threads: 32-bit column math, no per-element 64-bit division.
 
+constexpr int kPrepThreads = 128;     // K = 4096: every thread's kDequantUnroll loads in use
 constexpr int kDequantUnroll = 4;     // words a thread loads before converting any
-constexpr int kDequantThreads = 128;  // K = 4096: every thread's kDequantUnroll loads in use
 
-// NVFP4 [rows, k] -> bf16 [out_rows, copies * k] (each row written `copies` times along K; rows
-// past `rows` zero). Thread t converts words t, t + blockDim, ... of a row (8 codes in, 16 bytes
-// out), so a warp's 4-byte loads and 16-byte stores are both contiguous, and it issues
-// kDequantUnroll loads before it waits on one: the pass is a memory stream (4.5 bits in, 16 out).
-__global__ void dequantize_rows(Nvfp4Operand src, int64_t rows, int64_t out_rows, int64_t k,
-                                int copies, __nv_bfloat16* dst) {
+// One NVFP4 row of k codes -> bf16, written `copies` times along K (zeros when !valid: padding
+// rows). Thread t converts words t, t + blockDim, ... (8 codes in, 16 bytes out), so a warp's
+// 4-byte loads and 16-byte stores are both contiguous, and it issues kDequantUnroll loads before
+// it waits on one: the pass is a memory stream (4.5 bits in, 16 out).
+__device__ void dequantize_row(const Nvfp4Operand& src, int64_t r, bool valid, int64_t k, int copies,
+                               __nv_bfloat16* dst) {
   const int words = static_cast<int>(k / 8);
   const int step = static_cast<int>(blockDim.x);
-  for (int64_t r = blockIdx.x; r < out_rows; r += gridDim.x) {
-    const uint32_t* codes = reinterpret_cast<const uint32_t*>(src.codes + r * (k / 2));
-    const uint8_t* scales = src.scales + scale_offset(r, 0, k / kBlockSize);
-    uint4* out_row = reinterpret_cast<uint4*>(dst + r * copies * k);
-    const bool valid = r < rows;
-    for (int w0 = threadIdx.x; w0 < words; w0 += kDequantUnroll * step) {
-      uint32_t c[kDequantUnroll];
-      uint8_t s[kDequantUnroll];
+  const uint32_t* codes = reinterpret_cast<const uint32_t*>(src.codes + r * (k / 2));
+  const uint8_t* scales = src.scales + scale_offset(r, 0, k / kBlockSize);
+  uint4* out_row = reinterpret_cast<uint4*>(dst);
+  for (int w0 = threadIdx.x; w0 < words; w0 += kDequantUnroll * step) {
+    uint32_t c[kDequantUnroll];
+    uint8_t s[kDequantUnroll];
 #pragma unroll
-      for (int u = 0; u < kDequantUnroll; ++u) {
-        const int w = w0 + u * step;
-        const bool load = valid && w < words;
-        c[u] = load ? __ldg(codes + w) : 0u;
-        s[u] = load ? __ldg(scales + row_scale_offset(w / 2)) : uint8_t{0};
-      }
+    for (int u = 0; u < kDequantUnroll; ++u) {
+      const int w = w0 + u * step;
+      const bool load = valid && w < words;
+      c[u] = load ? __ldg(codes + w) : 0u;
+      s[u] = load ? __ldg(scales + row_scale_offset(w / 2)) : uint8_t{0};
+    }
 #pragma unroll
-      for (int u = 0; u < kDequantUnroll; ++u) {
-        const int w = w0 + u * step;
-        if (w < words) {
-          const uint4 v = dequant_word_ordered(c[u], widen_scale(s[u]));
-          for (int copy = 0; copy < copies; ++copy) out_row[copy * words + w] = v;
-        }
+    for (int u = 0; u < kDequantUnroll; ++u) {
+      const int w = w0 + u * step;
+      if (w < words) {
+        const uint4 v = dequant_word_ordered(c[u], widen_scale(s[u]));
+        for (int copy = 0; copy < copies; ++copy) out_row[copy * words + w] = v;
       }
     }
   }
 }
 
-// f16/f32 x [m, k] -> bf16 [m, 2k]: hi = bf16(x) in columns [0, k), lo = bf16(x - hi) in [k, 2k).
+// One f16/f32 row of k values -> bf16 [2k]: hi = bf16(x) in columns [0, k), lo = bf16(x - hi)
+// in [k, 2k).
 template <typename T>
-__global__ void split_rows(const T* x, int64_t m, int64_t k, __nv_bfloat16* dst) {
-  for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
-    const T* row = x + r * k;
-    __nv_bfloat16* out = dst + r * 2 * k;
-    for (int c = threadIdx.x; c < k; c += blockDim.x) {
-      const float v = static_cast<float>(row[c]);
-      const __nv_bfloat16 h = __float2bfloat16_rn(v);
-      out[c] = h;
-      out[k + c] = __float2bfloat16_rn(v - __bfloat162float(h));
-    }
+__device__ void split_row(const T* row, int64_t k, __nv_bfloat16* out) {
+  for (int c = threadIdx.x; c < k; c += blockDim.x) {
+    const float v = static_cast<float>(row[c]);
+    const __nv_bfloat16 h = __float2bfloat16_rn(v);
+    out[c] = h;
+    out[k + c] = __float2bfloat16_rn(v - __bfloat162float(h));
   }
 }
 
-// alpha (with the dequantization factors undone) and the bias as float32 [n_pad] (zero padded).
-__global__ void epilogue_operands(GemmProblem p, int64_t n_pad, float* alpha, float* bias) {
-  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (first == 0) {
+// How the preparation kernel makes x bf16.
+enum class XPrep { kNone, kDequantize, kSplitF16, kSplitF32 };
+
+// Everything the GEMM reads besides a bf16 x, in one launch (launch gaps between several small
+// kernels cost more than their work at M ~ 1024): rows [0, n_pad) of the grid's row space are the
+// weight rows, dequantized (rows past n zero) together with bias[row] (float32, zero padded);
+// rows [n_pad, n_pad + m) are x's rows, converted as kX says; block 0 also writes alpha with the
+// dequantization factors undone. A programmatic dependent launch: it waits for the grid before it.
+template <XPrep kX>
+__global__ void __launch_bounds__(kPrepThreads) prepare_operands(GemmProblem p, int64_t n_pad, int copies,
+                                                                 __nv_bfloat16* w_out, __nv_bfloat16* x_out,
+                                                                 float* alpha, float* bias) {
+  wait_for_prior_grids();
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
     float a = *p.b.s_dec * (1.0f / kDequantFactor);
     if (p.a_is_nvfp4) a *= *p.a_q.s_dec * (1.0f / kDequantFactor);
     *alpha = a;
   }
-  for (int64_t i = first; i < n_pad; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    bias[i] = p.bias && i < p.n ? load_as_float(p.bias, p.bias_dtype, i) : 0.f;
+  const int64_t k = p.k;
+  const int64_t rows = n_pad + (kX == XPrep::kNone ? 0 : p.m);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    if (r < n_pad) {
+      if (threadIdx.x == 0) bias[r] = p.bias && r < p.n ? load_as_float(p.bias, p.bias_dtype, r) : 0.f;
+      dequantize_row(p.b, r, r < p.n, k, copies, w_out + r * copies * k);
+      continue;
+    }
+    const int64_t xr = r - n_pad;
+    if constexpr (kX == XPrep::kDequantize) {
+      dequantize_row(p.a_q, xr, true, k, 1, x_out + xr * k);
+    } else if constexpr (kX == XPrep::kSplitF16) {
+      split_row(static_cast<const __half*>(p.a) + xr * k, k, x_out + xr * 2 * k);
+    } else if constexpr (kX == XPrep::kSplitF32) {
+      split_row(static_cast<const float*>(p.a) + xr * k, k, x_out + xr * 2 * k);
+    }
   }
 }
 
 // Copies columns [0, n) of a [m, n_pad] matrix of elem_bytes elements to a dense [m, n] one.
+// A programmatic dependent launch of the GEMM (which lets it start at its last tiles).
 __global__ void crop_columns(const uint8_t* src, int64_t m, int64_t n, int64_t n_pad, int elem_bytes,
                              uint8_t* dst) {
+  wait_for_prior_grids();
   const int row_bytes = static_cast<int>(n) * elem_bytes;
   for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
     const uint8_t* from = src + r * n_pad * elem_bytes;
@@ -173,23 +196,31 @@ Plan make_plan(const GemmProblem& p) {
   return plan;
 }
 
-// Blocks for a row-walking kernel over `rows` rows.
-int grid_rows(int64_t rows) {
+// Blocks for a row-walking kernel over `rows` rows (up to 32 per SM, each walking rows).
+unsigned grid_rows(int64_t rows) {
   const int64_t cap = 32LL * sm_count();
-  return static_cast<int>(rows < 1 ? 1 : (rows < cap ? rows : cap));
+  return static_cast<unsigned>(rows < 1 ? 1 : (rows < cap ? rows : cap));
 }
 
-int grid_for(int64_t work, int threads) {
-  const int64_t blocks = ceil_div(work, threads);
-  const int64_t cap = 16LL * sm_count();  // grid-stride loops beyond a few waves
-  return static_cast<int>(blocks < cap ? (blocks > 0 ? blocks : 1) : cap);
+template <XPrep kX>
+cudaError_t launch_prepare(const GemmProblem& p, const Plan& plan, uint8_t* ws, cudaStream_t stream) {
+  const int64_t rows = plan.n_pad + (kX == XPrep::kNone ? 0 : p.m);
+  LaunchConfig launch(grid_rows(rows), kPrepThreads, 0, stream, 0, /*pdl=*/true);
+  return cudaLaunchKernelEx(&launch.cfg, prepare_operands<kX>, p, plan.n_pad, plan.copies,
+                            reinterpret_cast<__nv_bfloat16*>(ws + plan.off_w),
+                            reinterpret_cast<__nv_bfloat16*>(ws + plan.off_x),
+                            reinterpret_cast<float*>(ws + plan.off_alpha), reinterpret_cast<float*>(ws + plan.off_bias));
 }
 
-// Launches dequantize_rows over out_rows rows (up to 32 blocks per SM, each walking rows).
-cudaError_t dequantize_to_bf16(const Nvfp4Operand& src, int64_t rows, int64_t out_rows, int64_t k, int copies,
-                               __nv_bfloat16* dst, cudaStream_t stream) {
-  dequantize_rows<<<grid_rows(out_rows), kDequantThreads, 0, stream>>>(src, rows, out_rows, k, copies, dst);
-  return cudaGetLastError();
+// Enqueues the preparation kernel of `p`: the bf16 weights, x made bf16 where it is not, alpha and
+// the bias, in the workspace regions of `plan`.
+cudaError_t prepare(const GemmProblem& p, const Plan& plan, uint8_t* ws, cudaStream_t stream) {
+  if (p.a_is_nvfp4) return launch_prepare<XPrep::kDequantize>(p, plan, ws, stream);
+  switch (p.a_dtype) {
+    case DType::kF32: return launch_prepare<XPrep::kSplitF32>(p, plan, ws, stream);
+    case DType::kF16: return launch_prepare<XPrep::kSplitF16>(p, plan, ws, stream);
+    default: return launch_prepare<XPrep::kNone>(p, plan, ws, stream);
+  }
 }
 
 }  // namespace
@@ -203,42 +234,23 @@ cudaError_t prefill_gemm(const GemmProblem& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   uint8_t* ws = static_cast<uint8_t*>(p.workspace);
-  auto* w_bf16 = reinterpret_cast<__nv_bfloat16*>(ws + plan.off_w);
-  auto* x_bf16 = reinterpret_cast<__nv_bfloat16*>(ws + plan.off_x);
-  auto* alpha = reinterpret_cast<float*>(ws + plan.off_alpha);
-  auto* bias = reinterpret_cast<float*>(ws + plan.off_bias);
-  constexpr int kThreads = 256;
-
-  dequantize_to_bf16(p.b, p.n, plan.n_pad, p.k, plan.copies, w_bf16, stream);
-  epilogue_operands<<<grid_for(plan.n_pad, kThreads), kThreads, 0, stream>>>(p, plan.n_pad, alpha, bias);
-  const void* a = p.a;
-  if (p.a_is_nvfp4) {
-    dequantize_to_bf16(p.a_q, p.m, p.m, p.k, 1, x_bf16, stream);
-    a = x_bf16;
-  } else if (p.a_dtype == DType::kF32) {
-    split_rows<<<grid_rows(p.m), kThreads, 0, stream>>>(
-        static_cast<const float*>(p.a), p.m, p.k, x_bf16);
-    a = x_bf16;
-  } else if (p.a_dtype == DType::kF16) {
-    split_rows<<<grid_rows(p.m), kThreads, 0, stream>>>(
-        static_cast<const __half*>(p.a), p.m, p.k, x_bf16);
-    a = x_bf16;
-  }
-  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
-
   void* d = plan.crop ? static_cast<void*>(ws + plan.off_d) : p.out;
-  const int m = static_cast<int>(p.m), n = static_cast<int>(plan.n_pad), k = static_cast<int>(plan.k_gemm);
-  const WgmmaGemmArgs g{m, n, k, a, w_bf16, d, alpha, bias, ws + plan.off_cutlass};
+  const WgmmaGemmArgs g{static_cast<int>(p.m), static_cast<int>(plan.n_pad), static_cast<int>(plan.k_gemm),
+                        plan.convert_x ? ws + plan.off_x : p.a,
+                        ws + plan.off_w, d,
+                        reinterpret_cast<float*>(ws + plan.off_alpha), reinterpret_cast<float*>(ws + plan.off_bias),
+                        ws + plan.off_cutlass};
+  const auto prepare_operands = [&] { return prepare(p, plan, ws, stream); };
   cudaError_t err;
   switch (p.out_dtype) {
-    case DType::kF32: err = wgmma_gemm_f32(g, stream); break;
-    case DType::kBF16: err = wgmma_gemm_bf16(g, stream); break;
-    default: err = wgmma_gemm_f16(g, stream); break;
+    case DType::kF32: err = wgmma_gemm_f32(g, stream, prepare_operands); break;
+    case DType::kBF16: err = wgmma_gemm_bf16(g, stream, prepare_operands); break;
+    default: err = wgmma_gemm_f16(g, stream, prepare_operands); break;
   }
   if (err != cudaSuccess || !plan.crop) return err;
-  crop_columns<<<grid_rows(p.m), kThreads, 0, stream>>>(
-      ws + plan.off_d, p.m, p.n, plan.n_pad, elem_bytes(p.out_dtype), static_cast<uint8_t*>(p.out));
-  return cudaGetLastError();
+  LaunchConfig launch(grid_rows(p.m), 256, 0, stream, 0, /*pdl=*/true);
+  return cudaLaunchKernelEx(&launch.cfg, crop_columns, static_cast<const uint8_t*>(ws + plan.off_d), p.m, p.n,
+                            plan.n_pad, elem_bytes(p.out_dtype), static_cast<uint8_t*>(p.out));
 }
 
 }  // namespace sm90

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <functional>
 
 #include "gemm/gemm_problem.h"
 
@@ -40,7 +41,9 @@ size_t prefill_workspace_bytes(const GemmProblem& p);
 cudaError_t prefill_gemm(const GemmProblem& p, cudaStream_t stream);
 
 // D[m, n] (row-major, of the output type) = *alpha * A[m, k] . B[n, k]^T + bias[n]: bf16
-// row-major A and B, float32 alpha and bias; n must keep D's rows 16-byte aligned.
+// row-major A and B, float32 alpha and bias; n must keep D's rows 16-byte aligned. `prepare`
+// (may be empty) enqueues the kernels that write A, B, alpha and bias; it runs after CUTLASS's
+// workspace set-up, so that the GEMM, a programmatic dependent launch, directly follows them.
 struct WgmmaGemmArgs {
   int m, n, k;
   const void* a;
@@ -53,9 +56,12 @@ struct WgmmaGemmArgs {
 size_t wgmma_gemm_workspace_f32(int m, int n, int k);
 size_t wgmma_gemm_workspace_bf16(int m, int n, int k);
 size_t wgmma_gemm_workspace_f16(int m, int n, int k);
-cudaError_t wgmma_gemm_f32(const WgmmaGemmArgs& g, cudaStream_t stream);
-cudaError_t wgmma_gemm_bf16(const WgmmaGemmArgs& g, cudaStream_t stream);
-cudaError_t wgmma_gemm_f16(const WgmmaGemmArgs& g, cudaStream_t stream);
+cudaError_t wgmma_gemm_f32(const WgmmaGemmArgs& g, cudaStream_t stream,
+                           const std::function<cudaError_t()>& prepare);
+cudaError_t wgmma_gemm_bf16(const WgmmaGemmArgs& g, cudaStream_t stream,
+                           const std::function<cudaError_t()>& prepare);
+cudaError_t wgmma_gemm_f16(const WgmmaGemmArgs& g, cudaStream_t stream,
+                           const std::function<cudaError_t()>& prepare);
 
 // Streaming-multiprocessor count of the current device (cached per device).
 int sm_count();

@@ -7,18 +7,25 @@
 // accumulators, a persistent stream-K tile scheduler (it splits K, deterministically, when M x N
 // has too few tiles to fill the GPU), and an epilogue computing alpha * acc + bias[n] (alpha read
 // from device memory) with a TMA store.
+//
+// The GEMM is a programmatic dependent launch of the kernel that prepares its operands, so its
+// launch overlaps that kernel's tail; it runs CUTLASS's kernel behind a griddepcontrol.wait.
+// (CUTLASS's own wait, compiled in by CUTLASS_ENABLE_GDC_FOR_SM90, does not compile with the
+// stream-K scheduler of CUTLASS 4.2: `is_last_tile` binds a member to a non-const reference.)
 #pragma once
 
+#include <functional>
 #include <type_traits>
 
 #include "cute/tensor.hpp"
+#include "cutlass/cluster_launch.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/epilogue/fusion/operations.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
+#include "common/launch_config.cuh"
 #include "gemm/sm90/gemm_sm90_internal.h"
 
 namespace jax_nvfp4 {
@@ -30,6 +37,18 @@ using cute::_2;
 using cute::_64;
 using cute::_128;
 using cute::_256;
+
+// CUTLASS's kernel `Kernel` once every grid before it in the stream has completed (what
+// cutlass::device_kernel runs, behind the wait): the GEMM can then be a programmatic dependent
+// launch of the kernel that writes its operands.
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::MaxThreadsPerBlock, Kernel::MinBlocksPerMultiprocessor)
+gemm_after_prior_grids(CUTLASS_GRID_CONSTANT const typename Kernel::Params params) {
+  wait_for_prior_grids();
+  extern __shared__ char smem[];
+  Kernel op;
+  op(params, smem);
+}
 
 // The order in which the persistent scheduler hands out output tiles: along M or N (or as
 // CUTLASS's heuristic picks from the tile counts), in groups of `swizzle` (1, 2, 4, 8) tiles
@@ -77,18 +96,17 @@ struct WgmmaGemm {
                          cutlass::gemm::KernelTmaWarpSpecializedCooperative>>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
                                                       Scheduler>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  static typename Gemm::Arguments arguments(int m, int n, int k, const void* a, const void* b,
-                                            void* d, const float* alpha, const float* bias,
-                                            TileOrder order = {}) {
+  static typename Kernel::Arguments arguments(int m, int n, int k, const void* a, const void* b,
+                                              void* d, const float* alpha, const float* bias,
+                                              TileOrder order = {}) {
     using StrideA = typename Kernel::StrideA;
     using StrideB = typename Kernel::StrideB;
     using StrideC = typename Kernel::StrideC;
     using StrideD = typename Kernel::StrideD;
     cutlass::KernelHardwareInfo hw;
     hw.sm_count = sm_count();
-    typename Gemm::Arguments args{
+    typename Kernel::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
         {m, n, k, 1},
         {static_cast<const ElementAB*>(a), cutlass::make_cute_packed_stride(StrideA{}, {m, k, 1}),
@@ -105,19 +123,36 @@ struct WgmmaGemm {
   }
 
   static size_t workspace_bytes(int m, int n, int k) {
-    return Gemm::get_workspace_size(arguments(m, n, k, nullptr, nullptr, nullptr, nullptr, nullptr));
+    return Kernel::get_workspace_size(arguments(m, n, k, nullptr, nullptr, nullptr, nullptr, nullptr));
   }
 
-  static cudaError_t run(int m, int n, int k, const void* a, const void* b, void* d,
-                         const float* alpha, const float* bias, void* workspace, cudaStream_t stream,
-                         TileOrder order = {}) {
-    Gemm gemm;
-    const auto args = arguments(m, n, k, a, b, d, alpha, bias, order);
-    if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
-    if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) {
+  // Sets CUTLASS's workspace up (stream-K zeroes its barriers with a memset), enqueues
+  // `prepare` (the kernels that write A, B, alpha and bias; may be empty), then the GEMM as a
+  // programmatic dependent launch of the last of them.
+  static cudaError_t run(const WgmmaGemmArgs& g, cudaStream_t stream,
+                         const std::function<cudaError_t()>& prepare, TileOrder order = {}) {
+    const auto args = arguments(g.m, g.n, g.k, g.a, g.b, g.d, g.alpha, g.bias, order);
+    if (!Kernel::can_implement(args)) return cudaErrorInvalidValue;
+    if (Kernel::initialize_workspace(args, g.workspace, stream) != cutlass::Status::kSuccess) {
       return cudaErrorLaunchFailure;
     }
-    if (gemm.run(stream) != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
+    if (prepare) {
+      if (const cudaError_t err = prepare(); err != cudaSuccess) return err;
+    }
+    const void* kernel = reinterpret_cast<const void*>(gemm_after_prior_grids<Kernel>);
+    constexpr int kSmem = Kernel::SharedStorageSize;
+    if (const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+        err != cudaSuccess) {
+      return err;
+    }
+    auto params = Kernel::to_underlying_arguments(args, g.workspace);
+    void* kernel_params[] = {&params};
+    const dim3 cluster(cute::size<0>(ClusterShape{}), cute::size<1>(ClusterShape{}), cute::size<2>(ClusterShape{}));
+    if (cutlass::ClusterLauncher::launch(Kernel::get_grid_shape(params), cluster, Kernel::get_block_shape(), kSmem,
+                                         stream, kernel, kernel_params, /*launch_with_pdl=*/true) !=
+        cutlass::Status::kSuccess) {
+      return cudaErrorLaunchFailure;
+    }
     return cudaGetLastError();
   }
 };

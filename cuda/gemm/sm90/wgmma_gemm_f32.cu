@@ -11,8 +11,9 @@ namespace sm90 {
 
 size_t wgmma_gemm_workspace_f32(int m, int n, int k) { return WgmmaGemm<float>::workspace_bytes(m, n, k); }
 
-cudaError_t wgmma_gemm_f32(const WgmmaGemmArgs& g, cudaStream_t stream) {
-  return WgmmaGemm<float>::run(g.m, g.n, g.k, g.a, g.b, g.d, g.alpha, g.bias, g.workspace, stream);
+cudaError_t wgmma_gemm_f32(const WgmmaGemmArgs& g, cudaStream_t stream,
+                           const std::function<cudaError_t()>& prepare) {
+  return WgmmaGemm<float>::run(g, stream, prepare);
 }
 
 }  // namespace sm90

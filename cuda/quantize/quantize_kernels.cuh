@@ -9,6 +9,10 @@
 // writes 32 consecutive scale bytes, reads 8 rows x 4 consecutive blocks (whole 128-byte lines
 // for bf16), and the tile's padding entries (rows past R, blocks past K/16) are written as zero
 // by the threads that own them. CTAs loop over half-tiles (persistent grid).
+//
+// Every kernel is a programmatic dependent launch (common/launch_config.cuh) that waits for the
+// grid before it on its first line: its launch overlaps that grid's tail, which matters where a
+// pass takes a few microseconds (activations at decode).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,6 +22,7 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "common/launch_config.cuh"
 #include "common/nvfp4_decode.cuh"
 #include "common/scale_layout.h"
 #include "quantize/fast_divide.h"
@@ -235,6 +240,7 @@ __device__ __forceinline__ uint32_t quantize_block(const float* f, float s_enc, 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) amax_kernel(const uint4* __restrict__ x,
                                                         int64_t vectors, uint32_t* amax_bits) {
+  wait_for_prior_grids();
   constexpr int kPer = Elem<T>::kPerVector;
   float m = 0.0f;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
@@ -272,6 +278,7 @@ template <typename Encoder, typename T>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(
     const T* __restrict__ x, int64_t k, TileGrid grid, EncodeScales enc, int64_t groups,
     uint2* __restrict__ codes, uint8_t* __restrict__ scales, float* __restrict__ s_dec) {
+  wait_for_prior_grids();
   // Without given scales every row shares the tensor's S_enc, derived once per thread.
   const bool per_group = enc.given != nullptr;
   const float tensor_s_enc =
@@ -321,6 +328,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(
     const uint2* __restrict__ codes, const uint8_t* __restrict__ scales,
     const float* __restrict__ s_dec, int64_t rows_per_group, int64_t k, TileGrid grid,
     T* __restrict__ out) {
+  wait_for_prior_grids();
   for (uint32_t h = blockIdx.x; h < grid.half_tiles; h += gridDim.x) {
     const BlockRef b = block_of(grid, h);
     if (!b.valid) continue;
@@ -353,6 +361,13 @@ int persistent_grid(Kernel kernel, int64_t work_items) {
   return static_cast<int>(work_items < full ? (work_items > 0 ? work_items : 1) : full);
 }
 
+// Launches `kernel` on `blocks` CTAs of kThreads as a programmatic dependent launch.
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), int blocks, cudaStream_t stream, Args... args) {
+  LaunchConfig launch(blocks, kThreads, 0, stream, 0, /*pdl=*/true);
+  return cudaLaunchKernelEx(&launch.cfg, kernel, static_cast<Params>(args)...);
+}
+
 inline bool valid_shape(int64_t rows, int64_t k, int64_t rows_per_matrix, int64_t groups) {
   if (rows < 0 || k <= 0 || k % kBlockSize != 0 || groups <= 0) return false;
   if (rows == 0) return true;
@@ -372,16 +387,14 @@ cudaError_t launch_quantize_typed(const QuantizeProblem& p, cudaStream_t stream)
     const int64_t vectors = p.rows * p.k * static_cast<int64_t>(sizeof(T)) / 16;
     if (vectors > 0) {
       const int blocks = persistent_grid(amax_kernel<T>, ceil_div(vectors, kThreads));
-      amax_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<const uint4*>(p.x), vectors,
-                                                      amax);
-      if ((err = cudaGetLastError()) != cudaSuccess) return err;
+      err = launch_dependent(amax_kernel<T>, blocks, stream, static_cast<const uint4*>(p.x), vectors, amax);
+      if (err != cudaSuccess) return err;
     }
   }
   auto kernel = quantize_kernel<Encoder, T>;
   const int blocks = persistent_grid(kernel, grid.half_tiles);
-  kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(p.x), p.k, grid, enc, p.groups,
-                                          reinterpret_cast<uint2*>(p.codes), p.scales, p.s_dec);
-  return cudaGetLastError();
+  return launch_dependent(kernel, blocks, stream, static_cast<const T*>(p.x), p.k, grid, enc, p.groups,
+                          reinterpret_cast<uint2*>(p.codes), p.scales, p.s_dec);
 }
 
 template <typename Encoder>
@@ -405,10 +418,8 @@ cudaError_t launch_dequantize_typed(const DequantizeProblem& p, cudaStream_t str
   if (!grid.fits_32bit()) return cudaErrorInvalidValue;
   if (grid.half_tiles == 0) return cudaSuccess;
   const int blocks = persistent_grid(dequantize_kernel<T>, grid.half_tiles);
-  dequantize_kernel<T><<<blocks, kThreads, 0, stream>>>(
-      reinterpret_cast<const uint2*>(p.codes), p.scales, p.s_dec, p.rows / p.groups, p.k, grid,
-      static_cast<T*>(p.out));
-  return cudaGetLastError();
+  return launch_dependent(dequantize_kernel<T>, blocks, stream, reinterpret_cast<const uint2*>(p.codes), p.scales,
+                          p.s_dec, p.rows / p.groups, p.k, grid, static_cast<T*>(p.out));
 }
 
 inline cudaError_t launch_dequantize(const DequantizeProblem& p, cudaStream_t stream) {

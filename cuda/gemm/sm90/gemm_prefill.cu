@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_operands(GemmProblem p, 
 }
 
 // Copies columns [0, n) of a [m, n_pad] matrix of elem_bytes elements to a dense [m, n] one.
-// A programmatic dependent launch of the GEMM (which lets it start at its last tiles).
+// A programmatic dependent launch: its launch overlaps the end of the GEMM.
 __global__ void crop_columns(const uint8_t* src, int64_t m, int64_t n, int64_t n_pad, int elem_bytes,
                              uint8_t* dst) {
   wait_for_prior_grids();
@@ -240,12 +240,12 @@ cudaError_t prefill_gemm(const GemmProblem& p, cudaStream_t stream) {
                         ws + plan.off_w, d,
                         reinterpret_cast<float*>(ws + plan.off_alpha), reinterpret_cast<float*>(ws + plan.off_bias),
                         ws + plan.off_cutlass};
-  const auto prepare_operands = [&] { return prepare(p, plan, ws, stream); };
+  const auto enqueue_prepare = [&] { return prepare(p, plan, ws, stream); };
   cudaError_t err;
   switch (p.out_dtype) {
-    case DType::kF32: err = wgmma_gemm_f32(g, stream, prepare_operands); break;
-    case DType::kBF16: err = wgmma_gemm_bf16(g, stream, prepare_operands); break;
-    default: err = wgmma_gemm_f16(g, stream, prepare_operands); break;
+    case DType::kF32: err = wgmma_gemm_f32(g, stream, enqueue_prepare); break;
+    case DType::kBF16: err = wgmma_gemm_bf16(g, stream, enqueue_prepare); break;
+    default: err = wgmma_gemm_f16(g, stream, enqueue_prepare); break;
   }
   if (err != cudaSuccess || !plan.crop) return err;
   LaunchConfig launch(grid_rows(p.m), 256, 0, stream, 0, /*pdl=*/true);

@@ -109,6 +109,19 @@ def test_quantize_adversarial(kernels):
     _check(jax_nvfp4.quantize(jax.device_put(zeros, kernels)), _cpu_reference_amax(zeros))
 
 
+@pytest.mark.parametrize("shape", [(1, 16), (4, 4096), (512, 4096)])
+def test_quantize_amax_over_cta_maxima(kernels, shape):
+    """The amax pass leaves one maximum per CTA and every quantize CTA reduces them: one amax CTA
+    (1 x 16), a few (4 x 4096), and as many as the pass launches at most (512 x 4096 bf16, its
+    grid striding over the rest). The largest magnitude sits in the very last element, and
+    all-zero input must still give S_enc = 1."""
+    x = _random(shape, jnp.bfloat16, seed=11)
+    x[-1, -1] = -3000.0
+    _check(jax_nvfp4.quantize(jax.device_put(x, kernels)), _cpu_reference_amax(x))
+    zeros = np.zeros(shape, jnp.bfloat16)
+    _check(jax_nvfp4.quantize(jax.device_put(zeros, kernels)), _cpu_reference_amax(zeros))
+
+
 def test_quantize_subnormals_match_numpy_recipe(kernels):
     """XLA:CPU flushes subnormals and XLA:GPU's float32 division is not correctly rounded, so
     neither XLA reference is the oracle here: the NumPy recipe is."""

@@ -39,6 +39,10 @@ struct DequantizeProblem {
   DType out_dtype = DType::kBF16;
 };
 
+// CTAs of the amax pass at most (S_enc not given): each leaves its maximum in one float of the
+// workspace, which the quantize pass's CTAs reduce.
+constexpr int kMaxAmaxBlocks = 1024;
+
 size_t quantize_workspace_bytes(const QuantizeProblem& p);
 
 cudaError_t quantize_sm90(const QuantizeProblem& p, cudaStream_t stream);

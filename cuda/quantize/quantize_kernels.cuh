@@ -205,8 +205,9 @@ __device__ __forceinline__ float encode_scale_from_amax(float amax) {
 
 // Where each row's encode scale comes from.
 struct EncodeScales {
-  const float* given;         // [groups], or null: from *amax_bits
-  const uint32_t* amax_bits;  // float bits of the tensor amax (amax pass output)
+  const float* given;       // [groups], or null: from the amax pass
+  const float* block_max;   // [amax_blocks]: the amax pass's per-CTA maxima
+  int amax_blocks;
   int64_t rows_per_group;
 };
 
@@ -235,11 +236,26 @@ __device__ __forceinline__ uint32_t quantize_block(const float* f, float s_enc, 
 
 // ---- kernels --------------------------------------------------------------------------------
 
-// Pass 1 (S_enc not given): max |x| over the finite elements, as float bits (non-negative
-// floats order like their bit patterns) into *amax_bits, which must start at zero.
+// The maximum of every thread's m, returned to every thread of the CTA (once per kernel: its
+// shared array is not reused).
+__device__ __forceinline__ float cta_max(float m) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+  __shared__ float warp_max[kThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  m = warp_max[0];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+  return m;
+}
+
+// Pass 1 (S_enc not given): max |x| over the finite elements; CTA b stores its maximum in
+// block_max[b]. Nothing is accumulated in place (no atomics), so nothing needs zeroing first:
+// at decode sizes that memset cost about as much as a kernel.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) amax_kernel(const uint4* __restrict__ x,
-                                                        int64_t vectors, uint32_t* amax_bits) {
+                                                        int64_t vectors, float* block_max) {
   wait_for_prior_grids();
   constexpr int kPer = Elem<T>::kPerVector;
   float m = 0.0f;
@@ -263,15 +279,8 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const uint4* __restrict_
 #pragma unroll
     for (int e = 0; e < kPer; ++e) m = fabsf(f[e]) <= FLT_MAX ? fmaxf(m, fabsf(f[e])) : m;
   }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
-  __shared__ float warp_max[kThreads / 32];
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
-    if (m > 0.0f) atomicMax(amax_bits, __float_as_uint(m));
-  }
+  m = cta_max(m);
+  if (threadIdx.x == 0) block_max[blockIdx.x] = m;
 }
 
 template <typename Encoder, typename T>
@@ -279,10 +288,15 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
     const T* __restrict__ x, int64_t k, TileGrid grid, EncodeScales enc, int64_t groups,
     uint2* __restrict__ codes, uint8_t* __restrict__ scales, float* __restrict__ s_dec) {
   wait_for_prior_grids();
-  // Without given scales every row shares the tensor's S_enc, derived once per thread.
+  // Without given scales every row shares the tensor's S_enc: each CTA reduces the amax pass's
+  // per-CTA maxima (at most kMaxAmaxBlocks floats, from L2) and derives it.
   const bool per_group = enc.given != nullptr;
-  const float tensor_s_enc =
-      per_group ? 1.0f : encode_scale_from_amax(__uint_as_float(*enc.amax_bits));
+  float amax = 0.0f;
+  if (!per_group) {
+    for (int i = threadIdx.x; i < enc.amax_blocks; i += kThreads) amax = fmaxf(amax, enc.block_max[i]);
+    amax = cta_max(amax);
+  }
+  const float tensor_s_enc = per_group ? 1.0f : encode_scale_from_amax(amax);
   const float tensor_s_dec = __frcp_rn(tensor_s_enc);
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   for (int64_t g = first; g < groups; g += static_cast<int64_t>(gridDim.x) * kThreads) {
@@ -378,18 +392,15 @@ template <typename Encoder, typename T>
 cudaError_t launch_quantize_typed(const QuantizeProblem& p, cudaStream_t stream) {
   const TileGrid grid = TileGrid::of(p.rows, p.k, p.rows_per_matrix);
   if (!grid.fits_32bit()) return cudaErrorInvalidValue;
-  EncodeScales enc{p.s_enc, static_cast<const uint32_t*>(p.workspace),
-                   p.rows > 0 ? p.rows / p.groups : 1};
+  float* block_max = static_cast<float*>(p.workspace);
+  EncodeScales enc{p.s_enc, block_max, 0, p.rows > 0 ? p.rows / p.groups : 1};
   if (p.s_enc == nullptr) {
-    uint32_t* amax = static_cast<uint32_t*>(p.workspace);
-    cudaError_t err = cudaMemsetAsync(amax, 0, sizeof(uint32_t), stream);
-    if (err != cudaSuccess) return err;
     const int64_t vectors = p.rows * p.k * static_cast<int64_t>(sizeof(T)) / 16;
-    if (vectors > 0) {
-      const int blocks = persistent_grid(amax_kernel<T>, ceil_div(vectors, kThreads));
-      err = launch_dependent(amax_kernel<T>, blocks, stream, static_cast<const uint4*>(p.x), vectors, amax);
-      if (err != cudaSuccess) return err;
-    }
+    const int blocks = persistent_grid(amax_kernel<T>, ceil_div(vectors, kThreads));
+    enc.amax_blocks = blocks < kMaxAmaxBlocks ? blocks : kMaxAmaxBlocks;
+    const cudaError_t err = launch_dependent(amax_kernel<T>, enc.amax_blocks, stream,
+                                             static_cast<const uint4*>(p.x), vectors, block_max);
+    if (err != cudaSuccess) return err;
   }
   auto kernel = quantize_kernel<Encoder, T>;
   const int blocks = persistent_grid(kernel, grid.half_tiles);

@@ -109,12 +109,13 @@ def test_quantize_adversarial(kernels):
     _check(jax_nvfp4.quantize(jax.device_put(zeros, kernels)), _cpu_reference_amax(zeros))
 
 
-@pytest.mark.parametrize("shape", [(1, 16), (4, 4096), (512, 4096)])
-def test_quantize_amax_over_cta_maxima(kernels, shape):
-    """The amax pass leaves one maximum per CTA and every quantize CTA reduces them: one amax CTA
-    (1 x 16), a few (4 x 4096), and as many as the pass launches at most (512 x 4096 bf16, its
-    grid striding over the rest). The largest magnitude sits in the very last element, and
-    all-zero input must still give S_enc = 1."""
+@pytest.mark.parametrize("shape", [(1, 16), (4, 4096), (4, 4112), (512, 4096)])
+def test_quantize_amax_paths(kernels, shape):
+    """Up to 32 KB of input every quantize CTA computes the amax from x itself (1 x 16, and
+    4 x 4096 bf16, the largest such input); above, the amax pass leaves one maximum per CTA and
+    every quantize CTA reduces them: a few CTAs (4 x 4112) or as many as the pass launches at
+    most (512 x 4096, its grid striding over the rest). The largest magnitude sits in the very
+    last element, and all-zero input must still give S_enc = 1."""
     x = _random(shape, jnp.bfloat16, seed=11)
     x[-1, -1] = -3000.0
     _check(jax_nvfp4.quantize(jax.device_put(x, kernels)), _cpu_reference_amax(x))

@@ -34,6 +34,9 @@ namespace quantize_detail {
 
 constexpr int kThreads = 256;            // one half-tile of scale entries per CTA step
 constexpr int kAmaxVectorsPerThread = 4;  // 16-byte loads in flight per thread in the amax pass
+// Inputs up to this many 16-byte vectors (32 KB: 4 rows of 4096 bf16 activations) skip the amax
+// pass: every quantize CTA reads x once more from L2 for the amax, cheaper than another launch.
+constexpr int64_t kOwnAmaxVectors = 2048;
 
 // Where the scale tiles of a tensor lie: matrices x row tiles x k tiles, 512 entries each.
 // Tile indices are 32-bit (checked by the launchers) and divided by multiply-shift: the index
@@ -203,11 +206,14 @@ __device__ __forceinline__ float encode_scale_from_amax(float amax) {
   return bad ? 1.0f : s;
 }
 
-// Where each row's encode scale comes from.
+// Where each row's encode scale comes from: the given scales; else the tensor's amax, which a
+// quantize CTA reduces from the amax pass's per-CTA maxima, or, for an input of at most
+// kOwnAmaxVectors 16-byte vectors, computes from x itself (no amax pass).
 struct EncodeScales {
-  const float* given;       // [groups], or null: from the amax pass
-  const float* block_max;   // [amax_blocks]: the amax pass's per-CTA maxima
-  int amax_blocks;
+  const float* given;       // [groups], or null: from the amax
+  const float* block_max;   // [amax_blocks]: the amax pass's per-CTA maxima (amax_blocks > 0)
+  int amax_blocks;          // 0: every quantize CTA reads all of x for the amax
+  int64_t vectors;          // 16-byte vectors of x
   int64_t rows_per_group;
 };
 
@@ -250,17 +256,13 @@ __device__ __forceinline__ float cta_max(float m) {
   return m;
 }
 
-// Pass 1 (S_enc not given): max |x| over the finite elements; CTA b stores its maximum in
-// block_max[b]. Nothing is accumulated in place (no atomics), so nothing needs zeroing first:
-// at decode sizes that memset cost about as much as a kernel.
+// max |x| over the finite elements of the 16-byte vectors first, first + stride, ... of x.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) amax_kernel(const uint4* __restrict__ x,
-                                                        int64_t vectors, float* block_max) {
-  wait_for_prior_grids();
+__device__ __forceinline__ float strided_amax(const uint4* __restrict__ x, int64_t vectors, int64_t first,
+                                              int64_t stride) {
   constexpr int kPer = Elem<T>::kPerVector;
   float m = 0.0f;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  int64_t v = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  int64_t v = first;
   for (; v + (kAmaxVectorsPerThread - 1) * stride < vectors; v += kAmaxVectorsPerThread * stride) {
     uint4 raw[kAmaxVectorsPerThread];
 #pragma unroll
@@ -279,7 +281,19 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const uint4* __restrict_
 #pragma unroll
     for (int e = 0; e < kPer; ++e) m = fabsf(f[e]) <= FLT_MAX ? fmaxf(m, fabsf(f[e])) : m;
   }
-  m = cta_max(m);
+  return m;
+}
+
+// Pass 1 (S_enc not given, more than kOwnAmaxVectors): max |x| over the finite elements; CTA b
+// stores its maximum in block_max[b]. Nothing is accumulated in place (no atomics), so nothing
+// needs zeroing first: at decode sizes that memset cost about as much as a kernel.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) amax_kernel(const uint4* __restrict__ x,
+                                                        int64_t vectors, float* block_max) {
+  wait_for_prior_grids();
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const float m = cta_max(strided_amax<T>(x, vectors, static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x,
+                                          stride));
   if (threadIdx.x == 0) block_max[blockIdx.x] = m;
 }
 
@@ -288,12 +302,17 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
     const T* __restrict__ x, int64_t k, TileGrid grid, EncodeScales enc, int64_t groups,
     uint2* __restrict__ codes, uint8_t* __restrict__ scales, float* __restrict__ s_dec) {
   wait_for_prior_grids();
-  // Without given scales every row shares the tensor's S_enc: each CTA reduces the amax pass's
-  // per-CTA maxima (at most kMaxAmaxBlocks floats, from L2) and derives it.
+  // Without given scales every row shares the tensor's S_enc, which each CTA derives from the
+  // amax: reduced from the amax pass's per-CTA maxima (at most kMaxAmaxBlocks floats, from L2),
+  // or computed from x itself when x is small (EncodeScales).
   const bool per_group = enc.given != nullptr;
   float amax = 0.0f;
   if (!per_group) {
-    for (int i = threadIdx.x; i < enc.amax_blocks; i += kThreads) amax = fmaxf(amax, enc.block_max[i]);
+    if (enc.amax_blocks > 0) {
+      for (int i = threadIdx.x; i < enc.amax_blocks; i += kThreads) amax = fmaxf(amax, enc.block_max[i]);
+    } else {
+      amax = strided_amax<T>(reinterpret_cast<const uint4*>(x), enc.vectors, threadIdx.x, kThreads);
+    }
     amax = cta_max(amax);
   }
   const float tensor_s_enc = per_group ? 1.0f : encode_scale_from_amax(amax);
@@ -393,9 +412,9 @@ cudaError_t launch_quantize_typed(const QuantizeProblem& p, cudaStream_t stream)
   const TileGrid grid = TileGrid::of(p.rows, p.k, p.rows_per_matrix);
   if (!grid.fits_32bit()) return cudaErrorInvalidValue;
   float* block_max = static_cast<float*>(p.workspace);
-  EncodeScales enc{p.s_enc, block_max, 0, p.rows > 0 ? p.rows / p.groups : 1};
-  if (p.s_enc == nullptr) {
-    const int64_t vectors = p.rows * p.k * static_cast<int64_t>(sizeof(T)) / 16;
+  const int64_t vectors = p.rows * p.k * static_cast<int64_t>(sizeof(T)) / 16;
+  EncodeScales enc{p.s_enc, block_max, 0, vectors, p.rows > 0 ? p.rows / p.groups : 1};
+  if (p.s_enc == nullptr && vectors > kOwnAmaxVectors) {
     const int blocks = persistent_grid(amax_kernel<T>, ceil_div(vectors, kThreads));
     enc.amax_blocks = blocks < kMaxAmaxBlocks ? blocks : kMaxAmaxBlocks;
     const cudaError_t err = launch_dependent(amax_kernel<T>, enc.amax_blocks, stream,

@@ -20,15 +20,19 @@ class LoopTimer:
     the host every iteration (a dynamic count costs a device->host sync, ~20-30 us, per call).
     With `rotate`, each iteration calls fn on several copies of the operands, together larger
     than the L2 cache, so every call reads its weights from HBM as it would in a model; without
-    it, one operand set stays warm in L2 (as PyTorch's timing loop leaves cuDNN's). Every output
-    passes through an optimization barrier, so XLA must produce all of it, and only a one-element
-    slice of it is carried to the next iteration: the loop state holds no whole output that XLA
-    might copy into it every iteration.
+    it, one operand set stays warm in L2 (as PyTorch's timing loop leaves cuDNN's). With `chain`,
+    each iteration calls fn that many times in a row on each operand set, each call's operands
+    passed through an optimization barrier together with the previous call's output: the calls
+    stay distinct (XLA cannot merge them) and run back to back, as PyTorch's are, and the loop's
+    own per-iteration work (its counter kernel and launch gaps, ~10 us on an H200) is spread over
+    them. Every output passes through an optimization barrier, so XLA must produce all of it, and
+    only a one-element slice of it is carried to the next iteration: the loop state holds no
+    whole output that XLA might copy into it every iteration.
 
     fn is traced and compiled here, so anything read at lowering time (an environment variable
     that picks a kernel) takes effect for the lifetime of the timer."""
 
-    def __init__(self, fn, args, rotate: bool = True):
+    def __init__(self, fn, args, rotate: bool = True, chain: int = 1):
         y0 = jax.eval_shape(fn, *args)
         nbytes = sum(leaf.nbytes for leaf in jax.tree.leaves(args))
         copies = int(min(8, max(1, -(-3 * L2_BYTES // nbytes)))) if rotate else 1
@@ -38,11 +42,18 @@ class LoopTimer:
         def make(n):
             @jax.jit
             def run(sets):
+                def chained(a):  # the outputs of `chain` calls, each after the one before
+                    ys = [fn(*a)]
+                    for _ in range(chain - 1):
+                        a, ys[-1] = lax.optimization_barrier((a, ys[-1]))
+                        ys.append(fn(*a))
+                    return ys
+
                 def body(_, carry):
                     sets, _ = lax.optimization_barrier(carry)
-                    outs = lax.optimization_barrier(tuple(fn(*a) for a in sets))
+                    outs = lax.optimization_barrier(tuple(y for a in sets for y in chained(a)))
                     return sets, tuple(y[corner] for y in outs)
-                zeros = tuple(jnp.zeros((1,) * len(y0.shape), y0.dtype) for _ in sets)
+                zeros = tuple(jnp.zeros((1,) * len(y0.shape), y0.dtype) for _ in range(len(sets) * chain))
                 return lax.fori_loop(0, n, body, (sets, zeros))[1]
             return run.lower(self._sets).compile()
 
@@ -50,9 +61,10 @@ class LoopTimer:
         jax.block_until_ready(probe(self._sets))
         t0 = time.perf_counter()
         jax.block_until_ready(probe(self._sets))
-        per_call = (time.perf_counter() - t0) / (8 * copies)
-        n = int(min(1000, max(16, TARGET_S / max(per_call * copies, 1e-7))))
-        self._run, self._calls = make(n), n * copies
+        calls = copies * chain  # per iteration
+        per_call = (time.perf_counter() - t0) / (8 * calls)
+        n = int(min(1000, max(16, TARGET_S / max(per_call * calls, 1e-7))))
+        self._run, self._calls = make(n), n * calls
         jax.block_until_ready(self._run(self._sets))
 
     def __call__(self) -> float:

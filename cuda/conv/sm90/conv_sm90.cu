@@ -16,8 +16,9 @@
 // meet in CTA 0 through distributed shared memory.
 // Epilogue: alpha = s_dec_w (* s_dec_x), bias, conversion to the output dtype.
 // A second, warp-specialized persistent kernel (WsKernel, below) runs the same stages with the
-// loads in a producer warpgroup (TMA copies for stride-1 problems, else cp.async) and the decode +
-// wgmmas in two consumer warpgroups; conv_sm90 picks between the two (choose_kernel).
+// loads in a producer warpgroup (TMA copies into the 128-byte swizzle for stride-1 problems, else
+// cp.async) and the decode + wgmmas in two consumer warpgroups; conv_sm90 picks between the two
+// (choose_kernel).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -111,15 +112,20 @@ __device__ __forceinline__ float load_float(const T* p) {
   else return __bfloat162float(*p);
 }
 
-// Shared-memory bytes of one pipeline stage.
+// Shared-memory bytes of one pipeline stage. The activations take phases x slots x 64 channels
+// either way: in the no-swizzle layout (cp.async loads) or as 128-byte pixel rows in the 128-byte
+// swizzle (TMA loads), whose stages are padded to whole 1024-byte swizzle atoms.
 struct StageLayout {
-  int act_bytes, code_bytes, scale_bytes;
-  NVFP4_HD int total() const { return act_bytes + code_bytes + scale_bytes; }
+  int act_bytes, code_bytes, scale_bytes, pad_bytes = 0;
+  NVFP4_HD int total() const { return act_bytes + code_bytes + scale_bytes + pad_bytes; }
 };
 
-NVFP4_HD StageLayout stage_layout(const ConvProblem& pb, const Geometry& g, int bm) {
-  return StageLayout{g.phases * (kChunkC / 8) * g.slots * 16, pb.s * bm * kCodeRowBytes,
-                     pb.s * kTileBytes};
+constexpr int kSwizzleAtomBytes = 1024;  // 8 rows of 128 bytes
+
+NVFP4_HD StageLayout stage_layout(const ConvProblem& pb, const Geometry& g, int bm, bool swizzled = false) {
+  StageLayout L{g.phases * (kChunkC / 8) * g.slots * 16, pb.s * bm * kCodeRowBytes, pb.s * kTileBytes};
+  if (swizzled) L.pad_bytes = (kSwizzleAtomBytes - L.total() % kSwizzleAtomBytes) % kSwizzleAtomBytes;
+  return L;
 }
 
 // Where slot (phase, slot) of the tile reads, for filter row 0 (conv_sm90_schedule.h,
@@ -143,27 +149,27 @@ NVFP4_HD int slot_table_bytes(const Geometry& g) {
 constexpr int kMaxWsSplits = 8;
 
 // Shared memory of the warp-specialized kernel (WsKernel): nbuf stages (the register-A kernel's
-// stage layout), the consumers' epilogue tiles, the slot table (cp.async loads only), and the
-// full/empty barrier of every stage.
+// stage layout with cp.async loads, the swizzled one with TMA loads), the consumers' epilogue
+// tiles, the slot table (cp.async loads only), and the full/empty barrier of every stage.
 struct WsLayout {
   StageLayout stage;
   int nbuf = 0, epi_offset = 0, table_offset = 0, barrier_offset = 0, total = 0;
 };
 
-inline WsLayout ws_layout(const ConvProblem& pb, const Geometry& g, int bm, int epi_bytes, int nbuf, bool table) {
+inline WsLayout ws_layout(const ConvProblem& pb, const Geometry& g, int bm, int epi_bytes, int nbuf, bool tma) {
   WsLayout L;
-  L.stage = stage_layout(pb, g, bm);
+  L.stage = stage_layout(pb, g, bm, /*swizzled=*/tma);
   L.nbuf = nbuf;
   L.epi_offset = nbuf * L.stage.total();
   L.table_offset = L.epi_offset + epi_bytes;
-  L.barrier_offset = (L.table_offset + (table ? slot_table_bytes(g) : 0) + 7) / 8 * 8;
+  L.barrier_offset = (L.table_offset + (tma ? 0 : slot_table_bytes(g)) + 7) / 8 * 8;
   L.total = L.barrier_offset + 2 * nbuf * 8;
   return L;
 }
 
 // The tensor maps of the warp-specialized kernel's TMA loads (encode_ws_maps).
 struct WsTmaMaps {
-  CUtensorMap act;       // im2col over x [N, H, W, C] bf16: kBN pixels x 8 channels
+  CUtensorMap act;       // im2col over x [N, H, W, C] bf16: kBN pixels x 64 channels, 128-byte swizzle
   CUtensorMap act_halo;  // the same, kHaloPixels pixels
   CUtensorMap codes;     // tiled over the codes [R*S][K][C/2] bytes: 32 bytes x BM rows x S taps
 };
@@ -513,7 +519,7 @@ struct Kernel {
   // the stages, and the partial sums meet in CTA 0 (its own instantiation: compiled into the
   // unsplit kernel, the split's code made that one up to 10 % slower).
   static __device__ void run(const ConvProblem& pb, const Geometry& g, int nbuf, bool staged) {
-    extern __shared__ __align__(128) uint8_t smem[];
+    extern __shared__ __align__(1024) uint8_t smem[];
     const StageLayout L = stage_layout(pb, g, kBM);
     auto* table = reinterpret_cast<SlotEntry*>(smem + nbuf * L.total());
     const int64_t g0 = static_cast<int64_t>(blockIdx.x) * kBN;
@@ -581,11 +587,14 @@ __global__ void __launch_bounds__(128 * kWGM, 1) conv_sm90_kernel(const ConvProb
 // 64 channels, decode the same weights twice: measured no faster than the register-A kernel.)
 //
 // kTma (stride-1 problems, C % 32 == 0): one producer thread fills each stage with TMA copies
-// instead, counted in bytes on the stage's full barrier: per 8-channel column, two im2col copies
-// (the tile's kBN slots and its halo; conv_sm90_schedule.h) whose walk across output rows and
-// images replaces the slot table and ~2k cp.async a stage; one tiled copy of the codes of all S
-// taps ([tap][row][32 bytes], rows past K and channels past C zero-filled); one bulk copy per
-// tap's scale tile.
+// instead, counted in bytes on the stage's full barrier: two im2col copies (the tile's kBN slots
+// and its halo; conv_sm90_schedule.h) whose walk across output rows and images replaces the slot
+// table and ~2k cp.async a stage; one tiled copy of the codes of all S taps ([tap][row][32 bytes],
+// rows past K and channels past C zero-filled); one bulk copy per tap's scale tile. The im2col
+// copies write each pixel's 64 channels as one 128-byte row in the 128-byte swizzle (8 rows to a
+// 1024-byte atom): a pixel is one TMA request, where 8-channel columns of the no-swizzle layout
+// took eight (56x56x64 b32 on an H200: 22.6 against 30.8 us). Tap s's B operand starts s rows
+// further, inside an atom (issue_tap_swizzled).
 //
 // kBM = 64 (K <= 64, TMA loads): the two consumers split the pixels instead, each 64 channels x
 // kBN pixels of a 2 * kBN pixel tile, decoding the same 64 weight rows (the 128-channel tile would
@@ -697,8 +706,8 @@ struct WsKernel {
   // The TMA producer: thread 0 of the producer warpgroup issues every copy of every stage.
   static __device__ void produce_tma(const ConvProblem& pb, const Geometry& g, const WsLayout& L, int64_t k_tiles,
                                      const WsTmaMaps& maps, uint8_t* smem, uint64_t* full, uint64_t* empty) {
-    constexpr int kColumns = kChunkC / 8;
-    constexpr uint32_t kSlotsBytes = kColumns * kTileN * 16, kHaloBytes = kColumns * kHaloPixels * 16;
+    constexpr uint32_t kRowBytes = kChunkC * 2;  // one pixel's 64 channels
+    constexpr uint32_t kSlotsBytes = kTileN * kRowBytes, kHaloBytes = kHaloPixels * kRowBytes;
     const uint32_t weight_bytes = L.stage.code_bytes + L.stage.scale_bytes;
     const uint64_t hint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
     const int64_t kb = pb.c / kBlockSize, scale_bytes = scale_matrix_bytes(pb.k, kb);
@@ -719,15 +728,11 @@ struct WsKernel {
         uint8_t* stage = smem + buf * L.stage.total();
         uint64_t* bar = &full[buf];
         TxBarrier::arrive_and_expect_tx(bar, kSlotsBytes + (has_halo ? kHaloBytes : 0) + weight_bytes);
-#pragma unroll
-        for (int col = 0; col < kColumns; ++col) {
-          const int c = cc * kChunkC + col * 8;
-          uint8_t* dst = stage + col * g.slots * 16;
-          cute::SM90_TMA_LOAD_IM2COL_4D::copy(&maps.act, bar, dst, c, main.w, main.h, main.n, 0, dh);
-          if (has_halo) {
-            cute::SM90_TMA_LOAD_IM2COL_4D::copy(&maps.act_halo, bar, dst + kTileN * 16, c, halo.w, halo.h, halo.n, 0,
-                                                dh);
-          }
+        const int c = cc * kChunkC;
+        cute::SM90_TMA_LOAD_IM2COL_4D::copy(&maps.act, bar, stage, c, main.w, main.h, main.n, 0, dh);
+        if (has_halo) {  // at slot kTileN, a multiple of 8: an atom boundary
+          cute::SM90_TMA_LOAD_IM2COL_4D::copy(&maps.act_halo, bar, stage + kSlotsBytes, c, halo.w, halo.h, halo.n, 0,
+                                              dh);
         }
         uint8_t* codes = stage + L.stage.act_bytes;
         cute::SM90_TMA_LOAD_3D::copy(&maps.codes, bar, hint, codes, cc * kCodeRowBytes, static_cast<int32_t>(k0),
@@ -798,6 +803,23 @@ struct WsKernel {
   // previous stage's last taps run while this stage's tap 0 decodes; `prev_retired` runs once
   // they have retired (that stage's buffer is then free).
   // `pixel0`: the consumer's first pixel in the CTA tile.
+  // kTma: tap s's 4 wgmmas (64 channels) as one commit group, on the swizzled activations: pixel
+  // rows 128 bytes apart, tap s `shift` rows further (stride 1: phase 0), k-step kk 32 bytes along
+  // the row. The start then lies inside an atom for most shifts, and the descriptor's base offset
+  // stays 0: the swizzle follows the absolute shared-memory address, as the TMA wrote it (on an
+  // H200, a base offset of the start's row in its atom gave wrong sums; 0 gives the no-swizzle
+  // kernel's sums bit for bit).
+  static __device__ __forceinline__ void issue_tap_swizzled(const ConvProblem& pb, int s, uint32_t act,
+                                                            const uint32_t (&frag)[4][4], float (&acc)[kAcc]) {
+    const uint32_t b_tap = act + tap_of(pb, s).shift * (kChunkC * 2);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kChunkC / 16; ++kk) {
+      WgmmaRS<kBN>::run(acc, frag[kk], smem_descriptor_swizzle128(b_tap + kk * 32, kSwizzleAtomBytes));
+    }
+    wgmma_commit();
+  }
+
   template <int kParity, typename F>
   static __device__ __forceinline__ void stage_taps(const ConvProblem& pb, const Geometry& g, const uint8_t* smem,
                                                     const StageLayout& L, int row0, int tr0, int pixel0, uint32_t sel,
@@ -805,11 +827,12 @@ struct WsKernel {
     static_assert(kS % 2 == 1, "the fragment buffers alternate across stages");
     const uint8_t* codes = smem + L.act_bytes;
     const uint8_t* scales = codes + L.code_bytes;
-    const uint32_t act = smem_addr(smem) + pixel0 * 16;
+    const uint32_t act = smem_addr(smem) + pixel0 * (kTma ? kChunkC * 2 : 16);
 #pragma unroll
     for (int s = 0; s < kS; ++s) {
       Mma::decode_tap(s, codes, scales, row0, tr0, sel, frag[(kParity + s) % 2]);
-      Mma::issue_tap(pb, g, s, act, frag[(kParity + s) % 2], acc);
+      if constexpr (kTma) issue_tap_swizzled(pb, s, act, frag[(kParity + s) % 2], acc);
+      else Mma::issue_tap(pb, g, s, act, frag[(kParity + s) % 2], acc);
       wgmma_wait<1>();
       if (s == 0) prev_retired();
     }
@@ -873,7 +896,10 @@ struct WsKernel {
 
   static __device__ void run(const ConvProblem& pb, const Geometry& g, const WsLayout& L, int64_t k_tiles,
                              const WsTmaMaps& maps) {
-    extern __shared__ __align__(128) uint8_t smem[];
+    extern __shared__ __align__(1024) uint8_t smem[];
+    // The swizzle atoms of the TMA stages must start at 1024-byte boundaries (no static shared
+    // memory precedes the dynamic one here).
+    if (kTma && smem_addr(smem) % kSwizzleAtomBytes != 0) __trap();
     auto* full = reinterpret_cast<uint64_t*>(smem + L.barrier_offset);
     uint64_t* empty = full + L.nbuf;
     if (threadIdx.x == 0) {
@@ -1018,7 +1044,8 @@ bool encode_ws_maps(const ConvProblem& pb, const Geometry& g, int bn, int bm, Ws
   auto im2col = [&](CUtensorMap* map, int pixels) {
     return CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeIm2col)(
                map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(pb.x), x_dims, x_strides, lower, upper,
-               8, static_cast<cuuint32_t>(pixels), unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+               kChunkC, static_cast<cuuint32_t>(pixels), unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B,
                CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
   };
   const cuuint64_t code_dims[3] = {c / 2, static_cast<cuuint64_t>(pb.k), static_cast<cuuint64_t>(pb.r) * pb.s};
@@ -1042,7 +1069,7 @@ cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsT
   using K = WsKernel<kBN, kTma, kBM>;
   WsLayout L;
   for (int nbuf = 4; nbuf >= 2; --nbuf) {
-    L = ws_layout(pb, g, kBM, K::kConsumers * K::kEpiBytes, nbuf, !kTma);
+    L = ws_layout(pb, g, kBM, K::kConsumers * K::kEpiBytes, nbuf, kTma);
     if (L.total <= max_smem) break;
   }
   if (L.total > max_smem) return cudaErrorInvalidValue;

@@ -39,7 +39,7 @@ struct Geometry {
 };
 
 // `im2col`: the layout of the TMA loads (below): BN + kHaloPixels slots, a multiple of 8, so
-// every 8-channel column starts 128-byte aligned as a TMA destination must.
+// the halo's copy starts at a 1024-byte atom of the 128-byte swizzle the kernel loads them in.
 NVFP4_HD Geometry make_geometry(const ConvProblem& pb, int bn, bool im2col = false) {
   Geometry g;
   g.halo = static_cast<int>(((pb.s - 1) * pb.dil_w) / pb.stride_w);
@@ -100,7 +100,7 @@ NVFP4_HD bool slot_source(const ConvProblem& pb, const Geometry& g, int64_t g0, 
 // the input. With the box spanning W in [-pad_w, W + upper_w) (Wv positions: a virtual row) and H
 // in [-pad_h, H + upper_h) (P positions), the walk from virtual pixel v's base visits exactly the
 // input pixels of slots v, v + 1, ... for filter row r, across output rows and images: one copy
-// per 8-channel column fills a tile's slots (a second, kHaloPixels long, its halo).
+// (64 channels a pixel) fills a tile's slots, a second, kHaloPixels long, its halo.
 struct Im2colBox {
   int lower_w, lower_h, upper_w, upper_h;
 };

@@ -720,6 +720,8 @@ struct WsKernel {
       // Past the last virtual pixel the halo slots feed only discarded columns: not loaded.
       const bool has_halo = g0 + kTileN < g.virtual_pixels;
       const int64_t scale_tile = (k0 / kTileRows) * scale_k_tiles(kb);
+      // Not unrolled: two stages at a time spill past the producers' 56 registers (split-K).
+#pragma unroll 1
       for (int st = range.first; st < range.end; ++st, ++it) {
         const int buf = it % L.nbuf;
         Barrier::wait(&empty[buf], ((it / L.nbuf) & 1) ^ 1);
@@ -797,12 +799,6 @@ struct WsKernel {
     if constexpr (kBN % kEpiPixels != 0) pass(kBN - kBN % kEpiPixels, std::integral_constant<int, kBN % kEpiPixels>{});
   }
 
-  // One stage's taps, continuing the wgmma stream of the stage before (no drain between
-  // stages): tap s decodes into fragment buffer (kParity + s) % 2, and the wait after each issue
-  // retires the group before it. With S = 3 taps the buffers alternate across stages, so the
-  // previous stage's last taps run while this stage's tap 0 decodes; `prev_retired` runs once
-  // they have retired (that stage's buffer is then free).
-  // `pixel0`: the consumer's first pixel in the CTA tile.
   // kTma: tap s's 4 wgmmas (64 channels) as one commit group, on the swizzled activations: pixel
   // rows 128 bytes apart, tap s `shift` rows further (stride 1: phase 0), k-step kk 32 bytes along
   // the row. The start then lies inside an atom for most shifts, and the descriptor's base offset
@@ -820,6 +816,12 @@ struct WsKernel {
     wgmma_commit();
   }
 
+  // One stage's taps, continuing the wgmma stream of the stage before (no drain between
+  // stages): tap s decodes into fragment buffer (kParity + s) % 2, and the wait after each issue
+  // retires the group before it. With S = 3 taps the buffers alternate across stages, so the
+  // previous stage's last taps run while this stage's tap 0 decodes; `prev_retired` runs once
+  // they have retired (that stage's buffer is then free).
+  // `pixel0`: the consumer's first pixel in the CTA tile.
   template <int kParity, typename F>
   static __device__ __forceinline__ void stage_taps(const ConvProblem& pb, const Geometry& g, const uint8_t* smem,
                                                     const StageLayout& L, int row0, int tr0, int pixel0, uint32_t sel,

@@ -1,11 +1,11 @@
 """Benchmark of jax_nvfp4.conv (NVFP4 weights, bf16 activations) against XLA's bf16
 lax.conv_general_dilated and PyTorch's cuDNN conv2d (channels_last, bf16, benchmark mode).
 
-    python bench/bench_conv.py --out DIR
+    python bench/bench_conv.py --out DIR [--chain N]
 
 Ours and XLA are timed on the device: many calls inside one jitted lax.fori_loop
 (_timing.LoopTimer, without rotating operand copies: all three keep one input set warm in L2),
-CHAIN calls back to back per iteration, so the loop's own ~10 us per iteration (its counter
+CHAIN (or --chain) calls back to back per iteration, so the loop's own ~10 us per iteration (its counter
 kernel and launch gaps, H200) is spread over them as PyTorch's loop has none; PyTorch with CUDA
 events around back-to-back calls. The three are timed round-robin (each once
 per round, 7 rounds, median), so they see the same GPU clock. Also reports the activation bytes
@@ -41,7 +41,7 @@ SHAPES = [
 ]
 
 CHUNK_C = 64  # channels per pipeline stage of the sm_90a kernel
-CHAIN = 8  # calls per loop iteration (_timing.LoopTimer)
+CHAIN = 8  # calls per loop iteration (_timing.LoopTimer); --chain sets it
 
 
 def ws_estimate_us(stages, bn, splits):
@@ -132,7 +132,9 @@ def torch_timer(n, h, w, c, k, r, s, stride):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--chain", type=int, default=CHAIN, help="calls back to back per loop iteration")
     args = ap.parse_args()
+    chain = args.chain
     dev = jax.devices()[0]
     rows = []
     for name, (n, h, w, c, k, r, s, stride, padding) in SHAPES:
@@ -144,8 +146,8 @@ def main():
         ours = lambda xc, wq, st=stride: jn.conv(xc, wq, window_strides=(st, st), padding=padding)  # noqa: E731
         xla = lambda xc, wb, st=stride: lax.conv_general_dilated(  # noqa: E731
             xc, wb, (st, st), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
-        timers = {"ours": LoopTimer(ours, (x, wq), rotate=False, chain=CHAIN),
-                  "xla": LoopTimer(xla, (x, w_bf16), rotate=False, chain=CHAIN)}
+        timers = {"ours": LoopTimer(ours, (x, wq), rotate=False, chain=chain),
+                  "xla": LoopTimer(xla, (x, w_bf16), rotate=False, chain=chain)}
         cudnn = torch_timer(n, h, w, c, k, r, s, stride)
         if cudnn:
             timers["cudnn"] = cudnn
@@ -161,7 +163,7 @@ def main():
     date = datetime.date.today().isoformat()
     lines = [f"# jax_nvfp4.conv benchmark — {dev.device_kind}, {date}", "",
              "NVFP4 weights, bf16 activations and output; ours and XLA (lax.conv_general_dilated bf16): "
-             f"a jitted fori_loop of {CHAIN} back-to-back calls an iteration; cuDNN: PyTorch conv2d "
+             f"a jitted fori_loop of {chain} back-to-back calls an iteration; cuDNN: PyTorch conv2d "
              "channels_last bf16, benchmark=True (CUDA events). Timed round-robin, medians of 7 rounds. Activation MB: global->shared bytes of our kernel with "
              "the shifted-operand reuse / without it (each tap loading its own tile).", "",
              "| shape | ours µs | TFLOP/s | XLA bf16 µs | cuDNN bf16 µs | vs XLA | vs cuDNN | "

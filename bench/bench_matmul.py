@@ -33,6 +33,7 @@ QUICK_MS = [1, 16, 256, 4096]
 PATH_MS = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]  # --paths: default M of the forced timings
 DECODE_MAX_FORCED_M = 64  # the decode kernel is not timed beyond this M (far off its range)
 FORCED_PATHS = ("decode", "fused", "fused_ws", "prefill")  # --paths: JAX_NVFP4_GEMM_SM90_PATH values
+MMA_CEILING_MIN_M = 1024  # bf16 dots from this M on are compute-bound: the %MMA reference
 
 
 def hbm_bandwidth() -> float:
@@ -92,10 +93,15 @@ def plot(rows, path, device):
 
 def write_report(rows, out, device, bw):
     """Table (markdown + CSV) of the rows measured so far."""
-    mma_peak = max(2.0 * r["M"] * r["N"] * r["K"] / (r["bf16_dot"] * 1e-6) for r in rows
-                   if np.isfinite(r["bf16_dot"]))
+    # The MMA ceiling is the fastest bf16 dot of a compute-bound shape (M >= 1024); a run of
+    # decode shapes only has none (their dots are memory-bound), and leaves %MMA empty.
+    mma_peak = max((2.0 * r["M"] * r["N"] * r["K"] / (r["bf16_dot"] * 1e-6) for r in rows
+                    if r["M"] >= MMA_CEILING_MIN_M and np.isfinite(r["bf16_dot"])), default=None)
     for r in rows:
-        r["ours_mma_pct"] = 100 * r["ours_tflops"] * 1e12 / mma_peak
+        r["ours_mma_pct"] = 100 * r["ours_tflops"] * 1e12 / mma_peak if mma_peak else float("nan")
+    ceiling = (f"MMA ceiling = fastest bf16 jnp.dot at M >= {MMA_CEILING_MIN_M} here, "
+               f"{mma_peak / 1e12:.0f} TFLOP/s" if mma_peak else
+               f"no MMA ceiling (no M >= {MMA_CEILING_MIN_M} in this run)")
 
     with open(out / "matmul_bench.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(max(rows, key=len)), restval="")
@@ -105,19 +111,20 @@ def write_report(rows, out, device, bw):
     lines = [f"# jax_nvfp4.matmul on {device} ({date}, jax {jax.__version__})", "",
              "Times in us per call (median of 7 rounds, every op of a shape timed once per round, in turn; "
              f"jitted fori_loop). HBM read+write {bw / 1e12:.2f} TB/s; "
-             f"MMA ceiling = fastest bf16 jnp.dot here, {mma_peak / 1e12:.0f} TFLOP/s. "
+             f"{ceiling}. "
              "%HBM: (NVFP4 weight + bf16 x/out bytes) / time / HBM; %MMA: flops / time / MMA ceiling.",
              "", "| M | N | K | ours W4A16 | ours W4A4 | bf16 dot | fp8 dot | scaled_matmul nvfp4 | "
              "XLA dequant+dot | vs bf16 | vs fp8 | vs scaled_mm | vs dequant+dot | TFLOP/s | %HBM | %MMA |",
              "|" + "---|" * 16]
     for r in rows:
         o = r["ours_w4a16"]
+        mma_pct = f"{r['ours_mma_pct']:.0f}" if np.isfinite(r["ours_mma_pct"]) else "-"
         lines.append(
             f"| {r['M']} | {r['N']} | {r['K']} | {o:.1f} | {r['ours_w4a4']:.1f} | {r['bf16_dot']:.1f} | "
             f"{r['fp8_dot']:.1f} | {r['scaled_matmul_nvfp4']:.1f} | {r['xla_dequant_dot']:.1f} | "
             f"{r['bf16_dot'] / o:.2f}x | {r['fp8_dot'] / o:.2f}x | {r['scaled_matmul_nvfp4'] / o:.2f}x | "
             f"{r['xla_dequant_dot'] / o:.2f}x | {r['ours_tflops']:.0f} | {r['ours_hbm_pct']:.0f} | "
-            f"{r['ours_mma_pct']:.0f} |")
+            f"{mma_pct} |")
     forced = [r for r in rows if "forced_fused" in r]
     if forced:
         lines += ["", "Each sm_90a kernel family forced (JAX_NVFP4_GEMM_SM90_PATH), W4A16, us per call:", "",

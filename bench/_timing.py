@@ -10,7 +10,10 @@ import jax.numpy as jnp
 from jax import lax
 
 TARGET_S = 0.02  # wall time of one timed loop
-L2_BYTES = 60 * 2**20  # H200 (H100: 50 MB): operand sets rotate through more than this
+# Operand sets a rotating loop calls fn on per iteration: 8 x 9.4 MB (the smallest NVFP4 weight
+# benchmarked) exceed the L2 (H200 60 MB, H100 50 MB); fewer only where 8 would pass COPIES_BYTES.
+COPIES = 8
+COPIES_BYTES = 4 * 2**30
 
 
 class LoopTimer:
@@ -18,9 +21,12 @@ class LoopTimer:
 
     The trip count is static: XLA:GPU then runs the loop without reading its condition back to
     the host every iteration (a dynamic count costs a device->host sync, ~20-30 us, per call).
-    With `rotate`, each iteration calls fn on several copies of the operands, together larger
+    With `rotate`, each iteration calls fn on COPIES copies of the operands, together larger
     than the L2 cache, so every call reads its weights from HBM as it would in a model; without
-    it, one operand set stays warm in L2 (as PyTorch's timing loop leaves cuDNN's). With `chain`,
+    it, one operand set stays warm in L2 (as PyTorch's timing loop leaves cuDNN's). The copy
+    count does not depend on the operands' size (unless they are huge), so the loop's own
+    per-iteration cost is spread over as many calls for a bf16 GEMV as for ours: sized by the L2
+    alone, the bf16 dot's 117 MB weights got 2 copies and NVFP4's 33 MB 6. With `chain`,
     each iteration calls fn that many times in a row on each operand set, each call's operands
     passed through an optimization barrier together with the previous call's output: the calls
     stay distinct (XLA cannot merge them) and run back to back, as PyTorch's are, and the loop's
@@ -36,7 +42,7 @@ class LoopTimer:
     def __init__(self, fn, args, rotate: bool = True, chain: int = 1):
         y0 = jax.eval_shape(fn, *args)
         nbytes = sum(leaf.nbytes for leaf in jax.tree.leaves(args))
-        copies = int(min(8, max(1, -(-3 * L2_BYTES // nbytes)))) if rotate else 1
+        copies = int(min(COPIES, max(1, COPIES_BYTES // nbytes))) if rotate else 1
         self._sets = [args] + [jax.tree.map(lambda a: jnp.array(a, copy=True), args) for _ in range(copies - 1)]
         corner = (slice(0, 1),) * len(y0.shape)
 

@@ -7,7 +7,8 @@ import math
 import jax.numpy as jnp
 
 from jax_nvfp4.format import (BLOCK, TILE_ROWS, NVFP4Array, checked_activation, checked_bias,
-                              checked_weight, output_dtype, plain_to_tiled, tiled_to_plain)
+                              checked_s_enc, checked_weight, output_dtype, plain_to_tiled,
+                              tiled_to_plain)
 from jax_nvfp4.sharding.matmul import partitioned_matmul_p as matmul_p
 
 
@@ -41,9 +42,9 @@ def matmul(x, w: NVFP4Array, *, bias=None, out_dtype=None, out_s_enc=None):
     w: NVFP4Array [N, K] (e.g. `quantize(weight)` for a weight stored [out, in]).
     bias: optional [N] float array, added in float32.
     out_dtype: float dtype of y (default bfloat16).
-    out_s_enc: if given (a float32 scalar), y is returned as an NVFP4Array quantized with this
-       encode scale straight from the float32 epilogue value (N must be a multiple of 16), so a
-       following W4A4 layer needs no float round trip.
+    out_s_enc: if given (a float32 scalar, finite and positive), y is returned as an NVFP4Array
+       quantized with this encode scale straight from the float32 epilogue value (N must be a
+       multiple of 16), so a following W4A4 layer needs no float round trip.
 
     Accumulation is float32; s_dec_x * s_dec_w is applied in the epilogue."""
     checked_weight(w, "matmul", "[N, K]", "jax_nvfp4.quantize")
@@ -56,7 +57,7 @@ def matmul(x, w: NVFP4Array, *, bias=None, out_dtype=None, out_s_enc=None):
     bias = checked_bias(bias, n, "matmul")
     out_nvfp4 = out_s_enc is not None
     if out_nvfp4:
-        out_s_enc = jnp.asarray(out_s_enc, jnp.float32)
+        out_s_enc = checked_s_enc(out_s_enc, "matmul: out_s_enc")
         if out_s_enc.shape != ():
             raise ValueError(f"matmul: out_s_enc must be a scalar, got shape {out_s_enc.shape}")
         if n % BLOCK:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_nvfp4.format import NVFP4Array, check_float_dtype, check_logical_shape
+from jax_nvfp4.format import NVFP4Array, check_float_dtype, check_logical_shape, checked_s_enc
 from jax_nvfp4.sharding.quantize import (partitioned_dequantize_p as dequantize_p,
                                          partitioned_quantize_p as quantize_p)
 
@@ -15,14 +15,15 @@ def quantize(x, *, s_enc=None) -> NVFP4Array:
 
     s_enc: the float32 tensor encode scale (static calibration). None derives it from the amax
     of the finite elements: S_enc = 6*448/amax. A float32 array whose shape is a prefix of x's
-    leading dims gives each group of rows its own scale.
+    leading dims gives each group of rows its own scale. A host value (Python number, NumPy
+    array) that is not finite and positive raises ValueError.
     Blocks holding NaN or +-Inf dequantize to NaN; other blocks are unaffected."""
     check_float_dtype(x.dtype, "quantize: x")
     check_logical_shape(x.shape, "quantize: x")
     if s_enc is None:
         codes, scales, s_dec = quantize_p.bind(x)
     else:
-        s_enc = jnp.asarray(s_enc, jnp.float32)
+        s_enc = checked_s_enc(s_enc, "quantize: s_enc")
         lead = tuple(x.shape[:-2])  # dims before [R, K]: NVFP4Array.s_dec is a prefix of them
         if s_enc.shape != lead[: s_enc.ndim] or s_enc.ndim > len(lead):
             raise ValueError(f"quantize: s_enc of shape {s_enc.shape} must be a scalar or match a "

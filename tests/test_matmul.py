@@ -157,6 +157,11 @@ class TestValidation:
         with pytest.raises(ValueError, match=r"out_s_enc must be a scalar, got shape \(2,\)"):
             jn.matmul(jnp.zeros((2, 64)), self.w, out_s_enc=jnp.ones((2,)))
 
+    @pytest.mark.parametrize("s_enc", [0.0, -1.0, float("inf")])
+    def test_out_s_enc_finite_positive(self, s_enc):
+        with pytest.raises(ValueError, match=f"out_s_enc must be finite and positive, got {s_enc}"):
+            jn.matmul(jnp.zeros((2, 64)), self.w, out_s_enc=s_enc)
+
 
 def test_sm90_dequantization_is_exact(host_program):
     """The kernels' bf16 NVFP4 decoding (every code x every E4M3 scale, exact) and their scale

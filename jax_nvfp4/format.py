@@ -190,10 +190,10 @@ def output_dtype(out_dtype, op: str):
 
 def checked_s_enc(s_enc, name: str):
     """`s_enc` as a float32 array. A host value (Python number, NumPy array) must be finite and
-    positive everywhere: otherwise quantization gives NaN (zero, NaN), all zeros (inf) or
-    negative block scales (a negative s_enc), which no NVFP4 consumer expects (Blackwell's MMA
-    reads the scales as unsigned), not an error. A jax array is not read back (that would sync the host with the
-    device), so a traced or device-resident scale is the caller's to keep positive."""
+    positive everywhere, else ValueError: quantizing with it would give NaN (zero, NaN), all zeros
+    (inf) or negative block scales (a negative s_enc; Blackwell's MMA reads scales as unsigned).
+    A jax array is not read back (that would sync the host with the device): a traced or
+    device-resident scale is the caller's to keep positive."""
     if isinstance(s_enc, (int, float, np.ndarray, np.generic)):
         host = np.asarray(s_enc, np.float64)
         bad = ~(np.isfinite(host) & (host > 0))

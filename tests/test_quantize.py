@@ -292,11 +292,11 @@ def test_quantize_rejects_bad_s_enc_shape():
         jax_nvfp4.quantize(jnp.zeros((4, 32)), s_enc=jnp.ones((4,)))
 
 
-@pytest.mark.parametrize("s_enc, shown", [(0.0, "0.0"), (-2.0, "-2.0"), (float("inf"), "inf"),
-                                          (float("nan"), "nan"),
-                                          (np.array([3.0, -1.0], F32), r"-1.0 \(in an array of shape \(2,\)\)")])
+@pytest.mark.parametrize("s_enc, shown", [
+    (0.0, "0.0"), (-2.0, "-2.0"), (float("inf"), "inf"), (float("nan"), "nan"),
+    (np.array([3.0, -1.0], F32), r"-1.0 \(in an array of shape \(2,\)\)")])
 def test_quantize_rejects_host_s_enc_not_finite_positive(s_enc, shown):
-    with pytest.raises(ValueError, match=f"quantize: s_enc must be finite and positive, got {shown}"):
+    with pytest.raises(ValueError, match=f"s_enc must be finite and positive, got {shown}"):
         jax_nvfp4.quantize(jnp.zeros((2, 4, 32)), s_enc=s_enc)
 
 

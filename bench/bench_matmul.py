@@ -32,7 +32,8 @@ QUICK_NK = [(14336, 4096), (4096, 4096)]
 QUICK_MS = [1, 16, 256, 4096]
 PATH_MS = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]  # --paths: default M of the forced timings
 DECODE_MAX_FORCED_M = 64  # the decode kernel is not timed beyond this M (far off its range)
-FORCED_PATHS = ("decode", "fused", "fused_ws", "prefill")  # --paths: JAX_NVFP4_GEMM_SM90_PATH values
+# --paths: JAX_NVFP4_GEMM_SM90_PATH values (prefill takes cuBLASLt's GEMM where built, prefill_cutlass CUTLASS's)
+FORCED_PATHS = ("decode", "fused", "fused_ws", "prefill", "prefill_cutlass")
 MMA_CEILING_MIN_M = 1024  # bf16 dots from this M on are compute-bound: the %MMA reference
 
 
@@ -125,7 +126,7 @@ def write_report(rows, out, device, bw):
             f"{r['bf16_dot'] / o:.2f}x | {r['fp8_dot'] / o:.2f}x | {r['scaled_matmul_nvfp4'] / o:.2f}x | "
             f"{r['xla_dequant_dot'] / o:.2f}x | {r['ours_tflops']:.0f} | {r['ours_hbm_pct']:.0f} | "
             f"{mma_pct} |")
-    forced = [r for r in rows if "forced_fused" in r]
+    forced = [r for r in rows if any(name.startswith("forced_") for name in r)]
     if forced:
         lines += ["", "Each sm_90a kernel family forced (JAX_NVFP4_GEMM_SM90_PATH), W4A16, us per call:", "",
                   "| M | N | K | " + " | ".join(FORCED_PATHS) + " | auto |",
@@ -142,12 +143,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("bench_out"))
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
+    ap.add_argument("--nk", type=lambda v: [tuple(int(d) for d in s.split("x")) for s in v.split(",")],
+                    default=None, help="the (N, K) shapes, e.g. 6144x4096,4096x4096 (default: the Llama ones)")
     ap.add_argument("--ms", type=lambda v: [int(m) for m in v.split(",")], default=None,
                     help="comma-separated M values (default: all)")
     ap.add_argument("--paths", action="store_true",
                     help="also time each sm90 kernel family (decode, fused, fused_ws, prefill) forced, at a few M")
     ap.add_argument("--path-ms", type=lambda v: [int(m) for m in v.split(",")], default=PATH_MS,
                     help="with --paths: the M values of the forced timings (every shape measured)")
+    ap.add_argument("--forced", type=lambda v: tuple(v.split(",")), default=FORCED_PATHS,
+                    help="with --paths: the paths forced (default: all of " + ",".join(FORCED_PATHS) + ")")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     device = jax.devices()[0].device_kind
@@ -155,7 +160,7 @@ def main():
     print(f"{device}: HBM read+write {bw / 1e12:.2f} TB/s", flush=True)
     names = list(variants(1, 16, 16, jax.random.key(0)))
     rows = []
-    for n, k in (QUICK_NK if args.quick else SHAPES_NK):
+    for n, k in args.nk or (QUICK_NK if args.quick else SHAPES_NK):
         for m in args.ms or (QUICK_MS if args.quick else MS):
             row = {"M": m, "N": n, "K": k}
             timers = {}
@@ -167,7 +172,7 @@ def main():
                     row[name] = float("nan")
             if args.paths and m in args.path_ms:
                 fn, ops = variants(m, n, k, jax.random.key(1))["ours_w4a16"]
-                for path in FORCED_PATHS:
+                for path in args.forced:
                     if path == "decode" and m > DECODE_MAX_FORCED_M:
                         continue
                     # The path is read when the call is lowered: clear JAX's caches so that the
@@ -183,7 +188,7 @@ def main():
             del timers
             if args.paths and m in args.path_ms:
                 print(f"  forced paths M={m}: " + ", ".join(
-                    f"{path} {row[f'forced_{path}']:.1f}us" for path in FORCED_PATHS
+                    f"{path} {row[f'forced_{path}']:.1f}us" for path in args.forced
                     if f"forced_{path}" in row), flush=True)
             flops = 2.0 * m * n * k
             weight_bytes = n * k * 0.5625 + m * k * 2 + m * n * 2

@@ -15,6 +15,9 @@
 
 #include "common/ffi_registry.h"
 #include "common/workspace_registry.h"
+#ifdef JAX_NVFP4_HAS_CUBLASLT
+#include "gemm/sm90/cublaslt_gemm.h"
+#endif
 
 namespace nb = nanobind;
 
@@ -59,6 +62,17 @@ NB_MODULE(_nvfp4_cuda, m) {
 #endif
     return archs;
   });
+  m.def(
+      "cublaslt_gemm_calls",
+      []() -> nb::object {
+#ifdef JAX_NVFP4_HAS_CUBLASLT
+        return nb::int_(jax_nvfp4::sm90::cublaslt_gemm_calls());
+#else
+        return nb::none();
+#endif
+      },
+      "How many sm_90a prefill GEMMs have been enqueued through cuBLASLt in this process, or None "
+      "where the build had no cuBLASLt header (the prefill GEMM is then always CUTLASS's).");
   m.def(
       "host_calls", [](const std::string& target) { return jax_nvfp4::host_calls(target).load(); },
       nb::arg("target"),

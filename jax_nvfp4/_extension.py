@@ -95,6 +95,15 @@ def host_calls(target: str) -> int:
     return 0 if _ext is None else int(_ext.host_calls(target))
 
 
+def cublaslt_gemm_calls() -> int | None:
+    """How many sm_90a prefill GEMMs this process has enqueued through cuBLASLt; None where the
+    extension was built without cuBLASLt's header (its prefill GEMM is then always CUTLASS's)."""
+    if _ext is None:
+        return None
+    calls = _ext.cublaslt_gemm_calls()
+    return None if calls is None else int(calls)
+
+
 def workspace_bytes(target: str, operands, results, attrs=None) -> int | None:
     """Bytes of the workspace result that FFI target `target` takes as its last result, for a
     call on the visible GPU with these operands and (other) results (anything with .shape and

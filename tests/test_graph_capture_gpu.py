@@ -53,7 +53,8 @@ def test_a_loop_of_calls_runs_the_handlers_once_not_every_iteration(kernels):
     assert all(n <= 2 for n in ran.values()), ran
 
 
-@pytest.mark.parametrize("m", [1, 96])  # the sm_90a decode and prefill paths
+# The sm_90a decode, fused and prefill paths (the last with cuBLASLt's GEMM where built).
+@pytest.mark.parametrize("m", [1, 96, 1100])
 def test_loop_of_calls_replays_like_separate_calls(kernels, m):
     x0, w = _operands(m)
     steps = 5

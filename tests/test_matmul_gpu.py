@@ -1,7 +1,8 @@
 """jax_nvfp4.matmul on a CUDA GPU (skips without one) against the float64 NumPy oracle.
 
 Each case runs through every sm_90a kernel family where they exist: JAX_NVFP4_GEMM_SM90_PATH
-forces the decode, fused, fused_ws or prefill path (read when the call is lowered, so the cache is cleared). Before each call the
+forces the decode, fused, fused_ws or prefill path, the last with cuBLASLt's GEMM where the build has it
+and with CUTLASS's (prefill_cutlass); the variable is read when the call is lowered, so the cache is cleared. Before each call the
 allocator is handed a NaN-filled buffer of the output's size and gets it back, so an output
 element the kernel fails to write shows up as NaN or garbage instead of a lucky zero."""
 
@@ -28,7 +29,7 @@ _spec = importlib.util.spec_from_file_location("matmul_cases", HERE / "matmul_ca
 mc = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mc)
 
-PATHS = ["auto", "decode", "fused", "fused_ws", "prefill"]
+PATHS = ["auto", "decode", "fused", "fused_ws", "prefill", "prefill_cutlass"]
 
 
 @pytest.fixture
@@ -178,12 +179,42 @@ def test_fused_ws_persistent_tiles(kernels, n, out_dtype):
     mc.assert_close(run("fused_ws", x, w, bias=bias, out_dtype=out_dtype), w4a16_oracle(kernels, x, w, bias), tol)
 
 
+@pytest.mark.parametrize("n,out_dtype,bias_dtype,cublaslt", [
+    (1000, jnp.bfloat16, None, True),
+    (1000, jnp.bfloat16, jnp.bfloat16, True),
+    (1000, jnp.float16, jnp.float16, False),   # cuBLASLt has no bf16 x bf16 -> f16 GEMM
+    (1000, jnp.float32, jnp.bfloat16, True),   # the workspace's float32 bias
+    (1000, jnp.bfloat16, jnp.float32, False),  # cuBLASLt would read the bias as bf16
+    (1001, jnp.bfloat16, None, False),         # output rows not 16-byte aligned
+    (1002, jnp.float32, None, False),
+])
+def test_prefill_gemm_backend(kernels, n, out_dtype, bias_dtype, cublaslt):
+    """The prefill path runs cuBLASLt's GEMM where the build has its header, unless the output
+    is f16, its rows are not 16-byte aligned or the bias is of another type than a bf16 output;
+    prefill_cutlass never does. Both match the oracle (M, N, K not multiples of the tiles)."""
+    if _extension.device_arch(kernels) != "sm_90a":
+        pytest.skip("the prefill path is sm_90a's")
+    if _extension.cublaslt_gemm_calls() is None:
+        pytest.skip("built without cuBLASLt's header: the prefill GEMM is CUTLASS's only")
+    m, k = 300, 1040
+    x = mc.random_float((m, k), jnp.bfloat16, 19)
+    w = mc.random_weight(n, k, 20)
+    bias = None if bias_dtype is None else mc.random_float((n,), bias_dtype, 21)
+    want = w4a16_oracle(kernels, x, w, bias)
+    tol = 1e-5 if out_dtype == jnp.float32 else 1e-2 if out_dtype == jnp.bfloat16 else 2e-3
+    for path, expect in (("prefill", int(cublaslt)), ("prefill_cutlass", 0)):
+        before = _extension.cublaslt_gemm_calls()
+        y = run(path, x, w, bias=bias, out_dtype=out_dtype)
+        assert _extension.cublaslt_gemm_calls() - before == expect, path
+        mc.assert_close(y, want, tol)
+
+
 MEMCHECK_SCRIPT = textwrap.dedent("""
     import os
     import jax, jax.numpy as jnp, numpy as np
     import jax_nvfp4 as jn
     rng = np.random.default_rng(0)
-    for path in ("decode", "fused", "fused_ws", "prefill"):
+    for path in ("decode", "fused", "fused_ws", "prefill", "prefill_cutlass"):
         os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = path
         jax.clear_caches()
         for m, n, k, xd in ((3, 37, 208, jnp.bfloat16), (150, 48, 256, jnp.bfloat16), (37, 70, 48, jnp.float32),
@@ -191,6 +222,7 @@ MEMCHECK_SCRIPT = textwrap.dedent("""
             x = jnp.asarray(rng.standard_normal((m, k)), xd)
             w = jn.quantize(jnp.asarray(rng.standard_normal((n, k)), jnp.float32))
             jn.matmul(x, w, bias=jnp.ones((n,)), out_dtype=jnp.bfloat16).block_until_ready()
+            jn.matmul(x, w, bias=jnp.ones((n,), jnp.bfloat16), out_dtype=jnp.bfloat16).block_until_ready()
             jn.matmul(jn.quantize(x.astype(jnp.float32)), w, out_dtype=jnp.float32).block_until_ready()
         jn.matmul(x, jn.quantize(jnp.ones((32, 16))), out_s_enc=1.0).codes.block_until_ready()
     print("memcheck-done")

@@ -43,9 +43,9 @@ std::string dims_str(ffi::AnyBuffer::Dimensions d) {
 }
 
 ffi::Error decode_path(int64_t path, GemmProblem* p) {
-  if (path < 0 || path > static_cast<int64_t>(GemmPath::kFusedWs)) {
-    return invalid("path must be 0 (auto), 1 (decode), 2 (prefill), 3 (fused) or 4 (fused_ws), got " +
-                   std::to_string(path));
+  if (path < 0 || path > static_cast<int64_t>(GemmPath::kPrefillCutlass)) {
+    return invalid("path must be 0 (auto), 1 (decode), 2 (prefill), 3 (fused), 4 (fused_ws) or 5 "
+                   "(prefill_cutlass), got " + std::to_string(path));
   }
   p->path = static_cast<GemmPath>(path);
   return ffi::Error::Success();

@@ -25,7 +25,8 @@ struct Nvfp4Operand {
 
 // Which kernel family a launcher with several takes: its own shape heuristic, or a forced one
 // (tests and benchmarks run each of Hopper's on one shape; JAX_NVFP4_GEMM_SM90_PATH).
-enum class GemmPath : int { kAuto = 0, kDecode = 1, kPrefill = 2, kFused = 3, kFusedWs = 4 };
+// kPrefillCutlass is the prefill path with CUTLASS's GEMM where it would take cuBLASLt's.
+enum class GemmPath : int { kAuto = 0, kDecode = 1, kPrefill = 2, kFused = 3, kFusedWs = 4, kPrefillCutlass = 5 };
 
 struct GemmProblem {
   int64_t m = 0, n = 0, k = 0;  // k is a multiple of 16

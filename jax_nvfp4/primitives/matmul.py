@@ -33,10 +33,11 @@ GEMM_TARGET = "jax_nvfp4_gemm"
 GEMM_NVFP4_OUT_TARGET = "jax_nvfp4_gemm_nvfp4_out"
 
 # JAX_NVFP4_GEMM_SM90_PATH=decode|fused|fused_ws|prefill forces one of the Hopper kernel families (tests
-# and benchmarks run each on one shape). It is read when a call is lowered: set it before jit compiles
-# the function (jax.clear_caches() drops compiled ones).
+# and benchmarks run each on one shape); prefill_cutlass is prefill with CUTLASS's GEMM where it would
+# take cuBLASLt's. It is read when a call is lowered: set it before jit compiles the function
+# (jax.clear_caches() drops compiled ones).
 PATH_ENV = "JAX_NVFP4_GEMM_SM90_PATH"
-_PATHS = {"": 0, "auto": 0, "decode": 1, "prefill": 2, "fused": 3, "fused_ws": 4}
+_PATHS = {"": 0, "auto": 0, "decode": 1, "prefill": 2, "fused": 3, "fused_ws": 4, "prefill_cutlass": 5}
 
 
 def forced_path() -> int:

@@ -1,4 +1,4 @@
-// Large-M NVFP4 GEMM for sm_90a: dequantize once, then a TMA warp-specialized wgmma GEMM.
+// Large-M NVFP4 GEMM for sm_90a: dequantize once, then a bf16 GEMM (cuBLASLt or CUTLASS wgmma).
 //
 // At large M the GEMM is bound by the bf16 tensor-core rate, and dequantizing the N x K weights
 // is a single memory pass (4.5 bits in, 16 bits out) whose cost shrinks like 1/M against the
@@ -8,8 +8,11 @@
 // are then written twice along K), which is exact for f16 and leaves ~2^-17 relative for f32.
 // One kernel launch prepares all of that (and alpha and the bias).
 //
-// The GEMM is CUTLASS's TMA warp-specialized persistent wgmma kernel (wgmma_gemm.cuh), a
-// programmatic dependent launch of the preparation kernel.
+// The GEMM is cuBLASLt's bf16 GEMM where the build has cuBLASLt's header and cuBLASLt runs the
+// problem (cublaslt_gemm.h), else CUTLASS's TMA warp-specialized persistent wgmma kernel
+// (wgmma_gemm.cuh) as a programmatic dependent launch of the preparation kernel. Both take alpha
+// from device memory and add the bias in float32 before the output cast. CUTLASS's takes the
+// problems cuBLASLt does not (use_cublaslt below); JAX_NVFP4_GEMM_SM90_PATH=prefill_cutlass forces it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -18,6 +21,9 @@
 #include "common/launch_config.cuh"
 #include "common/nvfp4_decode.cuh"
 #include "common/scale_layout.h"
+#ifdef JAX_NVFP4_HAS_CUBLASLT
+#include "gemm/sm90/cublaslt_gemm.h"
+#endif
 #include "gemm/sm90/gemm_device_utils.cuh"
 #include "gemm/sm90/gemm_sm90_internal.h"
 #include "gemm/sm90/nvfp4_bf16x2.h"
@@ -101,17 +107,19 @@ enum class XPrep { kNone, kDequantize, kSplitF16, kSplitF32 };
 // Everything the GEMM reads besides a bf16 x, in one launch (launch gaps between several small
 // kernels cost more than their work at M ~ 1024): rows [0, n_pad) of the grid's row space are the
 // weight rows, dequantized (rows past n zero) together with bias[row] (float32, zero padded);
-// rows [n_pad, n_pad + m) are x's rows, converted as kX says; block 0 also writes alpha with the
-// dequantization factors undone. A programmatic dependent launch: it waits for the grid before it.
+// rows [n_pad, n_pad + m) are x's rows, converted as kX says; block 0 also writes the GEMM's
+// scalars: alpha with the dequantization factors undone, and beta = 0. A programmatic dependent
+// launch: it waits for the grid before it.
 template <XPrep kX>
 __global__ void __launch_bounds__(kPrepThreads) prepare_operands(GemmProblem p, int64_t n_pad, int copies,
                                                                  __nv_bfloat16* w_out, __nv_bfloat16* x_out,
-                                                                 float* alpha, float* bias) {
+                                                                 float* scalars, float* bias) {
   wait_for_prior_grids();
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     float a = *p.b.s_dec * (1.0f / kDequantFactor);
     if (p.a_is_nvfp4) a *= *p.a_q.s_dec * (1.0f / kDequantFactor);
-    *alpha = a;
+    scalars[0] = a;
+    scalars[1] = 0.f;
   }
   const int64_t k = p.k;
   const int64_t rows = n_pad + (kX == XPrep::kNone ? 0 : p.m);
@@ -158,15 +166,21 @@ struct Plan {
   int64_t k_gemm = 0;  // K, or 2K when x is split into bf16 hi + lo
   int copies = 1;
   bool convert_x = false, crop = false;
-  size_t off_w = 0, off_x = 0, off_alpha = 0, off_bias = 0, off_d = 0, off_cutlass = 0, total = 0;
+  // off_gemm: the GEMM library's own workspace, sized for either library.
+  size_t off_w = 0, off_x = 0, off_scalars = 0, off_bias = 0, off_d = 0, off_gemm = 0, total = 0;
 };
 
-size_t cutlass_workspace(DType out, int m, int n, int k) {
+size_t gemm_workspace(DType out, int m, int n, int k) {
+  size_t bytes;
   switch (out) {
-    case DType::kF32: return wgmma_gemm_workspace_f32(m, n, k);
-    case DType::kBF16: return wgmma_gemm_workspace_bf16(m, n, k);
-    default: return wgmma_gemm_workspace_f16(m, n, k);
+    case DType::kF32: bytes = wgmma_gemm_workspace_f32(m, n, k); break;
+    case DType::kBF16: bytes = wgmma_gemm_workspace_bf16(m, n, k); break;
+    default: bytes = wgmma_gemm_workspace_f16(m, n, k); break;
   }
+#ifdef JAX_NVFP4_HAS_CUBLASLT
+  if (bytes < kCublasLtWorkspaceBytes) bytes = kCublasLtWorkspaceBytes;
+#endif
+  return bytes;
 }
 
 Plan make_plan(const GemmProblem& p) {
@@ -183,14 +197,14 @@ Plan make_plan(const GemmProblem& p) {
   off = align_up(off + static_cast<size_t>(plan.n_pad * plan.k_gemm) * 2);
   plan.off_x = off;
   if (plan.convert_x) off = align_up(off + static_cast<size_t>(p.m * plan.k_gemm) * 2);
-  plan.off_alpha = off;
-  off = align_up(off + sizeof(float));
+  plan.off_scalars = off;
+  off = align_up(off + 2 * sizeof(float));
   plan.off_bias = off;
   off = align_up(off + static_cast<size_t>(plan.n_pad) * sizeof(float));
   plan.off_d = off;
   if (plan.crop) off = align_up(off + static_cast<size_t>(p.m * plan.n_pad) * elem_bytes(p.out_dtype));
-  plan.off_cutlass = off;
-  off = align_up(off + cutlass_workspace(p.out_dtype, static_cast<int>(p.m),
+  plan.off_gemm = off;
+  off = align_up(off + gemm_workspace(p.out_dtype, static_cast<int>(p.m),
                                          static_cast<int>(plan.n_pad), static_cast<int>(plan.k_gemm)));
   plan.total = off;
   return plan;
@@ -209,11 +223,11 @@ cudaError_t launch_prepare(const GemmProblem& p, const Plan& plan, uint8_t* ws, 
   return cudaLaunchKernelEx(&launch.cfg, prepare_operands<kX>, p, plan.n_pad, plan.copies,
                             reinterpret_cast<__nv_bfloat16*>(ws + plan.off_w),
                             reinterpret_cast<__nv_bfloat16*>(ws + plan.off_x),
-                            reinterpret_cast<float*>(ws + plan.off_alpha), reinterpret_cast<float*>(ws + plan.off_bias));
+                            reinterpret_cast<float*>(ws + plan.off_scalars), reinterpret_cast<float*>(ws + plan.off_bias));
 }
 
-// Enqueues the preparation kernel of `p`: the bf16 weights, x made bf16 where it is not, alpha and
-// the bias, in the workspace regions of `plan`.
+// Enqueues the preparation kernel of `p`: the bf16 weights, x made bf16 where it is not, the
+// scalars and the bias, in the workspace regions of `plan`.
 cudaError_t prepare(const GemmProblem& p, const Plan& plan, uint8_t* ws, cudaStream_t stream) {
   if (p.a_is_nvfp4) return launch_prepare<XPrep::kDequantize>(p, plan, ws, stream);
   switch (p.a_dtype) {
@@ -222,6 +236,32 @@ cudaError_t prepare(const GemmProblem& p, const Plan& plan, uint8_t* ws, cudaStr
     default: return launch_prepare<XPrep::kNone>(p, plan, ws, stream);
   }
 }
+
+#ifdef JAX_NVFP4_HAS_CUBLASLT
+// Fills `g` with cuBLASLt's GEMM of `p` and says whether cuBLASLt runs it: not when forced to
+// CUTLASS, nor for an f16 output (cuBLASLt has no bf16 x bf16 -> f16 GEMM), nor for output rows
+// that are not 16-byte aligned (its heuristic offers no bf16 algorithm for an odd N; CUTLASS
+// writes padded rows and crops them), nor for a bf16 output with a bias of another type
+// (cuBLASLt reads the bias in the output's type; a float32 output takes the workspace's float32
+// bias), nor without an algorithm.
+bool use_cublaslt(const GemmProblem& p, const Plan& plan, uint8_t* ws, CublasLtGemmArgs* g) {
+  if (p.path == GemmPath::kPrefillCutlass || p.out_dtype == DType::kF16 || plan.crop) return false;
+  const void* bias = nullptr;
+  if (p.bias) {
+    if (p.out_dtype == DType::kF32) {
+      bias = ws + plan.off_bias;
+    } else if (p.bias_dtype == p.out_dtype) {
+      bias = p.bias;
+    } else {
+      return false;
+    }
+  }
+  *g = CublasLtGemmArgs{p.m, p.n, plan.k_gemm, plan.convert_x ? ws + plan.off_x : p.a, ws + plan.off_w,
+                        p.out, p.out_dtype, reinterpret_cast<const float*>(ws + plan.off_scalars), bias,
+                        ws + plan.off_gemm};
+  return cublaslt_gemm_supported(*g);
+}
+#endif
 
 }  // namespace
 
@@ -234,12 +274,18 @@ cudaError_t prefill_gemm(const GemmProblem& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   uint8_t* ws = static_cast<uint8_t*>(p.workspace);
+#ifdef JAX_NVFP4_HAS_CUBLASLT
+  if (CublasLtGemmArgs lt; use_cublaslt(p, plan, ws, &lt)) {
+    if (const cudaError_t err = prepare(p, plan, ws, stream); err != cudaSuccess) return err;
+    return cublaslt_gemm(lt, stream);
+  }
+#endif
   void* d = plan.crop ? static_cast<void*>(ws + plan.off_d) : p.out;
   const WgmmaGemmArgs g{static_cast<int>(p.m), static_cast<int>(plan.n_pad), static_cast<int>(plan.k_gemm),
                         plan.convert_x ? ws + plan.off_x : p.a,
                         ws + plan.off_w, d,
-                        reinterpret_cast<float*>(ws + plan.off_alpha), reinterpret_cast<float*>(ws + plan.off_bias),
-                        ws + plan.off_cutlass};
+                        reinterpret_cast<float*>(ws + plan.off_scalars), reinterpret_cast<float*>(ws + plan.off_bias),
+                        ws + plan.off_gemm};
   const auto enqueue_prepare = [&] { return prepare(p, plan, ws, stream); };
   cudaError_t err;
   switch (p.out_dtype) {

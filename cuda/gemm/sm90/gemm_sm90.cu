@@ -64,7 +64,7 @@ cudaError_t run_path(const GemmProblem& p, cudaStream_t stream) {
 
 GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
   if (p.path == GemmPath::kDecode) return GemmSm90Path::kDecode;
-  if (p.path == GemmPath::kPrefill) return GemmSm90Path::kPrefill;
+  if (p.path == GemmPath::kPrefill || p.path == GemmPath::kPrefillCutlass) return GemmSm90Path::kPrefill;
   if (p.path == GemmPath::kFused) return GemmSm90Path::kFused;
   if (p.path == GemmPath::kFusedWs) return GemmSm90Path::kFusedWs;
   if (p.m <= kGemmSm90DecodeMaxM) return GemmSm90Path::kDecode;

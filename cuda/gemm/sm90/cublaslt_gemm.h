@@ -1,0 +1,48 @@
+// The prefill path's bf16 GEMM through cuBLASLt (compiled where the build finds cublasLt.h:
+// JAX_NVFP4_HAS_CUBLASLT). The library is not linked: it is opened by its soname at the first
+// call, which finds the copy XLA has already loaded into the process (XLA's own GEMMs are
+// cuBLASLt's). Where it cannot be opened, or offers no algorithm for a problem, the prefill
+// path runs CUTLASS's GEMM instead (same numerics contract: float32 accumulation, then
+// alpha * acc + bias[n] in float32, then the output cast).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/dtype.h"
+
+namespace jax_nvfp4 {
+namespace sm90 {
+
+// Workspace handed to cuBLASLt (NVIDIA's recommendation for Hopper).
+constexpr size_t kCublasLtWorkspaceBytes = size_t{32} << 20;
+
+// D[m, n] (row-major, ld n, bf16 or float32 d_type) = *scalars[0] * A[m, k] . B[n, k]^T + bias[n]
+// (+ *scalars[1] * D, which the caller sets to 0): bf16 row-major A (ld k) and B (ld k, at
+// least n rows), float32 scalars in device memory. bias (may be null) is a vector of d_type.
+struct CublasLtGemmArgs {
+  int64_t m, n, k;
+  const void* a;
+  const void* b;
+  void* d;
+  DType d_type;
+  const float* scalars;
+  const void* bias;
+  void* workspace;  // kCublasLtWorkspaceBytes, 256-byte aligned
+};
+
+// Whether cuBLASLt can run `g` on the current device: the library opened and an algorithm
+// found (both cached). Host work only; nothing is enqueued.
+bool cublaslt_gemm_supported(const CublasLtGemmArgs& g);
+
+// Enqueues the GEMM on `stream`; call only after cublaslt_gemm_supported(g).
+cudaError_t cublaslt_gemm(const CublasLtGemmArgs& g, cudaStream_t stream);
+
+// Prefill GEMMs enqueued through cuBLASLt since the process started (tests check that the path
+// they force runs the backend they mean).
+int64_t cublaslt_gemm_calls();
+
+}  // namespace sm90
+}  // namespace jax_nvfp4

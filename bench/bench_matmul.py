@@ -148,7 +148,7 @@ def main():
     ap.add_argument("--ms", type=lambda v: [int(m) for m in v.split(",")], default=None,
                     help="comma-separated M values (default: all)")
     ap.add_argument("--paths", action="store_true",
-                    help="also time each sm90 kernel family (decode, fused, fused_ws, prefill) forced, at a few M")
+                    help="also time sm90 kernel families forced (--forced), at a few M")
     ap.add_argument("--path-ms", type=lambda v: [int(m) for m in v.split(",")], default=PATH_MS,
                     help="with --paths: the M values of the forced timings (every shape measured)")
     ap.add_argument("--forced", type=lambda v: tuple(v.split(",")), default=FORCED_PATHS,

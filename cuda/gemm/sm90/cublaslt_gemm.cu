@@ -235,16 +235,8 @@ bool capturing(cudaStream_t stream) {
 
 }  // namespace
 
-bool cublaslt_gemm_supported(const CublasLtGemmArgs& g) {
-  const Api* lt = api();
-  int device = 0;
-  if (!lt || cudaGetDevice(&device) != cudaSuccess) return false;
-  std::lock_guard<std::mutex> lock(state().mutex);
-  const cublasLtHandle_t h = handle_locked(*lt, device);
-  return h && !choice_locked(*lt, h, device, g).candidates.empty();
-}
-
-cudaError_t cublaslt_gemm(const CublasLtGemmArgs& g, cudaStream_t stream) {
+cudaError_t cublaslt_gemm(const CublasLtGemmArgs& g, cudaStream_t stream,
+                          const std::function<cudaError_t()>& prepare) {
   const Api* lt = api();
   int device = 0;
   if (!lt || cudaGetDevice(&device) != cudaSuccess) return cudaErrorNotSupported;
@@ -258,6 +250,7 @@ cudaError_t cublaslt_gemm(const CublasLtGemmArgs& g, cudaStream_t stream) {
     if (!h) return cudaErrorNotSupported;
     Choice& c = choice_locked(*lt, h, device, g);
     if (c.candidates.empty()) return cudaErrorNotSupported;
+    if (const cudaError_t err = prepare(); err != cudaSuccess) return err;
     if (!c.settled) {
       // Timing needs a host wait, which a stream being recorded into a CUDA graph cannot have:
       // a problem first met there keeps the heuristic's first choice.

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "common/dtype.h"
 
@@ -33,12 +34,12 @@ struct CublasLtGemmArgs {
   void* workspace;  // kCublasLtWorkspaceBytes, 256-byte aligned
 };
 
-// Whether cuBLASLt can run `g` on the current device: the library opened and an algorithm
-// found (both cached). Host work only; nothing is enqueued.
-bool cublaslt_gemm_supported(const CublasLtGemmArgs& g);
-
-// Enqueues the GEMM on `stream`; call only after cublaslt_gemm_supported(g).
-cudaError_t cublaslt_gemm(const CublasLtGemmArgs& g, cudaStream_t stream);
+// Enqueues `prepare` (the kernel that writes A, B, the scalars and the bias), then the GEMM, on
+// `stream`. Where cuBLASLt cannot run `g` on the current device (the library not opened, no
+// algorithm; both looked up once and cached) it enqueues nothing and returns
+// cudaErrorNotSupported, so the caller can run another GEMM.
+cudaError_t cublaslt_gemm(const CublasLtGemmArgs& g, cudaStream_t stream,
+                          const std::function<cudaError_t()>& prepare);
 
 // Prefill GEMMs enqueued through cuBLASLt since the process started (tests check that the path
 // they force runs the backend they mean).

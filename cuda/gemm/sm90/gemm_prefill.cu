@@ -238,12 +238,12 @@ cudaError_t prepare(const GemmProblem& p, const Plan& plan, uint8_t* ws, cudaStr
 }
 
 #ifdef JAX_NVFP4_HAS_CUBLASLT
-// Fills `g` with cuBLASLt's GEMM of `p` and says whether cuBLASLt runs it: not when forced to
+// Fills `g` with cuBLASLt's GEMM of `p` and says whether cuBLASLt may take it: not when forced to
 // CUTLASS, nor for an f16 output (cuBLASLt has no bf16 x bf16 -> f16 GEMM), nor for output rows
 // that are not 16-byte aligned (its heuristic offers no bf16 algorithm for an odd N; CUTLASS
 // writes padded rows and crops them), nor for a bf16 output with a bias of another type
 // (cuBLASLt reads the bias in the output's type; a float32 output takes the workspace's float32
-// bias), nor without an algorithm.
+// bias). cublaslt_gemm itself declines a problem it has no algorithm for.
 bool use_cublaslt(const GemmProblem& p, const Plan& plan, uint8_t* ws, CublasLtGemmArgs* g) {
   if (p.path == GemmPath::kPrefillCutlass || p.out_dtype == DType::kF16 || plan.crop) return false;
   const void* bias = nullptr;
@@ -259,7 +259,7 @@ bool use_cublaslt(const GemmProblem& p, const Plan& plan, uint8_t* ws, CublasLtG
   *g = CublasLtGemmArgs{p.m, p.n, plan.k_gemm, plan.convert_x ? ws + plan.off_x : p.a, ws + plan.off_w,
                         p.out, p.out_dtype, reinterpret_cast<const float*>(ws + plan.off_scalars), bias,
                         ws + plan.off_gemm};
-  return cublaslt_gemm_supported(*g);
+  return true;
 }
 #endif
 
@@ -274,10 +274,11 @@ cudaError_t prefill_gemm(const GemmProblem& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   uint8_t* ws = static_cast<uint8_t*>(p.workspace);
+  const auto enqueue_prepare = [&] { return prepare(p, plan, ws, stream); };
 #ifdef JAX_NVFP4_HAS_CUBLASLT
   if (CublasLtGemmArgs lt; use_cublaslt(p, plan, ws, &lt)) {
-    if (const cudaError_t err = prepare(p, plan, ws, stream); err != cudaSuccess) return err;
-    return cublaslt_gemm(lt, stream);
+    const cudaError_t err = cublaslt_gemm(lt, stream, enqueue_prepare);
+    if (err != cudaErrorNotSupported) return err;  // else nothing was enqueued: CUTLASS's GEMM
   }
 #endif
   void* d = plan.crop ? static_cast<void*>(ws + plan.off_d) : p.out;
@@ -286,7 +287,6 @@ cudaError_t prefill_gemm(const GemmProblem& p, cudaStream_t stream) {
                         ws + plan.off_w, d,
                         reinterpret_cast<float*>(ws + plan.off_scalars), reinterpret_cast<float*>(ws + plan.off_bias),
                         ws + plan.off_gemm};
-  const auto enqueue_prepare = [&] { return prepare(p, plan, ws, stream); };
   cudaError_t err;
   switch (p.out_dtype) {
     case DType::kF32: err = wgmma_gemm_f32(g, stream, enqueue_prepare); break;

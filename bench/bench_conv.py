@@ -1,7 +1,7 @@
 """Benchmark of jax_nvfp4.conv (NVFP4 weights, bf16 activations) against XLA's bf16
 lax.conv_general_dilated and PyTorch's cuDNN conv2d (channels_last, bf16, benchmark mode).
 
-    python bench/bench_conv.py --out DIR [--chain N]
+    python bench/bench_conv.py --out DIR [--chain N] [--forced register_a,...] [--only wide]
 
 Ours and XLA are timed on the device: many calls inside one jitted lax.fori_loop
 (_timing.LoopTimer, without rotating operand copies: all three keep one input set warm in L2),
@@ -10,12 +10,15 @@ kernel and launch gaps, H200) is spread over them as PyTorch's loop has none; Py
 events around back-to-back calls. The three are timed round-robin (each once
 per round, 7 rounds, median), so they see the same GPU clock. Also reports the activation bytes
 the sm_90a kernel loads from global memory into shared memory with and without the
-shifted-operand reuse, counted from its schedule (cuda/conv/sm90/conv_sm90_schedule.h)."""
+shifted-operand reuse, counted from its schedule (cuda/conv/sm90/conv_sm90_schedule.h).
+--forced also times ours with each named sm_90a kernel forced (JAX_NVFP4_CONV_SM90_KERNEL), in
+the same rounds; --only keeps the shapes whose name contains one of the given words."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 from pathlib import Path
 
 import jax
@@ -38,15 +41,18 @@ SHAPES = [
     ("resnet7x7x512 b32", (32, 7, 7, 512, 512, 3, 3, 1, "SAME")),
     ("wide 1x7 17x17x192 b32", (32, 17, 17, 192, 192, 1, 7, 1, "SAME")),
     ("wide 7x7 28x28x128 b32", (32, 28, 28, 128, 128, 7, 7, 1, "SAME")),
+    ("wide 7x1 17x17x192 b32", (32, 17, 17, 192, 192, 7, 1, 1, "SAME")),
+    ("1x1 56x56x256->64 b32", (32, 56, 56, 256, 64, 1, 1, 1, "SAME")),
 ]
 
 CHUNK_C = 64  # channels per pipeline stage of the sm_90a kernel
 CHAIN = 8  # calls per loop iteration (_timing.LoopTimer); --chain sets it
 
 
-def ws_estimate_us(stages, bn, splits):
+def ws_estimate_us(stages, taps, bn, splits):
     """conv_sm90.cu's ws_estimate_us: the fitted time of a one-wave warp-specialized launch."""
-    return 7.5 + -(-stages // splits) * (0.95 + 0.0038 * bn) + (splits - 1) * (3.0 + 0.01 * bn)
+    per_stage = (0.95 + 0.0038 * bn) * taps / 3
+    return 7.5 + -(-stages // splits) * per_stage + (splits - 1) * (3.0 + 0.01 * bn)
 
 
 def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
@@ -61,25 +67,26 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
     wv = q + halo
     tiles = lambda bn: -(-(n * p * wv) // bn)  # noqa: E731
     chunks = -(-c // CHUNK_C)
-    enough = -(-3 * sms // 4)
+    enough = -(-3 * sms // 4) if s == 3 else -(-sms // 2)
 
     def tma(bn, k_rows, label):  # TMA loads: bn slots and an 8-pixel halo box per stage
         stages = tiles(bn) * -(-k // k_rows) * r * chunks
         return stages * (bn + 8) * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2, label
 
-    if s == 3 and k % 8 == 0 and stride == 1 and c % 32 == 0:  # warp-specialized, TMA loads
+    ws_taps = s in (1, 3, 5, 7)
+    if ws_taps and k % 8 == 0 and stride == 1 and c % 32 == 0:  # warp-specialized, TMA loads
         if k <= 64:  # the pixel split: the width whose busiest SM has the fewest pixels
             bn = 416 if -(-tiles(416) // sms) * 416 <= -(-tiles(256) // sms) * 256 else 256
             if tiles(bn) >= enough:
                 return tma(bn, 64, f"ws 64x{bn} (pixel split)")
         if k >= 128:  # the one-wave tiling, unsplit or split-K in two, of least ws_estimate_us
             k_tiles, stages = -(-k // 128), r * chunks
-            fits = [(ws_estimate_us(stages, bn, sp), bn, sp) for sp in (1, 2) if sp <= stages
+            fits = [(ws_estimate_us(stages, s, bn, sp), bn, sp) for sp in (1, 2) if sp <= stages
                     for bn in (64, 112, 128, 208, 256) if tiles(bn) * k_tiles * sp <= sms]
             _, bn, sp = min(fits) if fits else (0, 256, 1)
             if tiles(bn) * k_tiles * sp >= enough or not fits:
                 return tma(bn, 128, f"ws 128x{bn}" + (f", split-K {sp}" if sp > 1 else ""))
-    elif s == 3 and k >= 128 and k % 8 == 0:  # warp-specialized, cp.async loads
+    elif ws_taps and k >= 128 and k % 8 == 0:  # warp-specialized, cp.async loads
         for bn in (256, 128):
             k_tiles = -(-k // 128)
             if tiles(bn) * k_tiles >= enough:
@@ -133,11 +140,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--chain", type=int, default=CHAIN, help="calls back to back per loop iteration")
+    ap.add_argument("--forced", type=lambda v: tuple(v.split(",")), default=(),
+                    help="sm_90a kernels to time forced beside the library's choice, e.g. register_a")
+    ap.add_argument("--only", type=lambda v: tuple(v.split(",")), default=(),
+                    help="shapes whose name contains one of these words (default: all)")
     args = ap.parse_args()
     chain = args.chain
     dev = jax.devices()[0]
     rows = []
-    for name, (n, h, w, c, k, r, s, stride, padding) in SHAPES:
+    shapes = [(name, shape) for name, shape in SHAPES if not args.only or any(o in name for o in args.only)]
+    for name, (n, h, w, c, k, r, s, stride, padding) in shapes:
         kx, kw = jax.random.split(jax.random.key(0))
         x = jax.random.normal(kx, (n, h, w, c), jnp.float32).astype(jnp.bfloat16)
         w_hwio = jax.random.normal(kw, (r, s, c, k), jnp.float32) * 0.05
@@ -148,6 +160,12 @@ def main():
             xc, wb, (st, st), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
         timers = {"ours": LoopTimer(ours, (x, wq), rotate=False, chain=chain),
                   "xla": LoopTimer(xla, (x, w_bf16), rotate=False, chain=chain)}
+        for kernel in args.forced:  # the variable is read when the timer compiles its loop
+            os.environ["JAX_NVFP4_CONV_SM90_KERNEL"] = kernel
+            jax.clear_caches()
+            timers[kernel] = LoopTimer(ours, (x, wq), rotate=False, chain=chain)
+            del os.environ["JAX_NVFP4_CONV_SM90_KERNEL"]
+            jax.clear_caches()
         cudnn = torch_timer(n, h, w, c, k, r, s, stride)
         if cudnn:
             timers["cudnn"] = cudnn
@@ -156,9 +174,11 @@ def main():
         out = jn.conv(x, wq, window_strides=(stride, stride), padding=padding)
         flops = 2.0 * out.shape[0] * out.shape[1] * out.shape[2] * k * r * s * c
         reuse, plain, bn = activation_bytes(n, h, w, c, k, r, s, stride)
-        rows.append((name, t_ours, t_xla, t_torch, flops, reuse, plain, bn))
+        forced = {kernel: t[kernel] for kernel in args.forced}
+        rows.append((name, t_ours, t_xla, t_torch, flops, reuse, plain, bn, forced))
         print(f"{name:26s} ours {t_ours*1e6:8.1f} us  xla {t_xla*1e6:8.1f} us  "
-              f"cudnn {t_torch*1e6 if t_torch else float('nan'):8.1f} us", flush=True)
+              f"cudnn {t_torch*1e6 if t_torch else float('nan'):8.1f} us  "
+              + "  ".join(f"{kernel} {v*1e6:8.1f} us" for kernel, v in forced.items()), flush=True)
 
     date = datetime.date.today().isoformat()
     lines = [f"# jax_nvfp4.conv benchmark — {dev.device_kind}, {date}", "",
@@ -167,13 +187,15 @@ def main():
              "channels_last bf16, benchmark=True (CUDA events). Timed round-robin, medians of 7 rounds. Activation MB: global->shared bytes of our kernel with "
              "the shifted-operand reuse / without it (each tap loading its own tile).", "",
              "| shape | ours µs | TFLOP/s | XLA bf16 µs | cuDNN bf16 µs | vs XLA | vs cuDNN | "
-             "act. MB reuse / no reuse | kernel, tile |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for name, t_o, t_x, t_t, flops, reuse, plain, bn in rows:
+             "act. MB reuse / no reuse | kernel, tile |"
+             + "".join(f" ours, {kernel} forced µs |" for kernel in args.forced),
+             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(args.forced)]
+    for name, t_o, t_x, t_t, flops, reuse, plain, bn, forced in rows:
         cud = f"{t_t*1e6:.1f}" if t_t else "n/a"
         vs_cud = f"{t_t/t_o:.2f}x" if t_t else "n/a"
         lines.append(f"| {name} | {t_o*1e6:.1f} | {flops/t_o/1e12:.0f} | {t_x*1e6:.1f} | {cud} | "
-                     f"{t_x/t_o:.2f}x | {vs_cud} | {reuse/1e6:.2f} / {plain/1e6:.2f} | {bn} |")
+                     f"{t_x/t_o:.2f}x | {vs_cud} | {reuse/1e6:.2f} / {plain/1e6:.2f} | {bn} |"
+                     + "".join(f" {v*1e6:.1f} |" for v in forced.values()))
     table = "\n".join(lines) + "\n"
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 """jax_nvfp4.conv on the CPU (reference path), its trace-time checks, batching, the sm_90a tile
 schedule emulated on the host, and the sm_90a kernel's SASS."""
 
+import collections
 import importlib.util
 import re
 from pathlib import Path
@@ -214,15 +215,20 @@ def test_sm90_kernels_use_hgmma(kernel_sass):
         assert "LDL" not in sass and "STL" not in sass, f"{name} uses local memory"
 
 
+# conv_sm90_ws_kernel<kBN, kTma, kBM, kSplitK, kS> in a mangled name.
+WS_KERNEL_ARGS = re.compile(r"conv_sm90_ws_kernelILi(\d+)ELb([01])ELi(\d+)ELb([01])ELi(\d+)E")
+
+
 def test_sm90_warp_specialized_kernels_use_hgmma_and_mbarriers(kernel_sass):
     kernels = kernel_sass("sm_90a", r"conv_sm90_ws_kernel")
-    # 128- and 256-pixel tiles with TMA and cp.async loads; 64-, 112- and 208-pixel tiles and the
-    # two 64-channel pixel-split tiles (256 and 416 pixels) with TMA loads; the five 128-channel
-    # TMA tilings again split-K (the last template argument, kSplitK).
-    assert len(kernels) == 14
-    tma = {name: sass for name, sass in kernels.items() if "ELb1E" in name}
-    split = {name: sass for name, sass in kernels.items() if "ELb1EEEv" in name}
-    assert len(tma) == 12 and len(split) == 5
+    args = {name: tuple(int(v) for v in WS_KERNEL_ARGS.search(name).groups()) for name in kernels}
+    # For each filter width S in {1, 3, 5, 7}: 128- and 256-pixel tiles with TMA and cp.async
+    # loads; 64-, 112- and 208-pixel tiles and the two 64-channel pixel-split tiles (256 and 416
+    # pixels) with TMA loads; the five 128-channel TMA tilings again split-K.
+    assert sorted(collections.Counter(a[4] for a in args.values()).items()) == [(s, 14) for s in (1, 3, 5, 7)]
+    tma = {name for name, a in args.items() if a[1] == 1}
+    split = {name for name, a in args.items() if a[3] == 1}
+    assert len(tma) == 4 * 12 and len(split) == 4 * 5
     for name, sass in kernels.items():
         assert "HGMMA.64x" in sass, name
         assert "SYNCS.PHASECHK" in sass, f"{name} waits on no mbarrier"

@@ -36,10 +36,21 @@ GPU_CASES = {
     # TMA loads: a channel chunk half past C (zero-filled), rows past K, VALID, dilated rows.
     "tma_c96_k136_valid": (3, 13, 17, 96, 136, 3, 3, (1, 1), "VALID", (1, 1)),
     "tma_dil_pads_k128": (2, 15, 23, 32, 128, 3, 3, (1, 1), ((3, 1), (0, 4)), (2, 2)),
+    # Other filter widths with TMA loads: 1x7 (one stage), 7x7 over a channel chunk half past C,
+    # 5x5 dilated along W to the widest halo the second box holds (8), 1x1 and 7x1.
+    "tma_1x7_k136": (4, 9, 17, 64, 136, 1, 7, (1, 1), "SAME", (1, 1)),
+    "tma_7x7_c96_k128": (2, 14, 14, 96, 128, 7, 7, (1, 1), "SAME", (1, 1)),
+    "tma_5x5_dil2_k200": (2, 11, 19, 64, 200, 5, 5, (1, 1), "SAME", (1, 2)),
+    "tma_1x1_c128_k200": (3, 7, 9, 128, 200, 1, 1, (1, 1), "VALID", (1, 1)),
+    "tma_7x1_k128": (2, 12, 10, 32, 128, 7, 1, (1, 1), "SAME", (1, 1)),
+    # Enough 1x7 tiles for the library to pick the warp-specialized kernel itself.
+    "1x7_inception_b16": (16, 17, 17, 192, 192, 1, 7, (1, 1), "SAME", (1, 1)),
 }
 
-# What the warp-specialized kernels take: S = 3 and K % 8 == 0 (bf16 activations and output).
-WS_CASES = sorted(name for name, case in GPU_CASES.items() if case[6] == 3 and case[4] % 8 == 0)
+# What the warp-specialized kernels take: S in {1, 3, 5, 7} and K % 8 == 0 (bf16 activations and
+# output).
+WS_CASES = sorted(name for name, case in GPU_CASES.items()
+                  if case[6] in (1, 3, 5, 7) and case[4] % 8 == 0)
 # Those they load with TMA: stride 1 and C % 32 == 0.
 TMA_CASES = sorted(name for name in WS_CASES
                    if GPU_CASES[name][7] == (1, 1) and GPU_CASES[name][3] % 32 == 0)
@@ -88,8 +99,8 @@ def test_kernel_matches_float64(gpu, name):
 
 
 def check_with_bias_against_float64(name, out_dtype):
-    """The forced kernel on GPU_CASES[name] with a bias, 2-byte output, against float64; a second
-    call must give the same bits (a race would move them)."""
+    """The forced kernel (or the library's choice) on GPU_CASES[name] with a bias, 2-byte output,
+    against float64; a second call must give the same bits (a race would move them)."""
     case = GPU_CASES[name]
     x, w = operands(case, seed=len(name))
     bias = jax.random.normal(jax.random.key(4), (case[4],), jnp.float32)
@@ -99,6 +110,13 @@ def check_with_bias_against_float64(name, out_dtype):
     assert got.shape == want.shape
     assert cc.rel_err(got, want) < 1e-2  # the 2-byte output rounding
     np.testing.assert_array_equal(got, np.asarray(f(x, w, bias).astype(jnp.float32)))
+
+
+@pytest.mark.parametrize("name", sorted(GPU_CASES))
+def test_library_choice_with_bf16_output_matches_float64(gpu, name):
+    """With a bf16 output the warp-specialized kernel is a candidate: where the library picks it
+    and its stages do not fit in shared memory, the register-A kernel must take over."""
+    check_with_bias_against_float64(name, jnp.bfloat16)
 
 
 @pytest.mark.parametrize("forced_kernel", ["ws128x128", "ws128x256", "ws128x128_cpasync"], indirect=True)
@@ -195,6 +213,10 @@ def test_warp_specialized_kernel_rejects_what_it_does_not_take(gpu, forced_kerne
     x, w = operands(case, seed=2)
     with pytest.raises(Exception, match="forced warp-specialized"):
         np.asarray(conv_fn(case, out_dtype=jnp.float32)(x, w))  # float32 output
+    case = (2, 9, 9, 32, 24, 2, 2, (1, 1), "SAME", (1, 1))  # S = 2: no compiled tap loop
+    x, w = operands(case, seed=3)
+    with pytest.raises(Exception, match="forced warp-specialized"):
+        np.asarray(conv_fn(case)(x, w))
 
 
 def test_unknown_forced_kernel_is_rejected_at_trace_time(gpu, monkeypatch):
@@ -255,6 +277,13 @@ MEMCHECK_PROGRAM = textwrap.dedent("""
         os.environ["JAX_NVFP4_CONV_SM90_KERNEL"] = kernel
         jax.clear_caches()
         y = jn.conv(x, w, padding="SAME", rhs_dilation=(2, 1), bias=jnp.ones((200,)))
+        assert np.isfinite(np.asarray(y.astype(jnp.float32))).all()
+    # Other filter widths: 7x7 and 1x7 (TMA loads), 5x5 with stride 2 (cp.async loads).
+    os.environ["JAX_NVFP4_CONV_SM90_KERNEL"] = "ws128x128"
+    for r, s, stride in ((7, 7, 1), (1, 7, 1), (5, 5, 2)):
+        w = jn.quantize_conv_weight(jax.random.normal(jax.random.key(6), (r, s, 96, 136)))
+        jax.clear_caches()
+        y = jn.conv(x, w, window_strides=(stride, stride), padding="SAME", bias=jnp.ones((136,)))
         assert np.isfinite(np.asarray(y.astype(jnp.float32))).all()
     print("MEMCHECK-DONE")
 """)

@@ -1,0 +1,10 @@
+// The sm_90a warp-specialized convolution kernel for filters 3 taps wide (conv_sm90_ws.h).
+#include "conv/sm90/conv_sm90_ws_launch.cuh"
+
+namespace jax_nvfp4 {
+namespace conv90 {
+
+template cudaError_t launch_ws_taps<3>(const ConvProblem&, cudaStream_t, ConvSm90Kernel, int, int, int);
+
+}  // namespace conv90
+}  // namespace jax_nvfp4

@@ -69,14 +69,22 @@ cudaError_t launch(const ConvProblem& pb, cudaStream_t stream, int max_smem, int
                    /*cluster_z=*/false, /*pdl=*/false, pb, g, plan.nbuf, staged);
 }
 
-// bf16 activations with 3 taps along W (the common case) get the unrolled tap loop.
+// bf16 activations with 3, 5 or 7 taps along W get the unrolled tap loop (tap s+1 decodes while
+// tap s's wgmmas run); other widths and activation dtypes the runtime loop, which drains after
+// every tap (with one tap the two are the same).
 template <ActKind kAct, int kBN, int kWGM>
 cudaError_t launch_taps(const ConvProblem& pb, cudaStream_t stream, int max_smem, int sms) {
   if constexpr (kAct == ActKind::kBF16) {
-    if (pb.s == 3) return launch<kAct, kBN, kWGM, 3>(pb, stream, max_smem, sms);
+    switch (pb.s) {
+      case 3: return launch<kAct, kBN, kWGM, 3>(pb, stream, max_smem, sms);
+      case 5: return launch<kAct, kBN, kWGM, 5>(pb, stream, max_smem, sms);
+      case 7: return launch<kAct, kBN, kWGM, 7>(pb, stream, max_smem, sms);
+      default: break;
+    }
   }
   return launch<kAct, kBN, kWGM, 0>(pb, stream, max_smem, sms);
 }
+
 // What the warp-specialized kernel takes: bf16 activations, 1, 3, 5 or 7 filter taps along W,
 // and a 2-byte output whose pixel rows are 16-byte aligned (its epilogue stores 8 channels at a
 // time).

@@ -185,8 +185,14 @@ def test_sm90_schedule_emulation_matches_direct_convolution(host_program, name):
 
 
 # Stride-1 problems, which the warp-specialized kernel loads with TMA im2col copies: padding on
-# one side only, VALID, dilation in both axes, images that end inside a tile, width 1.
+# one side only, VALID, dilation in both axes, images that end inside a tile, width 1, and the
+# other filter widths it takes (1, 5, 7; a halo of exactly the second box's 8 pixels).
 IM2COL_CASES = {
+    "1x7_same_bn128": ((2, 9, 17, 16, 4, 1, 7, (1, 1), "SAME", (1, 1)), 128),
+    "7x7_same_bn256": ((3, 14, 14, 16, 4, 7, 7, (1, 1), "SAME", (1, 1)), 256),
+    "5x5_dil2_halo8": ((2, 11, 19, 16, 4, 5, 5, (1, 1), "SAME", (1, 2)), 128),
+    "7x1_same": ((2, 12, 10, 16, 4, 7, 1, (1, 1), "SAME", (1, 1)), 128),
+    "1x1_valid": (cc.CASES["1x1_valid"], 128),
     "3x3_same_bn128": (cc.CASES["3x3_same"], 128),
     "3x3_same_bn256": (cc.CASES["3x3_same"], 256),
     "3x3_dilation2_explicit": (cc.CASES["3x3_dilation2_explicit"], 128),

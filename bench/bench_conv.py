@@ -27,6 +27,8 @@ import numpy as np
 from jax import lax
 
 import jax_nvfp4 as jn
+from jax_nvfp4._extension import cublaslt_gemm_calls, visible_cuda_arch
+from jax_nvfp4.primitives.conv import pointwise_as_gemm
 from _timing import TARGET_S, LoopTimer, interleaved_times  # bench/ is the script's folder
 
 # name: (N, H, W, C, K, R, S, stride, padding)
@@ -46,6 +48,13 @@ SHAPES = [
     ("wide 7x7 28x28x128 b1", (1, 28, 28, 128, 128, 7, 7, 1, "SAME")),
     ("wide 5x5 28x28x128 b1", (1, 28, 28, 128, 128, 5, 5, 1, "SAME")),
     ("1x1 56x56x256->64 b32", (32, 56, 56, 256, 64, 1, 1, 1, "SAME")),
+    # The other ResNet-50 pointwise convs of the stages where the library runs them as the GEMM.
+    ("1x1 28x28x512->128 b32", (32, 28, 28, 512, 128, 1, 1, 1, "SAME")),
+    ("1x1 14x14x1024->256 b32", (32, 14, 14, 1024, 256, 1, 1, 1, "SAME")),
+    ("1x1 14x14x256->1024 b32", (32, 14, 14, 256, 1024, 1, 1, 1, "SAME")),
+    ("1x1 7x7x2048->512 b32", (32, 7, 7, 2048, 512, 1, 1, 1, "SAME")),
+    ("1x1 7x7x512->2048 b32", (32, 7, 7, 512, 2048, 1, 1, 1, "SAME")),
+    ("1x1 56x56x256->64 b1", (1, 56, 56, 256, 64, 1, 1, 1, "SAME")),
 ]
 
 CHUNK_C = 64  # channels per pipeline stage of the sm_90a kernel
@@ -62,7 +71,12 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
     """Activation bytes global -> shared of the sm_90a kernel (bf16), with the reuse and as an
     implicit GEMM that loads each tap's tile separately, and the kernel and its CTA tile (output
     channels x pixels). Mirrors conv_sm90.cu's choice (choose_kernel, then the register-A tiles)
-    for the SAME, dilation-1 shapes benchmarked here."""
+    for the SAME, dilation-1 shapes benchmarked here; a pointwise conv that runs as the NVFP4
+    GEMM reads its activations once."""
+    if pointwise_as_gemm((n, h, w, c), jnp.bfloat16, False, (r, s), (stride, stride),
+                         ((0, 0), (0, 0)), jnp.bfloat16, arch=visible_cuda_arch(),
+                         cublaslt=cublaslt_gemm_calls() is not None, forced=False):
+        return n * h * w * c * 2, n * h * w * c * 2, "GEMM (prefill path)"
     pad = (s - 1) // 2
     q = (w + 2 * pad - s) // stride + 1
     p = (h + 2 * ((r - 1) // 2) - r) // stride + 1

@@ -78,14 +78,16 @@ def _cuda_compute_capability() -> tuple[int, int] | None:
     return ccs.pop() if len(ccs) == 1 else None
 
 
-def _cuda_device_arch() -> str | None:
+def visible_cuda_arch() -> str | None:
+    """The compiled arch ("sm_90a", "sm_100a") of the visible CUDA GPUs, or None (no GPU, GPUs of
+    several kinds, or a kind without kernels)."""
     cc = _cuda_compute_capability()
     return None if cc is None else _ARCH_OF_CC.get(cc)
 
 
 def kernel_available(target: str) -> bool:
     """Whether FFI target `target` exists and was compiled for the visible CUDA GPUs."""
-    arch = _cuda_device_arch()
+    arch = visible_cuda_arch()
     return target in _TARGETS and arch is not None and arch in cuda_archs()
 
 

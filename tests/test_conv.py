@@ -268,3 +268,36 @@ def test_unknown_forced_sm90_kernel_or_split_is_rejected(monkeypatch, value):
     monkeypatch.setenv(conv_primitive.KERNEL_ENV, value)
     with pytest.raises(ValueError, match=f"JAX_NVFP4_CONV_SM90_KERNEL.*{re.escape(repr(value))}"):
         conv_primitive.forced_kernel()
+
+
+# A 1x1 conv the sm_90a lowering hands to the NVFP4 GEMM, and one change at a time that keeps it
+# on the conv kernels.
+_POINTWISE = dict(x_shape=(2, 28, 28, 256), x_dtype=jnp.bfloat16, x_nvfp4=False, filter_rs=(1, 1),
+                  window_strides=(1, 1), padding=((0, 0), (0, 0)), out_dtype=jnp.bfloat16,
+                  arch="sm_90a", cublaslt=True, forced=False)
+
+
+@pytest.mark.parametrize("change, want", [
+    ({}, True),
+    ({"out_dtype": jnp.float32}, True),
+    ({"x_shape": (1, 32, 32, 256)}, False),  # 1024 pixels: the conv kernels
+    ({"x_shape": (1, 41, 25, 256)}, True),  # 1025
+    ({"x_shape": (2, 64, 64, 256)}, True),  # 8192
+    ({"x_shape": (1, 8193, 1, 256)}, False),
+    ({"x_shape": (2, 28, 28, 240)}, False),  # fewer than 256 channels
+    ({"filter_rs": (1, 3)}, False),
+    ({"window_strides": (2, 2)}, False),
+    ({"padding": ((0, 0), (0, 1))}, False),
+    ({"x_dtype": jnp.float32}, False),
+    ({"x_nvfp4": True}, False),
+    ({"out_dtype": jnp.float16}, False),
+    ({"arch": "sm_100a"}, False),
+    ({"arch": None}, False),
+    ({"cublaslt": False}, False),
+    ({"forced": True}, False),
+])
+def test_which_pointwise_convs_lower_to_the_gemm(change, want):
+    from jax_nvfp4.primitives.conv import pointwise_as_gemm
+    kw = {**_POINTWISE, **change}
+    arch, cublaslt, forced = kw.pop("arch"), kw.pop("cublaslt"), kw.pop("forced")
+    assert pointwise_as_gemm(**kw, arch=arch, cublaslt=cublaslt, forced=forced) is want

@@ -45,6 +45,9 @@ GPU_CASES = {
     "tma_7x1_k128": (2, 12, 10, 32, 128, 7, 1, (1, 1), "SAME", (1, 1)),
     # Enough 1x7 tiles for the library to pick the warp-specialized kernel itself.
     "1x7_inception_b16": (16, 17, 17, 192, 192, 1, 7, (1, 1), "SAME", (1, 1)),
+    # A pointwise conv the library runs as the NVFP4 GEMM (where the build has cuBLASLt; forced
+    # kernels still take it): 1568 pixels of 256 channels, 200 outputs.
+    "pointwise_gemm_c256_k200": (2, 28, 28, 256, 200, 1, 1, (1, 1), "VALID", (1, 1)),
 }
 
 # What the warp-specialized kernels take: S in {1, 3, 5, 7} and K % 8 == 0 (bf16 activations and
@@ -84,6 +87,21 @@ def test_lowers_to_the_kernel(gpu):
     x, w = operands(case, 0)
     assert jn._extension.kernel_available("jax_nvfp4_conv")
     assert "jax_nvfp4_conv" in conv_fn(case).lower(x, w).as_text()
+
+
+def test_pointwise_conv_lowers_to_the_gemm(gpu, monkeypatch):
+    case = GPU_CASES["pointwise_gemm_c256_k200"]
+    x, w = operands(case, 0)
+    text = conv_fn(case).lower(x, w).as_text()
+    # Hopper, and a build with cuBLASLt's GEMM (the one it was timed with)
+    if jn._extension.visible_cuda_arch() == "sm_90a" and jn._extension.cublaslt_gemm_calls() is not None:
+        assert "jax_nvfp4_gemm" in text and "jax_nvfp4_conv" not in text
+    else:
+        assert "jax_nvfp4_conv" in text and "jax_nvfp4_gemm" not in text
+    monkeypatch.setenv("JAX_NVFP4_CONV_SM90_KERNEL", "register_a")
+    jax.clear_caches()
+    assert "jax_nvfp4_conv" in conv_fn(case).lower(x, w).as_text()
+    jax.clear_caches()
 
 
 @pytest.mark.parametrize("name", sorted(GPU_CASES))

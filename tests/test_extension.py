@@ -32,7 +32,7 @@ def _cuda_module_text(fn, *args):
 
 
 _TARGETS = ("jax_nvfp4_quantize", "jax_nvfp4_dequantize", "jax_nvfp4_gemm",
-            "jax_nvfp4_gemm_nvfp4_out")
+            "jax_nvfp4_gemm_nvfp4_out", "jax_nvfp4_conv")
 
 
 def _ops():
@@ -47,7 +47,7 @@ def _ops():
 @pytest.mark.parametrize("target,fn,args", _ops(), ids=lambda v: v if isinstance(v, str) else "")
 def test_without_a_kernel_for_the_gpu_the_reference_runs_with_a_warning(monkeypatch, target, fn,
                                                                        args):
-    monkeypatch.setattr(_extension, "_cuda_device_arch", lambda: "sm_80")  # e.g. an A100
+    monkeypatch.setattr(_extension, "visible_cuda_arch", lambda: "sm_80")  # e.g. an A100
     _extension.warn_reference_fallback.cache_clear()
     with pytest.warns(RuntimeWarning, match=f"{target} runs as XLA reference code"):
         text = _cuda_module_text(fn, *args)
@@ -62,6 +62,23 @@ def test_with_a_kernel_the_cuda_lowering_calls_the_ffi_target(monkeypatch, targe
         warnings.simplefilter("error", RuntimeWarning)
         text = _cuda_module_text(fn, *args)
     assert f"@{target}" in text
+
+
+@pytest.mark.parametrize("filter_rs, forced, target", [
+    ((1, 1), "", "jax_nvfp4_gemm"),  # 2 x 28 x 28 pixels of 256 channels: a GEMM
+    ((1, 1), "ws64x256", "jax_nvfp4_conv"),  # a forced conv kernel
+    ((3, 3), "", "jax_nvfp4_conv"),
+])
+def test_pointwise_conv_lowers_to_the_gemm_on_sm90(monkeypatch, filter_rs, forced, target):
+    monkeypatch.setattr(_extension, "kernel_available", lambda name: True)
+    monkeypatch.setattr(_extension, "_cuda_compute_capability", lambda: (9, 0))
+    monkeypatch.setattr(_extension, "cublaslt_gemm_calls", lambda: 0)
+    monkeypatch.setenv("JAX_NVFP4_CONV_SM90_KERNEL", forced)
+    x = jnp.zeros((2, 28, 28, 256), jnp.bfloat16)
+    w = jn.quantize_conv_weight(jnp.ones((*filter_rs, 256, 64), jnp.float32))
+    text = _cuda_module_text(lambda a, b: jn.conv(a, b, padding="SAME"), x, w)
+    other = ({"jax_nvfp4_gemm", "jax_nvfp4_conv"} - {target}).pop()
+    assert f"@{target}(" in text and f"@{other}(" not in text
 
 
 needs_extension = pytest.mark.skipif(_extension.extension_path() is None,

@@ -16,6 +16,8 @@ FFI target (cuda/conv/conv_ffi.cc): "jax_nvfp4_conv" with 7 operands, absent one
     bias (f32[0] if none); attributes stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, kernel
     (the sm_90a kernel: 0 the launcher's choice, or one forced through KERNEL_ENV) and splits
     (the forced kernel's split-K, 0 unsplit).
+
+Some 1x1 convolutions lower to the NVFP4 GEMM's FFI target instead (pointwise_as_gemm).
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import batching
 
-from jax_nvfp4 import reference
+from jax_nvfp4 import _extension, reference
 from jax_nvfp4.format import SCALE_DTYPE
 from jax_nvfp4.primitives._base import (ShapedArray, define_primitive, empty_f32, env_choice,
                                         ffi_kernel_call, map_batcher)
+from jax_nvfp4.primitives.matmul import GEMM_TARGET, gemm_kernel
 
 CONV_TARGET = "jax_nvfp4_conv"
 
@@ -60,6 +63,31 @@ def forced_kernel() -> tuple[int, int]:
         return _KERNELS[name], int(splits)
     raise ValueError(f"{KERNEL_ENV}: split-K takes one of {list(_SPLIT_K_KERNELS)} with /s2 .. /s8, "
                      f"got {value!r}")
+
+
+# A 1x1 convolution with stride 1 and no padding is a GEMM over the N*H*W pixels. On sm_90a, with
+# bf16 activations of at least POINTWISE_GEMM_MIN_C channels and a pixel count in
+# POINTWISE_GEMM_PIXELS, the GEMM's prefill path (the weights dequantized once, then cuBLASLt's
+# bf16 GEMM) was 1.17-1.43x faster than the conv kernels on the ResNet-50 shapes there, and
+# no slower elsewhere in that range; outside it the conv kernels were as fast or faster
+# (H100, bench/results/conv_pointwise_h100_2026-11-25.md). Only where the build has cuBLASLt's
+# GEMM (the timings are its) and no conv kernel is forced.
+POINTWISE_GEMM_PIXELS = (1024, 8192)  # exclusive, inclusive
+POINTWISE_GEMM_MIN_C = 256
+
+
+def pointwise_as_gemm(x_shape, x_dtype, x_nvfp4, filter_rs, window_strides, padding, out_dtype, *,
+                      arch, cublaslt, forced) -> bool:
+    """Whether a convolution lowers to the NVFP4 GEMM (see POINTWISE_GEMM_PIXELS): `arch` the
+    visible GPUs' ("sm_90a"), `cublaslt` whether the prefill GEMM is cuBLASLt's, `forced` whether
+    KERNEL_ENV forces a conv kernel."""
+    n, h, w, c = x_shape
+    lo, hi = POINTWISE_GEMM_PIXELS
+    return (arch == "sm_90a" and cublaslt and not forced and tuple(filter_rs) == (1, 1)
+            and tuple(window_strides) == (1, 1) and all(v == 0 for pad in padding for v in pad)
+            and not x_nvfp4 and jnp.dtype(x_dtype) == jnp.bfloat16
+            and jnp.dtype(out_dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
+            and c >= POINTWISE_GEMM_MIN_C and lo < n * h * w <= hi)
 
 
 def output_spatial(in_hw, filter_rs, window_strides, padding, rhs_dilation):
@@ -98,8 +126,26 @@ def _reference(*args, x_nvfp4, has_bias, window_strides, padding, rhs_dilation, 
                            rhs_dilation=rhs_dilation, out_dtype=out_dtype),)
 
 
+def _pointwise_gemm(x, w_codes, w_scales, w_s_dec, bias, out_dtype):
+    """A 1x1 convolution as the GEMM [N*H*W, C] x [K, C]^T: the weight's one tap is the GEMM's
+    [K, C] NVFP4 matrix as it is stored (codes and tiled scales drop their leading 1 x 1)."""
+    n, h, w, c = x.shape
+    k = w_codes.shape[2]
+    operands = [x.reshape(n * h * w, c), w_codes.reshape(k, c), w_scales.reshape(w_scales.shape[2:]),
+                w_s_dec] + ([bias] if bias is not None else [])
+    (out,) = gemm_kernel(*operands, a_nvfp4=False, has_bias=bias is not None, out_nvfp4=False,
+                         out_dtype=out_dtype)
+    return (out.reshape(n, h, w, k),)
+
+
 def _kernel(*args, x_nvfp4, has_bias, window_strides, padding, rhs_dilation, out_dtype):
     x, x_scales, x_s_dec, w_codes, w_scales, w_s_dec, bias = _unpack(args, x_nvfp4, has_bias)
+    kernel, splits = forced_kernel()
+    if _extension.kernel_available(GEMM_TARGET) and pointwise_as_gemm(
+            x.shape, x.dtype, x_nvfp4, w_codes.shape[:2], window_strides, padding, out_dtype,
+            arch=_extension.visible_cuda_arch(), cublaslt=_extension.cublaslt_gemm_calls() is not None,
+            forced=kernel != 0):
+        return _pointwise_gemm(x, w_codes, w_scales, w_s_dec, bias, out_dtype)
     operands = (
         x,
         x_scales if x_nvfp4 else jnp.zeros((0,), SCALE_DTYPE),
@@ -110,7 +156,6 @@ def _kernel(*args, x_nvfp4, has_bias, window_strides, padding, rhs_dilation, out
     out = jax.ShapeDtypeStruct(_out_shape(x, w_codes, window_strides, padding, rhs_dilation),
                                out_dtype)
     (sh, sw), ((ph, _), (pw, _)), (dh, dw) = window_strides, padding, rhs_dilation
-    kernel, splits = forced_kernel()
     return ffi_kernel_call(CONV_TARGET, [out], *operands, stride_h=np.int64(sh),
                            stride_w=np.int64(sw), pad_h=np.int64(ph), pad_w=np.int64(pw),
                            dil_h=np.int64(dh), dil_w=np.int64(dw), kernel=np.int64(kernel),

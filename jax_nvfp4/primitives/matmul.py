@@ -79,7 +79,8 @@ def _reference(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype):
     return (out,)
 
 
-def _kernel(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype):
+def gemm_kernel(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype):
+    """The FFI call of matmul_p's CUDA lowering (also the GEMM that pointwise convs lower to)."""
     ops = _unpack(args, a_nvfp4, has_bias, out_nvfp4)
     m, n = ops["a"].shape[0], ops["b_codes"].shape[0]
     operands = (
@@ -97,7 +98,7 @@ def _kernel(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype):
 
 
 matmul_p = define_primitive(
-    "nvfp4_matmul", abstract_eval=_abstract, reference=_reference, kernel=_kernel,
+    "nvfp4_matmul", abstract_eval=_abstract, reference=_reference, kernel=gemm_kernel,
     ffi_target=lambda out_nvfp4, **_: GEMM_NVFP4_OUT_TARGET if out_nvfp4 else GEMM_TARGET)
 
 def matmul_batcher(prim):

@@ -55,6 +55,10 @@ SHAPES = [
     ("1x1 7x7x2048->512 b32", (32, 7, 7, 2048, 512, 1, 1, 1, "SAME")),
     ("1x1 7x7x512->2048 b32", (32, 7, 7, 512, 2048, 1, 1, 1, "SAME")),
     ("1x1 56x56x256->64 b1", (1, 56, 56, 256, 64, 1, 1, 1, "SAME")),
+    # ResNet-50's projection shortcuts with a stride (1x1, stride 2).
+    ("1x1/2 56x56x256->512 b32", (32, 56, 56, 256, 512, 1, 1, 2, "SAME")),
+    ("1x1/2 28x28x512->1024 b32", (32, 28, 28, 512, 1024, 1, 1, 2, "SAME")),
+    ("1x1/2 14x14x1024->2048 b32", (32, 14, 14, 1024, 2048, 1, 1, 2, "SAME")),
 ]
 
 CHUNK_C = 64  # channels per pipeline stage of the sm_90a kernel
@@ -72,11 +76,12 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
     implicit GEMM that loads each tap's tile separately, and the kernel and its CTA tile (output
     channels x pixels). Mirrors conv_sm90.cu's choice (choose_kernel, then the register-A tiles)
     for the SAME, dilation-1 shapes benchmarked here; a pointwise conv that runs as the NVFP4
-    GEMM reads its activations once."""
+    GEMM loads the activations of its output pixels once (a strided one after XLA slices them)."""
     if pointwise_as_gemm((n, h, w, c), jnp.bfloat16, False, (r, s), (stride, stride),
                          ((0, 0), (0, 0)), jnp.bfloat16, arch=visible_cuda_arch(),
                          cublaslt=cublaslt_gemm_calls() is not None, forced=False):
-        return n * h * w * c * 2, n * h * w * c * 2, "GEMM (prefill path)"
+        gemm_bytes = n * -(-h // stride) * -(-w // stride) * c * 2
+        return gemm_bytes, gemm_bytes, "GEMM (prefill path)"
     pad = (s - 1) // 2
     q = (w + 2 * pad - s) // stride + 1
     p = (h + 2 * ((r - 1) // 2) - r) // stride + 1

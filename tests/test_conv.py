@@ -286,7 +286,11 @@ _POINTWISE = dict(x_shape=(2, 28, 28, 256), x_dtype=jnp.bfloat16, x_nvfp4=False,
     ({"x_shape": (1, 8193, 1, 256)}, False),
     ({"x_shape": (2, 28, 28, 240)}, False),  # fewer than 256 channels
     ({"filter_rs": (1, 3)}, False),
-    ({"window_strides": (2, 2)}, False),
+    ({"window_strides": (2, 2)}, False),  # 392 output pixels
+    ({"x_shape": (2, 56, 56, 256), "window_strides": (2, 2)}, True),  # 1568
+    ({"x_shape": (32, 56, 56, 256), "window_strides": (2, 2)}, True),  # 25088: no bound with a stride
+    ({"x_shape": (32, 56, 56, 256)}, False),  # 100352 at stride 1
+    ({"x_shape": (2, 57, 55, 256), "window_strides": (2, 1)}, True),  # 2 x 29 x 55
     ({"padding": ((0, 0), (0, 1))}, False),
     ({"x_dtype": jnp.float32}, False),
     ({"x_nvfp4": True}, False),

@@ -48,6 +48,8 @@ GPU_CASES = {
     # A pointwise conv the library runs as the NVFP4 GEMM (where the build has cuBLASLt; forced
     # kernels still take it): 1568 pixels of 256 channels, 200 outputs.
     "pointwise_gemm_c256_k200": (2, 28, 28, 256, 200, 1, 1, (1, 1), "VALID", (1, 1)),
+    # and one with a stride: the GEMM of x's strided slice, 2 x 28 x 29 pixels.
+    "pointwise_gemm_stride2_k136": (2, 55, 57, 256, 136, 1, 1, (2, 2), "VALID", (1, 1)),
 }
 
 # What the warp-specialized kernels take: S in {1, 3, 5, 7} and K % 8 == 0 (bf16 activations and
@@ -89,8 +91,9 @@ def test_lowers_to_the_kernel(gpu):
     assert "jax_nvfp4_conv" in conv_fn(case).lower(x, w).as_text()
 
 
-def test_pointwise_conv_lowers_to_the_gemm(gpu, monkeypatch):
-    case = GPU_CASES["pointwise_gemm_c256_k200"]
+@pytest.mark.parametrize("name", ["pointwise_gemm_c256_k200", "pointwise_gemm_stride2_k136"])
+def test_pointwise_conv_lowers_to_the_gemm(gpu, monkeypatch, name):
+    case = GPU_CASES[name]
     x, w = operands(case, 0)
     text = conv_fn(case).lower(x, w).as_text()
     # Hopper, and a build with cuBLASLt's GEMM (the one it was timed with)

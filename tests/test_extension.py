@@ -64,19 +64,21 @@ def test_with_a_kernel_the_cuda_lowering_calls_the_ffi_target(monkeypatch, targe
     assert f"@{target}" in text
 
 
-@pytest.mark.parametrize("filter_rs, forced, target", [
-    ((1, 1), "", "jax_nvfp4_gemm"),  # 2 x 28 x 28 pixels of 256 channels: a GEMM
-    ((1, 1), "ws64x256", "jax_nvfp4_conv"),  # a forced conv kernel
-    ((3, 3), "", "jax_nvfp4_conv"),
+@pytest.mark.parametrize("filter_rs, strides, forced, target", [
+    ((1, 1), 1, "", "jax_nvfp4_gemm"),  # 2 x 28 x 28 pixels of 256 channels: a GEMM
+    ((1, 1), 1, "ws64x256", "jax_nvfp4_conv"),  # a forced conv kernel
+    ((3, 3), 1, "", "jax_nvfp4_conv"),
+    ((1, 1), 2, "", "jax_nvfp4_conv"),  # 2 x 14 x 14 output pixels: too few
 ])
-def test_pointwise_conv_lowers_to_the_gemm_on_sm90(monkeypatch, filter_rs, forced, target):
+def test_pointwise_conv_lowers_to_the_gemm_on_sm90(monkeypatch, filter_rs, strides, forced, target):
     monkeypatch.setattr(_extension, "kernel_available", lambda name: True)
     monkeypatch.setattr(_extension, "_cuda_compute_capability", lambda: (9, 0))
     monkeypatch.setattr(_extension, "cublaslt_gemm_calls", lambda: 0)
     monkeypatch.setenv("JAX_NVFP4_CONV_SM90_KERNEL", forced)
     x = jnp.zeros((2, 28, 28, 256), jnp.bfloat16)
     w = jn.quantize_conv_weight(jnp.ones((*filter_rs, 256, 64), jnp.float32))
-    text = _cuda_module_text(lambda a, b: jn.conv(a, b, padding="SAME"), x, w)
+    text = _cuda_module_text(lambda a, b: jn.conv(a, b, window_strides=(strides, strides),
+                                                  padding="SAME"), x, w)
     other = ({"jax_nvfp4_gemm", "jax_nvfp4_conv"} - {target}).pop()
     assert f"@{target}(" in text and f"@{other}(" not in text
 

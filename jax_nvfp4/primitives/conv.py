@@ -65,29 +65,35 @@ def forced_kernel() -> tuple[int, int]:
                      f"got {value!r}")
 
 
-# A 1x1 convolution with stride 1 and no padding is a GEMM over the N*H*W pixels. On sm_90a, with
-# bf16 activations of at least POINTWISE_GEMM_MIN_C channels and a pixel count in
-# POINTWISE_GEMM_PIXELS, the GEMM's prefill path (the weights dequantized once, then cuBLASLt's
-# bf16 GEMM) was 1.17-1.43x faster than the conv kernels on the ResNet-50 shapes there, and
-# no slower elsewhere in that range; outside it the conv kernels were as fast or faster
-# (H100, bench/results/conv_pointwise_h100_2026-11-25.md). Only where the build has cuBLASLt's
+# A 1x1 convolution without padding is a GEMM over its N*P*Q output pixels (with a stride, of the
+# strided slice of x). On sm_90a, with bf16 activations of at least POINTWISE_GEMM_MIN_C channels
+# and more than POINTWISE_GEMM_MIN_PIXELS output pixels, the GEMM's prefill path (the weights
+# dequantized once, then cuBLASLt's bf16 GEMM) beat the conv kernels on the ResNet-50 shapes
+# (H100, bench/results/conv_pointwise_h100_2026-11-25.md): with stride 1 by 1.17-1.43x up to
+# POINTWISE_GEMM_MAX_PIXELS_STRIDE_1 pixels (beyond, the conv kernels' TMA loads were within 7%);
+# with stride 2 by 2.3-3.8x at 1568-25088 pixels (the conv kernels' strided loads are slow).
+# At 1024 pixels and fewer the GEMM's fused paths were slower. Only where the build has cuBLASLt's
 # GEMM (the timings are its) and no conv kernel is forced.
-POINTWISE_GEMM_PIXELS = (1024, 8192)  # exclusive, inclusive
+POINTWISE_GEMM_MIN_PIXELS = 1024
+POINTWISE_GEMM_MAX_PIXELS_STRIDE_1 = 8192
 POINTWISE_GEMM_MIN_C = 256
 
 
 def pointwise_as_gemm(x_shape, x_dtype, x_nvfp4, filter_rs, window_strides, padding, out_dtype, *,
                       arch, cublaslt, forced) -> bool:
-    """Whether a convolution lowers to the NVFP4 GEMM (see POINTWISE_GEMM_PIXELS): `arch` the
+    """Whether a convolution lowers to the NVFP4 GEMM (see POINTWISE_GEMM_MIN_PIXELS): `arch` the
     visible GPUs' ("sm_90a"), `cublaslt` whether the prefill GEMM is cuBLASLt's, `forced` whether
     KERNEL_ENV forces a conv kernel."""
     n, h, w, c = x_shape
-    lo, hi = POINTWISE_GEMM_PIXELS
+    sh, sw = window_strides
+    pixels = n * ((h - 1) // sh + 1) * ((w - 1) // sw + 1)
+    strided = (sh, sw) != (1, 1)
     return (arch == "sm_90a" and cublaslt and not forced and tuple(filter_rs) == (1, 1)
-            and tuple(window_strides) == (1, 1) and all(v == 0 for pad in padding for v in pad)
+            and all(v == 0 for pad in padding for v in pad)
             and not x_nvfp4 and jnp.dtype(x_dtype) == jnp.bfloat16
             and jnp.dtype(out_dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
-            and c >= POINTWISE_GEMM_MIN_C and lo < n * h * w <= hi)
+            and c >= POINTWISE_GEMM_MIN_C and pixels > POINTWISE_GEMM_MIN_PIXELS
+            and (strided or pixels <= POINTWISE_GEMM_MAX_PIXELS_STRIDE_1))
 
 
 def output_spatial(in_hw, filter_rs, window_strides, padding, rhs_dilation):
@@ -126,9 +132,12 @@ def _reference(*args, x_nvfp4, has_bias, window_strides, padding, rhs_dilation, 
                            rhs_dilation=rhs_dilation, out_dtype=out_dtype),)
 
 
-def _pointwise_gemm(x, w_codes, w_scales, w_s_dec, bias, out_dtype):
-    """A 1x1 convolution as the GEMM [N*H*W, C] x [K, C]^T: the weight's one tap is the GEMM's
-    [K, C] NVFP4 matrix as it is stored (codes and tiled scales drop their leading 1 x 1)."""
+def _pointwise_gemm(x, w_codes, w_scales, w_s_dec, bias, window_strides, out_dtype):
+    """An unpadded 1x1 convolution as the GEMM [N*P*Q, C] x [K, C]^T of its strided pixels: the
+    weight's one tap is the GEMM's [K, C] NVFP4 matrix as it is stored (codes and tiled scales drop
+    their leading 1 x 1)."""
+    sh, sw = window_strides
+    x = x[:, ::sh, ::sw, :]
     n, h, w, c = x.shape
     k = w_codes.shape[2]
     operands = [x.reshape(n * h * w, c), w_codes.reshape(k, c), w_scales.reshape(w_scales.shape[2:]),
@@ -145,7 +154,7 @@ def _kernel(*args, x_nvfp4, has_bias, window_strides, padding, rhs_dilation, out
             x.shape, x.dtype, x_nvfp4, w_codes.shape[:2], window_strides, padding, out_dtype,
             arch=_extension.visible_cuda_arch(), cublaslt=_extension.cublaslt_gemm_calls() is not None,
             forced=kernel != 0):
-        return _pointwise_gemm(x, w_codes, w_scales, w_s_dec, bias, out_dtype)
+        return _pointwise_gemm(x, w_codes, w_scales, w_s_dec, bias, window_strides, out_dtype)
     operands = (
         x,
         x_scales if x_nvfp4 else jnp.zeros((0,), SCALE_DTYPE),

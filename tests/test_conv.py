@@ -252,7 +252,7 @@ def test_sm90_warp_specialized_kernels_use_hgmma_and_mbarriers(kernel_sass):
 
 
 @pytest.mark.parametrize("value, want", [
-    ("", (0, 0)), ("auto", (0, 0)), ("ws128x256", (3, 0)), ("ws64x416", (10, 0)),
+    ("", (0, 0)), ("auto", (0, 0)), ("conv_launcher", (0, 0)), ("ws128x256", (3, 0)), ("ws64x416", (10, 0)),
     ("ws128x128/s2", (2, 2)), ("ws128x64/s8", (6, 8)),
 ])
 def test_forced_sm90_kernel_and_split_from_the_environment(monkeypatch, value, want):

@@ -101,9 +101,10 @@ def test_pointwise_conv_lowers_to_the_gemm(gpu, monkeypatch, name):
         assert "jax_nvfp4_gemm" in text and "jax_nvfp4_conv" not in text
     else:
         assert "jax_nvfp4_conv" in text and "jax_nvfp4_gemm" not in text
-    monkeypatch.setenv("JAX_NVFP4_CONV_SM90_KERNEL", "register_a")
-    jax.clear_caches()
-    assert "jax_nvfp4_conv" in conv_fn(case).lower(x, w).as_text()
+    for forced in ("register_a", "conv_launcher"):
+        monkeypatch.setenv("JAX_NVFP4_CONV_SM90_KERNEL", forced)
+        jax.clear_caches()
+        assert "jax_nvfp4_conv" in conv_fn(case).lower(x, w).as_text()
     jax.clear_caches()
 
 

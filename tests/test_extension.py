@@ -67,6 +67,7 @@ def test_with_a_kernel_the_cuda_lowering_calls_the_ffi_target(monkeypatch, targe
 @pytest.mark.parametrize("filter_rs, strides, forced, target", [
     ((1, 1), 1, "", "jax_nvfp4_gemm"),  # 2 x 28 x 28 pixels of 256 channels: a GEMM
     ((1, 1), 1, "ws64x256", "jax_nvfp4_conv"),  # a forced conv kernel
+    ((1, 1), 1, "conv_launcher", "jax_nvfp4_conv"),  # the conv kernels, their launcher's choice
     ((3, 3), 1, "", "jax_nvfp4_conv"),
     ((1, 1), 2, "", "jax_nvfp4_conv"),  # 2 x 14 x 14 output pixels: too few
 ])

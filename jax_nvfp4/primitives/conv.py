@@ -41,11 +41,12 @@ CONV_TARGET = "jax_nvfp4_conv"
 # ws64x416 forces one of the Hopper kernels (tests and benchmarks run each on one shape; a
 # warp-specialized one fails on problems it does not take); ws128x128_cpasync|ws128x256_cpasync
 # force the warp-specialized one's cp.async loads where it would use TMA; a 128-channel TMA tiling
-# with a suffix /s2 .. /s8 (ws128x128/s2) runs split-K over a cluster of that many CTAs.
-# Read when a call is lowered: set it before jit compiles the function (jax.clear_caches() drops
-# compiled ones). Values: cuda/conv/sm90/conv_sm90.h, ConvSm90Kernel.
+# with a suffix /s2 .. /s8 (ws128x128/s2) runs split-K over a cluster of that many CTAs;
+# conv_launcher keeps a pointwise conv on the conv kernels, with their launcher's own choice
+# (pointwise_as_gemm). Read when a call is lowered: set it before jit compiles the function
+# (jax.clear_caches() drops compiled ones). Values: cuda/conv/sm90/conv_sm90.h, ConvSm90Kernel.
 KERNEL_ENV = "JAX_NVFP4_CONV_SM90_KERNEL"
-_KERNELS = {"": 0, "auto": 0, "register_a": 1, "ws128x128": 2, "ws128x256": 3,
+_KERNELS = {"": 0, "auto": 0, "conv_launcher": 0, "register_a": 1, "ws128x128": 2, "ws128x256": 3,
             "ws128x128_cpasync": 4, "ws128x256_cpasync": 5, "ws128x64": 6, "ws128x112": 7,
             "ws128x208": 8, "ws64x256": 9, "ws64x416": 10}
 _SPLIT_K_KERNELS = ("ws128x64", "ws128x112", "ws128x128", "ws128x208", "ws128x256")
@@ -83,7 +84,7 @@ def pointwise_as_gemm(x_shape, x_dtype, x_nvfp4, filter_rs, window_strides, padd
                       arch, cublaslt, forced) -> bool:
     """Whether a convolution lowers to the NVFP4 GEMM (see POINTWISE_GEMM_MIN_PIXELS): `arch` the
     visible GPUs' ("sm_90a"), `cublaslt` whether the prefill GEMM is cuBLASLt's, `forced` whether
-    KERNEL_ENV forces a conv kernel."""
+    KERNEL_ENV names a conv kernel (or conv_launcher)."""
     n, h, w, c = x_shape
     sh, sw = window_strides
     pixels = n * ((h - 1) // sh + 1) * ((w - 1) // sw + 1)
@@ -153,7 +154,7 @@ def _kernel(*args, x_nvfp4, has_bias, window_strides, padding, rhs_dilation, out
     if _extension.kernel_available(GEMM_TARGET) and pointwise_as_gemm(
             x.shape, x.dtype, x_nvfp4, w_codes.shape[:2], window_strides, padding, out_dtype,
             arch=_extension.visible_cuda_arch(), cublaslt=_extension.cublaslt_gemm_calls() is not None,
-            forced=kernel != 0):
+            forced=os.environ.get(KERNEL_ENV, "") not in ("", "auto")):
         return _pointwise_gemm(x, w_codes, w_scales, w_s_dec, bias, window_strides, out_dtype)
     operands = (
         x,

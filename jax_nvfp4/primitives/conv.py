@@ -70,9 +70,9 @@ def forced_kernel() -> tuple[int, int]:
 # strided slice of x). On sm_90a, with bf16 activations of at least POINTWISE_GEMM_MIN_C channels
 # and more than POINTWISE_GEMM_MIN_PIXELS output pixels, the GEMM's prefill path (the weights
 # dequantized once, then cuBLASLt's bf16 GEMM) beat the conv kernels on the ResNet-50 shapes
-# (H100, bench/results/conv_pointwise_h100_2026-11-25.md): with stride 1 by 1.17-1.43x up to
-# POINTWISE_GEMM_MAX_PIXELS_STRIDE_1 pixels (beyond, the conv kernels' TMA loads were within 7%);
-# with stride 2 by 2.3-3.8x at 1568-25088 pixels (the conv kernels' strided loads are slow).
+# (H100, bench/results/conv_pointwise_h100_2026-11-25.md): with stride 1 by up to 1.46x (0.98x
+# at worst) up to POINTWISE_GEMM_MAX_PIXELS_STRIDE_1 pixels (beyond, the conv kernels' TMA loads
+# were within 7%); with stride 2 by 2.3-3.9x at 1568-25088 pixels (slow strided conv loads).
 # At 1024 pixels and fewer the GEMM's fused paths were slower. Only where the build has cuBLASLt's
 # GEMM (the timings are its) and no conv kernel is forced.
 POINTWISE_GEMM_MIN_PIXELS = 1024

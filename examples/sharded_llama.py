@@ -1,6 +1,6 @@
 """Tensor-parallel NVFP4 inference of Llama-style decoder blocks over every local device.
 
-    python examples/sharded_llama.py [--small] [--layers 4] [--out result.md]
+    python examples/sharded_llama.py [--small] [--layers 4] [--out result.md] [--profile DIR]
 
 A stack of decoder blocks with the dimensions of an 8B-class Llama (hidden 4096, MLP 14336,
 32 query heads, 8 KV heads of 128) and random weights: RMSNorm, q/k/v/o projections with plain
@@ -13,7 +13,8 @@ stacks its parts device by device ([q_0 k_0 v_0 q_1 k_1 v_1 ...] for tp devices)
 device's slice of the output holds its own heads of q, k and v (split_fused). The same model in bfloat16, sharded the same way, is the
 baseline. The script checks that the sharded NVFP4 model matches a one-device run of itself,
 then times a decode step (batch 1 and 16, against a KV cache) and a prefill, and writes a
-markdown table. --small shrinks the model so it runs on forced CPU devices
+markdown table; --profile adds where the GPU time of a batch-1 decode step goes, kernel by
+kernel (jax.profiler). --small shrinks the model so it runs on forced CPU devices
 (XLA_FLAGS=--xla_force_host_platform_device_count=8).
 """
 
@@ -23,7 +24,10 @@ import argparse
 import dataclasses
 import datetime
 import functools
+import gzip
+import json
 import math
+import pathlib
 import statistics
 import time
 
@@ -261,6 +265,55 @@ def measure(cfg: Config, mesh: Mesh, models, steps: int, repeats: int):
     return rows
 
 
+def kernel_times(trace_dir) -> tuple[dict[str, tuple[float, int]], float]:
+    """From the Perfetto trace that jax.profiler wrote under trace_dir: per kernel name on the
+    first GPU's streams, its summed time (us) and launch count; and the span (us) from the
+    first kernel's start to the last one's end."""
+    path = next(pathlib.Path(trace_dir).rglob("perfetto_trace.json.gz"))
+    with gzip.open(path) as f:
+        events = json.load(f)["traceEvents"]
+    names = {(e["name"], e["pid"], e.get("tid")): e["args"]["name"]
+             for e in events if e.get("ph") == "M" and "name" in e.get("args", {})}
+    gpu = [pid for (kind, pid, _), name in names.items()
+           if kind == "process_name" and "GPU" in name]
+    kernels = [e for e in events if gpu and e.get("ph") == "X" and e["pid"] == min(gpu)
+               and names.get(("thread_name", e["pid"], e.get("tid")), "").startswith("Stream")]
+    if not kernels:
+        raise RuntimeError(f"no GPU kernels in the trace {path}; processes and threads: "
+                           f"{sorted(set(names.values()))}")
+    times: dict[str, tuple[float, int]] = {}
+    for e in kernels:
+        total, count = times.get(e["name"], (0.0, 0))
+        times[e["name"]] = (total + e["dur"], count + 1)
+    span = max(e["ts"] + e["dur"] for e in kernels) - min(e["ts"] for e in kernels)
+    return times, span
+
+
+def profile_decode(cfg: Config, mesh: Mesh, models, steps: int, log_dir) -> str:
+    """Markdown: where the GPU time of a batch-1 decode step goes on one device, per block and
+    kernel, for each model (one traced run of the timed program)."""
+    tp = mesh.shape["tp"]
+    x = jax.device_put(jnp.ones((1, 1, cfg.hidden), jnp.bfloat16), NamedSharding(mesh, P()))
+    caches = kv_caches(cfg, mesh, 1, jax.random.key(2))
+    blocks = steps * cfg.layers
+    lines = [f"Batch-1 decode step on {mesh.devices.flat[0]}, us per block (one traced program "
+             f"of {steps} steps; launches per block):", ""]
+    for name, linear, params in models:
+        run = decode_steps(cfg, linear, tp, steps)
+        jax.block_until_ready(run(x, params, caches))
+        trace_dir = pathlib.Path(log_dir) / name
+        with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+            jax.block_until_ready(run(x, params, caches))
+        times, span = kernel_times(trace_dir)
+        busy = sum(t for t, _ in times.values())
+        lines += [f"| {name} kernel | us | launches |", "|---|---:|---:|"]
+        for kernel, (t, n) in sorted(times.items(), key=lambda kv: -kv[1][0]):
+            lines.append(f"| `{kernel[:80]}` | {t / blocks:.1f} | {n / blocks:g} |")
+        lines += [f"| **all kernels** | **{busy / blocks:.1f}** | |",
+                  f"| first kernel start to last kernel end | {span / blocks:.1f} | |", ""]
+    return "\n".join(lines)
+
+
 def render(cfg: Config, devices, rows, mem, err) -> str:
     kinds = ", ".join(sorted({d.device_kind for d in devices}))
     gemm = ("CUDA kernel" if nv._extension.kernel_available("jax_nvfp4_gemm")
@@ -291,6 +344,9 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=8, help="decode steps per timed program")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats (median)")
     parser.add_argument("--out", default=None, help="write the markdown table here")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="trace a batch-1 decode program per model into DIR and add its "
+                             "GPU time per kernel to the table")
     args = parser.parse_args(argv)
     cfg = SMALL if args.small else Config()
     if args.layers:
@@ -310,6 +366,10 @@ def main(argv=None):
     mem = {"nvfp4": weight_bytes(nvfp4, devices[0]), "bf16": weight_bytes(bf16, devices[0])}
     table = render(cfg, devices, rows, mem, err)
     print(table)
+    if args.profile:
+        profile = profile_decode(cfg, mesh, models, args.steps, args.profile)
+        print(profile)
+        table += "\n" + profile
     if args.out:
         with open(args.out, "w") as f:
             f.write(table)

@@ -5,7 +5,9 @@ already initialized with one device), `test_multidevice_suite` re-runs this file
 process on 8 forced CPU devices (--xla_force_host_platform_device_count=8 must be set before jax
 starts); with 2 or more (GPUs, or the child) the tests run here directly."""
 
+import gzip
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -285,14 +287,49 @@ def test_nvfp4_sharding_rejects_partial_tiles(mesh):
 # ------------------------------------------------------------------------------ example
 
 
-@multidevice
-def test_sharded_llama_example_small(tmp_path, capsys, monkeypatch):
-    """The tensor-parallel Llama example (--small) runs and matches its one-device output."""
+@pytest.fixture
+def example(monkeypatch):
+    """examples/sharded_llama.py as a module."""
     spec = importlib.util.spec_from_file_location("sharded_llama",
                                                   REPO / "examples" / "sharded_llama.py")
-    example = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, example)  # its dataclasses look it up
-    spec.loader.exec_module(example)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look it up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sharded_llama_profile_reads_kernels_of_the_first_gpu(example, tmp_path):
+    """--profile's trace reader: kernels on the first GPU's streams only (not another GPU's,
+    nor the host's or a GPU's non-stream lines), summed by name, and their span."""
+    meta = lambda kind, pid, name, tid=None: {"ph": "M", "name": kind, "pid": pid, "tid": tid,  # noqa: E731
+                                              "args": {"name": name}}
+    kernel = lambda pid, tid, name, ts, dur: {"ph": "X", "pid": pid, "tid": tid,  # noqa: E731
+                                              "name": name, "ts": ts, "dur": dur}
+    events = [meta("process_name", 1, "/host:CPU"), meta("process_name", 7, "/device:GPU:0"),
+              meta("process_name", 8, "/device:GPU:1"),
+              meta("thread_name", 7, "Stream #20(Compute)", 3),
+              meta("thread_name", 7, "XLA Ops", 4), meta("thread_name", 8, "Stream #21(Compute)", 3),
+              meta("thread_name", 1, "python", 3),
+              kernel(7, 3, "gemm", 100.0, 5.0), kernel(7, 3, "norm", 106.0, 1.5),
+              kernel(7, 3, "gemm", 110.0, 4.0), kernel(7, 4, "fusion.1", 100.0, 15.0),
+              kernel(8, 3, "gemm", 90.0, 50.0), kernel(1, 3, "host work", 0.0, 500.0)]
+    trace = tmp_path / "plugins" / "profile" / "run"
+    trace.mkdir(parents=True)
+    with gzip.open(trace / "perfetto_trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    times, span = example.kernel_times(tmp_path)
+    assert times == {"gemm": (9.0, 2), "norm": (1.5, 1)}
+    assert span == 14.0
+
+    with gzip.open(trace / "perfetto_trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events[:1] + events[6:7]}, f)
+    with pytest.raises(RuntimeError, match=r"no GPU kernels.*'/host:CPU', 'python'"):
+        example.kernel_times(tmp_path)
+
+
+@multidevice
+def test_sharded_llama_example_small(example, tmp_path, capsys):
+    """The tensor-parallel Llama example (--small) runs and matches its one-device output."""
     out = tmp_path / "result.md"
     assert example.main(["--small", "--steps", "1", "--repeats", "1", "--out", str(out)]) == 0
     assert "matches one device: yes" in capsys.readouterr().out

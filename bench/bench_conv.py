@@ -99,14 +99,15 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
     chunks = -(-c // CHUNK_C)
     enough = -(-3 * sms // 4) if s == 3 else -(-sms // 2)
 
-    def tma(bn, k_rows, label):  # TMA loads: bn slots and an 8-pixel halo box per stage
+    def tma(bn, k_rows, label):  # TMA loads: per phase, bn slots and an 8-pixel halo box a stage
         stages = tiles(bn) * -(-k // k_rows) * r * chunks
-        return stages * (bn + 8) * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2, label
+        return stages * stride * (bn + 8) * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2, label
 
     ws_taps = s in (1, 3, 5, 7)
-    if ws_taps and k % 8 == 0 and stride == 1 and c % 32 == 0:  # warp-specialized, TMA loads
+    if ws_taps and k % 8 == 0 and c % 32 == 0:  # warp-specialized, TMA loads
         if k <= 64:  # the pixel split: the width whose busiest SM has the fewest pixels
-            bn = 416 if -(-tiles(416) // sms) * 416 <= -(-tiles(256) // sms) * 256 else 256
+            wide = stride == 1 and -(-tiles(416) // sms) * 416 <= -(-tiles(256) // sms) * 256
+            bn = 416 if wide else 256
             if tiles(bn) >= enough:
                 return tma(bn, 64, f"ws 64x{bn} (pixel split)")
         if k >= 128:  # the one-wave tiling, unsplit or split-K in two, of least ws_estimate_us

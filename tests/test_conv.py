@@ -184,10 +184,17 @@ def test_sm90_schedule_emulation_matches_direct_convolution(host_program, name):
     assert int(out[1]) == outputs
 
 
-# Stride-1 problems, which the warp-specialized kernel loads with TMA im2col copies: padding on
-# one side only, VALID, dilation in both axes, images that end inside a tile, width 1, and the
-# other filter widths it takes (1, 5, 7; a halo of exactly the second box's 8 pixels).
+# Problems the warp-specialized kernel loads with TMA im2col copies: padding on one side only,
+# VALID, dilation in both axes, images that end inside a tile, width 1, the other filter widths
+# it takes (1, 5, 7; a halo of exactly the second box's 8 pixels), and strides (one walk per
+# phase array, stepping by the stride: 2 and 3, unequal strides, with dilation, 1x1).
 IM2COL_CASES = {
+    **{f"{name}_im2col": (case, 128) for name, case in cc.CASES.items() if case[7] != (1, 1)},
+    "7x7_stride2_bn256": (cc.CASES["7x7_stride2"], 256),
+    "5x5_stride3_dil2": ((2, 17, 19, 16, 4, 5, 5, (3, 3), "SAME", (2, 2)), 128),
+    "3x3_stride2_width1_images": ((5, 5, 1, 16, 4, 3, 3, (2, 2), "SAME", (1, 1)), 128),
+    "resnet_3x3_stride2_b2": ((2, 14, 14, 16, 4, 3, 3, (2, 2), "SAME", (1, 1)), 208),
+    "3x3_stride2_valid_odd": ((3, 11, 15, 16, 4, 3, 3, (2, 2), "VALID", (1, 1)), 112),
     "1x7_same_bn128": ((2, 9, 17, 16, 4, 1, 7, (1, 1), "SAME", (1, 1)), 128),
     "7x7_same_bn256": ((3, 14, 14, 16, 4, 7, 7, (1, 1), "SAME", (1, 1)), 256),
     "5x5_dil2_halo8": ((2, 11, 19, 16, 4, 5, 5, (1, 1), "SAME", (1, 2)), 128),

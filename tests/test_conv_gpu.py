@@ -43,6 +43,12 @@ GPU_CASES = {
     "tma_5x5_dil2_k200": (2, 11, 19, 64, 200, 5, 5, (1, 1), "SAME", (1, 2)),
     "tma_1x1_c128_k200": (3, 7, 9, 128, 200, 1, 1, (1, 1), "VALID", (1, 1)),
     "tma_7x1_k128": (2, 12, 10, 32, 128, 7, 1, (1, 1), "SAME", (1, 1)),
+    # Strided TMA loads (a walk per phase array): 3x3 / 2, 5x5 / 2 over a channel chunk half past
+    # C, strides (2, 1) with dilation along W, and a ResNet-like 3x3 / 2.
+    "tma_3x3_stride2_k136": (3, 17, 19, 64, 136, 3, 3, (2, 2), "SAME", (1, 1)),
+    "tma_5x5_stride2_c96_k128": (2, 13, 15, 96, 128, 5, 5, (2, 2), "SAME", (1, 1)),
+    "tma_stride21_dil12_k128": (2, 11, 17, 32, 128, 3, 3, (2, 1), "VALID", (1, 2)),
+    "tma_resnet_3x3_stride2_b4": (4, 28, 28, 128, 128, 3, 3, (2, 2), "SAME", (1, 1)),
     # Enough 1x7 tiles for the library to pick the warp-specialized kernel itself.
     "1x7_inception_b16": (16, 17, 17, 192, 192, 1, 7, (1, 1), "SAME", (1, 1)),
     # A pointwise conv the library runs as the NVFP4 GEMM (where the build has cuBLASLt; forced
@@ -56,9 +62,8 @@ GPU_CASES = {
 # output).
 WS_CASES = sorted(name for name, case in GPU_CASES.items()
                   if case[6] in (1, 3, 5, 7) and case[4] % 8 == 0)
-# Those they load with TMA: stride 1 and C % 32 == 0.
-TMA_CASES = sorted(name for name in WS_CASES
-                   if GPU_CASES[name][7] == (1, 1) and GPU_CASES[name][3] % 32 == 0)
+# Those they load with TMA: C % 32 == 0 (every stride here is at most the traversal's 8).
+TMA_CASES = sorted(name for name in WS_CASES if GPU_CASES[name][3] % 32 == 0)
 
 
 @pytest.fixture
@@ -147,12 +152,21 @@ def test_warp_specialized_kernel_matches_float64(gpu, forced_kernel, name):
     check_with_bias_against_float64(name, jnp.bfloat16)
 
 
-# The tilings that need TMA loads (stride 1, C % 32 == 0).
+# The tilings that need TMA loads (C % 32 == 0).
 TMA_ONLY_KERNELS = ["ws128x64", "ws128x112", "ws128x208", "ws64x256", "ws64x416"]
 
 
-@pytest.mark.parametrize("forced_kernel", TMA_ONLY_KERNELS, indirect=True)
-@pytest.mark.parametrize("name", TMA_CASES)
+def tma_only_takes(kernel, name):
+    """Whether TMA-only tiling `kernel` takes GPU_CASES[name]: with a stride along W, the
+    416-pixel split's two 424-slot phase arrays make a stage too large for two in shared memory."""
+    return kernel != "ws64x416" or GPU_CASES[name][7][1] == 1
+
+
+TMA_ONLY_RUNS = [(kernel, name) for kernel in TMA_ONLY_KERNELS for name in TMA_CASES
+                 if tma_only_takes(kernel, name)]
+
+
+@pytest.mark.parametrize("forced_kernel, name", TMA_ONLY_RUNS, indirect=["forced_kernel"])
 def test_tma_only_tilings_match_float64(gpu, forced_kernel, name):
     check_with_bias_against_float64(name, jnp.float16)
 
@@ -164,7 +178,8 @@ def test_every_warp_specialized_tiling_gives_identical_outputs(gpu, monkeypatch,
     case = GPU_CASES[name]
     x, w = operands(case, seed=len(name) + 1)
     outs = {}
-    for kernel in ["ws128x256_cpasync", "ws128x128", "ws128x256", *TMA_ONLY_KERNELS]:
+    tma_only = [kernel for kernel in TMA_ONLY_KERNELS if tma_only_takes(kernel, name)]
+    for kernel in ["ws128x256_cpasync", "ws128x128", "ws128x256", *tma_only]:
         monkeypatch.setenv("JAX_NVFP4_CONV_SM90_KERNEL", kernel)
         jax.clear_caches()
         outs[kernel] = np.asarray(conv_fn(case, out_dtype=jnp.bfloat16)(x, w).astype(jnp.float32))
@@ -222,8 +237,18 @@ def test_split_k_rejects_more_ctas_than_stages(gpu, forced_kernel):
 
 
 @pytest.mark.parametrize("forced_kernel", TMA_ONLY_KERNELS, indirect=True)
-def test_tma_only_tilings_reject_strided_problems(gpu, forced_kernel):
-    case = GPU_CASES["3x3_stride2_k136"]
+def test_tma_only_tilings_reject_problems_without_tma_loads(gpu, forced_kernel):
+    case = GPU_CASES["3x3_stride2_k136"]  # C = 48: code rows of 24 bytes, not TMA's 16-byte units
+    x, w = operands(case, seed=2)
+    with pytest.raises(Exception, match="forced warp-specialized"):
+        np.asarray(conv_fn(case)(x, w))
+
+
+@pytest.mark.parametrize("forced_kernel", ["ws64x416"], indirect=True)
+def test_wide_pixel_split_rejects_a_stride_along_w(gpu, forced_kernel):
+    """Its stages would not fit in shared memory (tma_only_takes); the library's own choice takes
+    the 256-pixel split there."""
+    case = GPU_CASES["tma_3x3_stride2_k136"]
     x, w = operands(case, seed=2)
     with pytest.raises(Exception, match="forced warp-specialized"):
         np.asarray(conv_fn(case)(x, w))
@@ -300,9 +325,9 @@ MEMCHECK_PROGRAM = textwrap.dedent("""
         jax.clear_caches()
         y = jn.conv(x, w, padding="SAME", rhs_dilation=(2, 1), bias=jnp.ones((200,)))
         assert np.isfinite(np.asarray(y.astype(jnp.float32))).all()
-    # Other filter widths: 7x7 and 1x7 (TMA loads), 5x5 with stride 2 (cp.async loads).
+    # Other filter widths: 7x7 and 1x7, and 5x5 and 3x3 with stride 2 (TMA loads).
     os.environ["JAX_NVFP4_CONV_SM90_KERNEL"] = "ws128x128"
-    for r, s, stride in ((7, 7, 1), (1, 7, 1), (5, 5, 2)):
+    for r, s, stride in ((7, 7, 1), (1, 7, 1), (5, 5, 2), (3, 3, 2)):
         w = jn.quantize_conv_weight(jax.random.normal(jax.random.key(6), (r, s, 96, 136)))
         jax.clear_caches()
         y = jn.conv(x, w, window_strides=(stride, stride), padding="SAME", bias=jnp.ones((136,)))

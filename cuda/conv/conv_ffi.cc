@@ -84,7 +84,7 @@ ffi::Error conv_impl(cudaStream_t stream, ffi::AnyBuffer x,
       if (err == cudaErrorInvalidValue && which != ConvSm90Kernel::kAuto && which != ConvSm90Kernel::kRegisterA) {
         return invalid("the forced warp-specialized sm_90a kernel does not take this problem (it needs bf16 "
                        "activations, S = 1, 3, 5 or 7, a bf16/f16 output with K % 8 == 0, and shared memory for two stages; "
-                       "its 64-, 112- and 208-pixel and its 64-channel tilings also stride 1 and C % 32 == 0; "
+                       "its 64-, 112- and 208-pixel and its 64-channel tilings also TMA loads: C % 32 == 0, strides up to 8; "
                        "split-K a 128-channel tiling with TMA loads, at most one CTA per stage, and stage "
                        "buffers that hold a CTA's partial sums)");
       }

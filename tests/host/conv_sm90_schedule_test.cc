@@ -3,10 +3,10 @@
 // every tap at its shifted slot (tap_of), walks the output columns as the epilogue does
 // (ColumnWalker) and compares with a direct convolution on small integers (exact in double).
 // Mode "im2col" fills them instead as the warp-specialized kernel's TMA loads do: the PTX ISA's
-// im2col walk (pixels along W, then H, then N inside the bounding box, each read at the filter
-// base plus the filter-row offset, zero outside the input) from im2col_start, BN pixels and a
-// kHaloPixels halo box; a halo the kernel skips is filled with a value that would corrupt any
-// output that read it.
+// im2col walk (filter base positions along W, then H, then N inside the bounding box, stepping by
+// the traversal strides, each read at the base plus the im2col offsets (phase, filter row), zero
+// outside the input) from im2col_start, BN pixels and a kHaloPixels halo box per phase; a halo
+// the kernel skips is filled with a value that would corrupt any output that read it.
 //
 // usage: conv_sm90_schedule_test N H W C K R S sh sw pad_h pad_w dil_h dil_w P Q BN [slots|im2col]
 // prints "OK <outputs> <tiles> <max_slot_read> <slots>" or "FAIL <reason>".
@@ -70,18 +70,19 @@ int main(int argc, char** argv) {
     std::printf("FAIL im2col loads do not fit this problem\n");
     return 1;
   }
-  // The TMA im2col walk: `pixels` pixels from filter base `start`, filter row r, into slots
-  // [first, first + pixels) of a one-phase array.
+  // The TMA im2col walk: `pixels` pixels from filter base `start` with im2col offsets (phase,
+  // r * dil_h), into slots [first, first + pixels) of phase array `phase`.
   const c90::Im2colBox box = c90::im2col_box(pb, g);
-  auto walk = [&](c90::Im2colStart start, int pixels, int r, int first, std::vector<double>& smem) {
+  auto walk = [&](c90::Im2colStart start, int pixels, int phase, int r, int first, std::vector<double>& smem) {
     int64_t w = start.w, h = start.h, n = start.n;
     for (int i = 0; i < pixels; ++i) {
-      const int64_t hh = h + static_cast<int64_t>(r) * pb.dil_h;
-      const bool inside = n < pb.n && hh >= 0 && hh < pb.h && w >= 0 && w < pb.w;
-      for (int64_t c = 0; c < pb.c; ++c) smem[static_cast<size_t>(first + i) * pb.c + c] = inside ? X(n, hh, w, c) : 0.0;
-      if (++w >= pb.w + box.upper_w) {
+      const int64_t hh = h + static_cast<int64_t>(r) * pb.dil_h, ww = w + phase;
+      const bool inside = n < pb.n && hh >= 0 && hh < pb.h && ww >= 0 && ww < pb.w;
+      const size_t at = (static_cast<size_t>(phase) * g.slots + first + i) * pb.c;
+      for (int64_t c = 0; c < pb.c; ++c) smem[at + c] = inside ? X(n, hh, ww, c) : 0.0;
+      if ((w += pb.stride_w) >= pb.w + box.upper_w) {
         w = box.lower_w;
-        if (++h >= pb.h + box.upper_h) {
+        if ((h += pb.stride_h) >= pb.h + box.upper_h) {
           h = box.lower_h;
           ++n;
         }
@@ -97,12 +98,13 @@ int main(int argc, char** argv) {
     for (int r = 0; r < pb.r; ++r) {
       // The loader: phase arrays [phase][slot][c].
       std::vector<double> smem(static_cast<size_t>(g.phases) * g.slots * pb.c, 0.0);
-      if (im2col) {
-        walk(c90::im2col_start(pb, g, g0), bn, r, 0, smem);
+      for (int f = 0; f < g.phases && im2col; ++f) {
+        walk(c90::im2col_start(pb, g, g0), bn, f, r, 0, smem);
+        const auto halo = smem.begin() + (static_cast<size_t>(f) * g.slots + bn) * pb.c;
         if (g0 + bn < g.virtual_pixels) {
-          walk(c90::im2col_start(pb, g, g0 + bn), c90::kHaloPixels, r, bn, smem);
+          walk(c90::im2col_start(pb, g, g0 + bn), c90::kHaloPixels, f, r, bn, smem);
         } else {
-          std::fill(smem.begin() + static_cast<size_t>(bn) * pb.c, smem.end(), 1e9);
+          std::fill(halo, halo + static_cast<size_t>(c90::kHaloPixels) * pb.c, 1e9);
         }
       }
       for (int f = 0; f < g.phases && !im2col; ++f)

@@ -123,8 +123,10 @@ double ws_estimate_us(int stages, int taps, int bn, int splits) {
 //   partial wave loses); 256-pixel tiles when none fits. Clusters of three and four lost to two
 //   on the H200 (128 CTAs in clusters of four timed like two waves).
 // - TMA loads, K <= 64: the pixel-split kernel (64 channels x 256 or 416 pixels), the width whose
-//   busiest SM has the fewest pixels (waves times width; the wider on a tie: fewer tiles).
-// - cp.async loads (other strides, C % 32 == 16), K >= 128: 256-pixel tiles, else 128-pixel ones.
+//   busiest SM has the fewest pixels (waves times width; the wider on a tie: fewer tiles); 256
+//   with a stride along W.
+// - cp.async loads (C % 32 == 16, or what the im2col walk cannot take), K >= 128: 256-pixel
+//   tiles, else 128-pixel ones.
 KernelChoice choose_kernel(const ConvProblem& pb, int sms) {
   constexpr KernelChoice kRegisterA{ConvSm90Kernel::kRegisterA, 1};
   if (!ws_supported(pb)) return kRegisterA;
@@ -134,7 +136,10 @@ KernelChoice choose_kernel(const ConvProblem& pb, int sms) {
   };
   if (ws_tma_supported(pb) && pb.k <= 64) {
     const int64_t tiles256 = make_geometry(pb, 256).pixel_tiles, tiles416 = make_geometry(pb, 416).pixel_tiles;
-    if (ceil_div(tiles416, sms) * 416 <= ceil_div(tiles256, sms) * 256) return pick(ConvSm90Kernel::kWs64x416, tiles416);
+    // With a stride along W, the 416-pixel split's stages (two phase arrays) do not fit twice.
+    if (pb.stride_w == 1 && ceil_div(tiles416, sms) * 416 <= ceil_div(tiles256, sms) * 256) {
+      return pick(ConvSm90Kernel::kWs64x416, tiles416);
+    }
     return pick(ConvSm90Kernel::kWs64x256, tiles256);
   }
   if (pb.k < 128) return kRegisterA;

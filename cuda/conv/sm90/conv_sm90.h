@@ -12,8 +12,8 @@ namespace jax_nvfp4 {
 // Which sm_90a kernel runs a problem: the library's choice (kAuto), the register-A kernel (every
 // activation dtype and filter, split-K for small grids), or the warp-specialized kernel with CTA
 // tiles of 128 output channels x 64 to 256 pixels (bf16 activations, S in {1, 3, 5, 7}, bf16/f16
-// output, K % 8 == 0), optionally split-K over a cluster. It loads with TMA where it can (stride 1,
-// C % 32 == 0); the 128- and 256-pixel tilings fall back to cp.async loads elsewhere (and the
+// output, K % 8 == 0), optionally split-K over a cluster. It loads with TMA where it can (C % 32 == 0,
+// strides up to 8); the 128- and 256-pixel tilings fall back to cp.async loads elsewhere (and the
 // *CpAsync values force those), the others need TMA. Tests and benchmarks force one; the values
 // are the FFI attribute `kernel`.
 enum class ConvSm90Kernel {

@@ -18,7 +18,7 @@
 // meet in CTA 0 through distributed shared memory.
 // Epilogue: alpha = s_dec_w (* s_dec_x), bias, conversion to the output dtype.
 // A second, warp-specialized persistent kernel (WsKernel, below) runs the same stages with the
-// loads in a producer warpgroup (TMA copies into the 128-byte swizzle for stride-1 problems, else
+// loads in a producer warpgroup (TMA copies into the 128-byte swizzle where C % 32 == 0, else
 // cp.async) and the decode + wgmmas in two consumer warpgroups; conv_sm90 picks between the two
 // (choose_kernel).
 #pragma once
@@ -591,15 +591,16 @@ __global__ void __launch_bounds__(128 * kWGM, 1) conv_sm90_kernel(const ConvProb
 // 64w..64w+63 x all kBN pixels of the CTA tile. (Two consumers along the pixels instead, sharing
 // 64 channels, decode the same weights twice: measured no faster than the register-A kernel.)
 //
-// kTma (stride-1 problems, C % 32 == 0): one producer thread fills each stage with TMA copies
-// instead, counted in bytes on the stage's full barrier: two im2col copies (the tile's kBN slots
-// and its halo; conv_sm90_schedule.h) whose walk across output rows and images replaces the slot
-// table and ~2k cp.async a stage; one tiled copy of the codes of all S taps ([tap][row][32 bytes],
-// rows past K and channels past C zero-filled); one bulk copy per tap's scale tile. The im2col
-// copies write each pixel's 64 channels as one 128-byte row in the 128-byte swizzle (8 rows to a
-// 1024-byte atom): a pixel is one TMA request, where 8-channel columns of the no-swizzle layout
-// took eight (56x56x64 b32 on an H200: 22.6 against 30.8 us). Tap s's B operand starts s rows
-// further, inside an atom (issue_tap_swizzled).
+// kTma (C % 32 == 0, strides up to 8): one producer thread fills each stage with TMA copies
+// instead, counted in bytes on the stage's full barrier: per phase array, two im2col copies (the
+// tile's kBN slots and its halo; conv_sm90_schedule.h) whose walk across output rows and images,
+// stepping by the conv's strides, replaces the slot table and ~2k cp.async a stage; one tiled
+// copy of the codes of all S taps ([tap][row][32 bytes], rows past K and channels past C
+// zero-filled); one bulk copy per tap's scale tile. The im2col copies write each pixel's 64
+// channels as one 128-byte row in the 128-byte swizzle (8 rows to a 1024-byte atom): a pixel is
+// one TMA request, where 8-channel columns of the no-swizzle layout took eight (56x56x64 b32 on an
+// H200: 22.6 against 30.8 us). Tap s's B operand starts at its phase array, `shift` rows further,
+// inside an atom (issue_tap_swizzled).
 //
 // kBM = 64 (K <= 64, TMA loads): the two consumers split the pixels instead, each 64 channels x
 // kBN pixels of a 2 * kBN pixel tile, decoding the same 64 weight rows (the 128-channel tile would
@@ -734,12 +735,17 @@ struct WsKernel {
         const auto dh = static_cast<uint16_t>(r * pb.dil_h);
         uint8_t* stage = smem + buf * L.stage.total();
         uint64_t* bar = &full[buf];
-        TxBarrier::arrive_and_expect_tx(bar, kSlotsBytes + (has_halo ? kHaloBytes : 0) + weight_bytes);
+        TxBarrier::arrive_and_expect_tx(bar, g.phases * (kSlotsBytes + (has_halo ? kHaloBytes : 0)) + weight_bytes);
         const int c = cc * kChunkC;
-        cute::SM90_TMA_LOAD_IM2COL_4D::copy(&maps.act, bar, stage, c, main.w, main.h, main.n, 0, dh);
-        if (has_halo) {  // at slot kTileN, a multiple of 8: an atom boundary
-          cute::SM90_TMA_LOAD_IM2COL_4D::copy(&maps.act_halo, bar, stage + kSlotsBytes, c, halo.w, halo.h, halo.n, 0,
-                                              dh);
+        // Phase f's array (slots a multiple of 8: it starts on an atom) walks from offset f along W.
+        for (int f = 0; f < g.phases; ++f) {
+          uint8_t* phase = stage + f * g.slots * kRowBytes;
+          const auto fw = static_cast<uint16_t>(f);
+          cute::SM90_TMA_LOAD_IM2COL_4D::copy(&maps.act, bar, phase, c, main.w, main.h, main.n, fw, dh);
+          if (has_halo) {  // at slot kTileN, a multiple of 8: an atom boundary
+            cute::SM90_TMA_LOAD_IM2COL_4D::copy(&maps.act_halo, bar, phase + kSlotsBytes, c, halo.w, halo.h, halo.n,
+                                                fw, dh);
+          }
         }
         uint8_t* codes = stage + L.stage.act_bytes;
         cute::SM90_TMA_LOAD_3D::copy(&maps.codes, bar, hint, codes, cc * kCodeRowBytes, static_cast<int32_t>(k0),
@@ -805,14 +811,16 @@ struct WsKernel {
   }
 
   // kTma: tap s's 4 wgmmas (64 channels) as one commit group, on the swizzled activations: pixel
-  // rows 128 bytes apart, tap s `shift` rows further (stride 1: phase 0), k-step kk 32 bytes along
+  // rows 128 bytes apart, tap s in its phase array, `shift` rows further, k-step kk 32 bytes along
   // the row. The start then lies inside an atom for most shifts, and the descriptor's base offset
   // stays 0: the swizzle follows the absolute shared-memory address, as the TMA wrote it (on an
   // H200, a base offset of the start's row in its atom gave wrong sums; 0 gives the no-swizzle
   // kernel's sums bit for bit).
-  static __device__ __forceinline__ void issue_tap_swizzled(const ConvProblem& pb, int s, uint32_t act,
-                                                            const uint32_t (&frag)[4][4], float (&acc)[kAcc]) {
-    const uint32_t b_tap = act + tap_of(pb, s).shift * (kChunkC * 2);
+  static __device__ __forceinline__ void issue_tap_swizzled(const ConvProblem& pb, const Geometry& g, int s,
+                                                            uint32_t act, const uint32_t (&frag)[4][4],
+                                                            float (&acc)[kAcc]) {
+    const Tap tap = tap_of(pb, s);
+    const uint32_t b_tap = act + (tap.phase * g.slots + tap.shift) * (kChunkC * 2);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kChunkC / 16; ++kk) {
@@ -837,7 +845,7 @@ struct WsKernel {
 #pragma unroll
     for (int s = 0; s < kS; ++s) {
       Mma::decode_tap(s, codes, scales, row0, tr0, sel, frag[(kParity + s) % 2]);
-      if constexpr (kTma) issue_tap_swizzled(pb, s, act, frag[(kParity + s) % 2], acc);
+      if constexpr (kTma) issue_tap_swizzled(pb, g, s, act, frag[(kParity + s) % 2], acc);
       else Mma::issue_tap(pb, g, s, act, frag[(kParity + s) % 2], acc);
       wgmma_wait<1>();
       if (s == 0) prev_retired();

@@ -95,33 +95,40 @@ NVFP4_HD bool slot_source(const ConvProblem& pb, const Geometry& g, int64_t g0, 
   return *h >= 0 && *h < pb.h;
 }
 
-// TMA im2col loads (stride 1). The hardware walks pixels along W, then H, then N, inside a
-// bounding box of filter base positions, and reads each at base + (0, r * dil_h), zero outside
-// the input. With the box spanning W in [-pad_w, W + upper_w) (Wv positions: a virtual row) and H
-// in [-pad_h, H + upper_h) (P positions), the walk from virtual pixel v's base visits exactly the
-// input pixels of slots v, v + 1, ... for filter row r, across output rows and images: one copy
-// (64 channels a pixel) fills a tile's slots, a second, kHaloPixels long, its halo.
+// TMA im2col loads. The hardware walks filter base positions along W, then H, then N, inside a
+// bounding box, stepping by the traversal strides (the conv's strides), and reads each at
+// base + (im2col offsets), zero outside the input. With the box spanning Wv positions along W
+// from -pad_w (a virtual row) and P along H from -pad_h, the walk from virtual pixel v's base
+// with offsets (f, r * dil_h) visits exactly the input pixels of phase f's slots v, v + 1, ...
+// for filter row r, across output rows and images: one copy (64 channels a pixel) fills a
+// phase's kBN slots, a second, kHaloPixels long, its halo. A walk of `count` positions from
+// `lower` with stride t stops before dim + upper = lower + t * (count - 1) + 1.
 struct Im2colBox {
   int lower_w, lower_h, upper_w, upper_h;
 };
 
 NVFP4_HD Im2colBox im2col_box(const ConvProblem& pb, const Geometry& g) {
-  return Im2colBox{-pb.pad_w, -pb.pad_h, static_cast<int>(g.wv - pb.w - pb.pad_w),
-                   static_cast<int>(pb.p - pb.h - pb.pad_h)};
+  return Im2colBox{-pb.pad_w, -pb.pad_h,
+                   static_cast<int>(pb.stride_w * (g.wv - 1) + 1 - pb.w - pb.pad_w),
+                   static_cast<int>(pb.stride_h * (pb.p - 1) + 1 - pb.h - pb.pad_h)};
 }
 
-// Whether the im2col loads can fill the slots: stride 1 (the walk steps one pixel), a halo the
-// second box covers, and the corners and filter-row offsets the 4-D tensor map encodes (corners
-// in [-128, 127], offsets in [0, 255]).
+// Most a tensor map's traversal stride can be.
+constexpr int kMaxTraversalStride = 8;
+
+// Whether the im2col loads can fill the slots: strides the traversal takes, a halo the second
+// box covers, and the corners and offsets the 4-D tensor map encodes (corners in [-128, 127],
+// offsets in [0, 255]: the phase along W, the filter row's along H).
 NVFP4_HD bool im2col_loads_fit(const ConvProblem& pb, const Geometry& g) {
   const Im2colBox b = im2col_box(pb, g);
   auto corner = [](int64_t v) { return v >= -128 && v <= 127; };
-  return pb.stride_h == 1 && pb.stride_w == 1 && g.halo <= kHaloPixels && corner(b.lower_w) &&
-         corner(b.lower_h) && corner(b.upper_w) && corner(b.upper_h) &&
+  return pb.stride_h <= kMaxTraversalStride && pb.stride_w <= kMaxTraversalStride && g.halo <= kHaloPixels &&
+         corner(b.lower_w) && corner(b.lower_h) && corner(b.upper_w) && corner(b.upper_h) &&
          static_cast<int64_t>(pb.r - 1) * pb.dil_h <= 255;
 }
 
-// The filter base position (w, h, n) where the walk for virtual pixel v starts.
+// The filter base position (w, h, n) where the walk for virtual pixel v starts (phase 0,
+// filter row 0).
 struct Im2colStart {
   int32_t w, h, n;
 };
@@ -129,8 +136,8 @@ struct Im2colStart {
 NVFP4_HD Im2colStart im2col_start(const ConvProblem& pb, const Geometry& g, int64_t v) {
   const int64_t row = v / g.wv, vq = v - row * g.wv;
   const int64_t img = row / pb.p, p = row - img * pb.p;
-  return Im2colStart{static_cast<int32_t>(vq - pb.pad_w), static_cast<int32_t>(p - pb.pad_h),
-                     static_cast<int32_t>(img)};
+  return Im2colStart{static_cast<int32_t>(vq * pb.stride_w - pb.pad_w),
+                     static_cast<int32_t>(p * pb.stride_h - pb.pad_h), static_cast<int32_t>(img)};
 }
 
 // The output pixel of virtual pixel v, or false for a discarded column (or past the end).

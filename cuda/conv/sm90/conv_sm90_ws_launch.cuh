@@ -20,10 +20,12 @@ bool encode_ws_maps(const ConvProblem& pb, const Geometry& g, int bn, int bm, Ws
   const cuuint64_t x_strides[3] = {c * 2, w * c * 2, h * w * c * 2};  // bytes, dims 1..3
   const int lower[2] = {box.lower_w, box.lower_h}, upper[2] = {box.upper_w, box.upper_h};
   const cuuint32_t unit[4] = {1, 1, 1, 1};
+  // The im2col walk's traversal strides: the conv's, along W and H.
+  const cuuint32_t traversal[4] = {1, static_cast<cuuint32_t>(pb.stride_w), static_cast<cuuint32_t>(pb.stride_h), 1};
   auto im2col = [&](CUtensorMap* map, int pixels) {
     return CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeIm2col)(
                map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(pb.x), x_dims, x_strides, lower, upper,
-               kChunkC, static_cast<cuuint32_t>(pixels), unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               kChunkC, static_cast<cuuint32_t>(pixels), traversal, CU_TENSOR_MAP_INTERLEAVE_NONE,
                CU_TENSOR_MAP_SWIZZLE_128B,
                CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
   };

@@ -94,6 +94,7 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
     q = (w + 2 * pad - s) // stride + 1
     p = (h + 2 * ((r - 1) // 2) - r) // stride + 1
     halo = (s - 1) // stride
+    phases = min(stride, s)  # phase arrays the taps read (dilation 1)
     wv = q + halo
     tiles = lambda bn: -(-(n * p * wv) // bn)  # noqa: E731
     chunks = -(-c // CHUNK_C)
@@ -101,12 +102,12 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
 
     def tma(bn, k_rows, label):  # TMA loads: per phase, bn slots and an 8-pixel halo box a stage
         stages = tiles(bn) * -(-k // k_rows) * r * chunks
-        return stages * stride * (bn + 8) * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2, label
+        return stages * phases * (bn + 8) * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2, label
 
     ws_taps = s in (1, 3, 5, 7)
     if ws_taps and k % 8 == 0 and c % 32 == 0:  # warp-specialized, TMA loads
         if k <= 64:  # the pixel split: the width whose busiest SM has the fewest pixels
-            wide = stride == 1 and -(-tiles(416) // sms) * 416 <= -(-tiles(256) // sms) * 256
+            wide = phases == 1 and -(-tiles(416) // sms) * 416 <= -(-tiles(256) // sms) * 256
             bn = 416 if wide else 256
             if tiles(bn) >= enough:
                 return tma(bn, 64, f"ws 64x{bn} (pixel split)")
@@ -123,7 +124,7 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
             if tiles(bn) * k_tiles >= enough:
                 stages = tiles(bn) * k_tiles * r * chunks
                 slots = (bn + halo) | 1
-                return (stages * stride * slots * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2,
+                return (stages * phases * slots * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2,
                         f"ws 128x{bn}")
     narrow = k <= 64 or tiles(128) * -(-k // 128) < 2 * sms
     k_tiles = -(-k // (64 if narrow else 128))
@@ -132,7 +133,7 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
     else:
         bn = 256 if tiles(256) * k_tiles >= 2 * sms else 128
     slots = (bn + halo) | 1
-    per_stage_reuse = stride * slots * CHUNK_C * 2
+    per_stage_reuse = phases * slots * CHUNK_C * 2
     per_stage_plain = s * bn * CHUNK_C * 2
     stages = tiles(bn) * k_tiles * r * chunks
     return stages * per_stage_reuse, stages * per_stage_plain, f"register-A {64 if narrow else 128}x{bn}"

@@ -190,8 +190,9 @@ register_check("matmul->nvfp4", "jax_nvfp4_gemm_nvfp4_out", check_matmul_nvfp4_o
 
 
 # (N, H, W, C, K, R, S, stride, dilation, padding): taps, padding, stride and dilation cases,
-# C and K off the tile sizes, several images in one tile, and two 1x1 convs that sm_90a runs as the
-# NVFP4 GEMM (primitives/conv.py, pointwise_as_gemm), at stride 1 and 2.
+# C and K off the tile sizes, several images in one tile, and two 1x1 convs of 256 channels: one
+# that sm_90a runs as the NVFP4 GEMM (primitives/conv.py, pointwise_as_gemm), one with stride 2
+# that its conv kernels load with strided TMA copies.
 _CONV_PROBLEMS = [(2, 9, 11, 32, 24, 3, 3, 1, 1, "SAME"), (3, 12, 10, 48, 72, 5, 5, 2, 1, "SAME"),
                   (1, 14, 16, 16, 40, 3, 7, 1, 2, "VALID"), (4, 7, 7, 64, 136, 1, 1, 1, 1, "SAME"),
                   (2, 28, 29, 256, 40, 1, 1, 1, 1, "VALID"), (2, 55, 57, 256, 24, 1, 1, 2, 1, "VALID")]

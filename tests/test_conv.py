@@ -163,6 +163,8 @@ SCHEDULE_CASES = {
     "5x5_stride3_dil2": ((2, 17, 19, 16, 4, 5, 5, (3, 3), "SAME", (2, 2)), 128),
     "7x7_dil3_pad_wider": ((1, 12, 30, 16, 4, 7, 7, (1, 1), ((9, 9), (9, 9)), (3, 3)), 128),
     "width1_images": ((5, 5, 1, 16, 4, 3, 3, (2, 2), "SAME", (1, 1)), 128),
+    # Taps that read phase 0 only (one phase array): dilation 2 with stride 2.
+    "3x3_stride2_dil2_one_phase": ((2, 13, 15, 16, 4, 3, 3, (2, 2), "SAME", (2, 2)), 128),
 }
 
 
@@ -187,7 +189,8 @@ def test_sm90_schedule_emulation_matches_direct_convolution(host_program, name):
 # Problems the warp-specialized kernel loads with TMA im2col copies: padding on one side only,
 # VALID, dilation in both axes, images that end inside a tile, width 1, the other filter widths
 # it takes (1, 5, 7; a halo of exactly the second box's 8 pixels), and strides (one walk per
-# phase array, stepping by the stride: 2 and 3, unequal strides, with dilation, 1x1).
+# phase array the taps read, stepping by the stride: 2 and 3, unequal strides, with dilation,
+# 1x1 and a dilated 3x3 that read phase 0 only).
 IM2COL_CASES = {
     **{f"{name}_im2col": (case, 128) for name, case in cc.CASES.items() if case[7] != (1, 1)},
     "7x7_stride2_bn256": (cc.CASES["7x7_stride2"], 256),
@@ -195,6 +198,7 @@ IM2COL_CASES = {
     "3x3_stride2_width1_images": ((5, 5, 1, 16, 4, 3, 3, (2, 2), "SAME", (1, 1)), 128),
     "resnet_3x3_stride2_b2": ((2, 14, 14, 16, 4, 3, 3, (2, 2), "SAME", (1, 1)), 208),
     "3x3_stride2_valid_odd": ((3, 11, 15, 16, 4, 3, 3, (2, 2), "VALID", (1, 1)), 112),
+    "3x3_stride2_dil2_one_phase": ((2, 13, 15, 16, 4, 3, 3, (2, 2), "SAME", (2, 2)), 128),
     "1x7_same_bn128": ((2, 9, 17, 16, 4, 1, 7, (1, 1), "SAME", (1, 1)), 128),
     "7x7_same_bn256": ((3, 14, 14, 16, 4, 7, 7, (1, 1), "SAME", (1, 1)), 256),
     "5x5_dil2_halo8": ((2, 11, 19, 16, 4, 5, 5, (1, 1), "SAME", (1, 2)), 128),
@@ -293,11 +297,10 @@ _POINTWISE = dict(x_shape=(2, 28, 28, 256), x_dtype=jnp.bfloat16, x_nvfp4=False,
     ({"x_shape": (1, 8193, 1, 256)}, False),
     ({"x_shape": (2, 28, 28, 240)}, False),  # fewer than 256 channels
     ({"filter_rs": (1, 3)}, False),
-    ({"window_strides": (2, 2)}, False),  # 392 output pixels
-    ({"x_shape": (2, 56, 56, 256), "window_strides": (2, 2)}, True),  # 1568
-    ({"x_shape": (32, 56, 56, 256), "window_strides": (2, 2)}, True),  # 25088: no bound with a stride
-    ({"x_shape": (32, 56, 56, 256)}, False),  # 100352 at stride 1
-    ({"x_shape": (2, 57, 55, 256), "window_strides": (2, 1)}, True),  # 2 x 29 x 55
+    ({"x_shape": (32, 56, 56, 256)}, False),  # 100352
+    # A stride: the conv kernels (their strided TMA loads), whatever the pixel count.
+    ({"x_shape": (2, 56, 56, 256), "window_strides": (2, 2)}, False),  # 1568 output pixels
+    ({"x_shape": (2, 57, 55, 256), "window_strides": (2, 1)}, False),  # 2 x 29 x 55
     ({"padding": ((0, 0), (0, 1))}, False),
     ({"x_dtype": jnp.float32}, False),
     ({"x_nvfp4": True}, False),

@@ -49,13 +49,16 @@ GPU_CASES = {
     "tma_5x5_stride2_c96_k128": (2, 13, 15, 96, 128, 5, 5, (2, 2), "SAME", (1, 1)),
     "tma_stride21_dil12_k128": (2, 11, 17, 32, 128, 3, 3, (2, 1), "VALID", (1, 2)),
     "tma_resnet_3x3_stride2_b4": (4, 28, 28, 128, 128, 3, 3, (2, 2), "SAME", (1, 1)),
+    # Strided convs whose taps read phase 0 only (one phase array): 1x1 / 2, and 3x3 / 2 dilated 2.
+    "tma_1x1_stride2_k136": (2, 15, 17, 64, 136, 1, 1, (2, 2), "VALID", (1, 1)),
+    "tma_3x3_stride2_dil2_k128": (2, 13, 15, 32, 128, 3, 3, (2, 2), "SAME", (2, 2)),
     # Enough 1x7 tiles for the library to pick the warp-specialized kernel itself.
     "1x7_inception_b16": (16, 17, 17, 192, 192, 1, 7, (1, 1), "SAME", (1, 1)),
     # A pointwise conv the library runs as the NVFP4 GEMM (where the build has cuBLASLt; forced
     # kernels still take it): 1568 pixels of 256 channels, 200 outputs.
     "pointwise_gemm_c256_k200": (2, 28, 28, 256, 200, 1, 1, (1, 1), "VALID", (1, 1)),
-    # and one with a stride: the GEMM of x's strided slice, 2 x 28 x 29 pixels.
-    "pointwise_gemm_stride2_k136": (2, 55, 57, 256, 136, 1, 1, (2, 2), "VALID", (1, 1)),
+    # With a stride it stays on the conv kernels (strided TMA loads): 2 x 28 x 29 pixels.
+    "pointwise_stride2_k136": (2, 55, 57, 256, 136, 1, 1, (2, 2), "VALID", (1, 1)),
 }
 
 # What the warp-specialized kernels take: S in {1, 3, 5, 7} and K % 8 == 0 (bf16 activations and
@@ -96,9 +99,15 @@ def test_lowers_to_the_kernel(gpu):
     assert "jax_nvfp4_conv" in conv_fn(case).lower(x, w).as_text()
 
 
-@pytest.mark.parametrize("name", ["pointwise_gemm_c256_k200", "pointwise_gemm_stride2_k136"])
-def test_pointwise_conv_lowers_to_the_gemm(gpu, monkeypatch, name):
-    case = GPU_CASES[name]
+def test_strided_pointwise_conv_stays_on_the_conv_kernels(gpu):
+    case = GPU_CASES["pointwise_stride2_k136"]
+    x, w = operands(case, 0)
+    text = conv_fn(case).lower(x, w).as_text()
+    assert "jax_nvfp4_conv" in text and "jax_nvfp4_gemm" not in text
+
+
+def test_pointwise_conv_lowers_to_the_gemm(gpu, monkeypatch):
+    case = GPU_CASES["pointwise_gemm_c256_k200"]
     x, w = operands(case, 0)
     text = conv_fn(case).lower(x, w).as_text()
     # Hopper, and a build with cuBLASLt's GEMM (the one it was timed with)
@@ -156,10 +165,17 @@ def test_warp_specialized_kernel_matches_float64(gpu, forced_kernel, name):
 TMA_ONLY_KERNELS = ["ws128x64", "ws128x112", "ws128x208", "ws64x256", "ws64x416"]
 
 
+def phase_arrays(name):
+    """Phase arrays of a stage of GPU_CASES[name] (conv_sm90_schedule.h): 1 + the largest phase,
+    (s * dil_w) mod stride_w, that a tap reads."""
+    _, _, _, _, _, _, s, (_, stride_w), _, (_, dil_w) = GPU_CASES[name]
+    return 1 + max(tap * dil_w % stride_w for tap in range(s))
+
+
 def tma_only_takes(kernel, name):
-    """Whether TMA-only tiling `kernel` takes GPU_CASES[name]: with a stride along W, the
-    416-pixel split's two 424-slot phase arrays make a stage too large for two in shared memory."""
-    return kernel != "ws64x416" or GPU_CASES[name][7][1] == 1
+    """Whether TMA-only tiling `kernel` takes GPU_CASES[name]: two 424-slot phase arrays make a
+    stage of the 416-pixel split too large for two in shared memory."""
+    return kernel != "ws64x416" or phase_arrays(name) == 1
 
 
 TMA_ONLY_RUNS = [(kernel, name) for kernel in TMA_ONLY_KERNELS for name in TMA_CASES
@@ -245,9 +261,10 @@ def test_tma_only_tilings_reject_problems_without_tma_loads(gpu, forced_kernel):
 
 
 @pytest.mark.parametrize("forced_kernel", ["ws64x416"], indirect=True)
-def test_wide_pixel_split_rejects_a_stride_along_w(gpu, forced_kernel):
+def test_wide_pixel_split_rejects_two_phase_arrays(gpu, forced_kernel):
     """Its stages would not fit in shared memory (tma_only_takes); the library's own choice takes
     the 256-pixel split there."""
+    assert phase_arrays("tma_3x3_stride2_k136") == 2
     case = GPU_CASES["tma_3x3_stride2_k136"]
     x, w = operands(case, seed=2)
     with pytest.raises(Exception, match="forced warp-specialized"):

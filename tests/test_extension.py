@@ -69,7 +69,7 @@ def test_with_a_kernel_the_cuda_lowering_calls_the_ffi_target(monkeypatch, targe
     ((1, 1), 1, "ws64x256", "jax_nvfp4_conv"),  # a forced conv kernel
     ((1, 1), 1, "conv_launcher", "jax_nvfp4_conv"),  # the conv kernels, their launcher's choice
     ((3, 3), 1, "", "jax_nvfp4_conv"),
-    ((1, 1), 2, "", "jax_nvfp4_conv"),  # 2 x 14 x 14 output pixels: too few
+    ((1, 1), 2, "", "jax_nvfp4_conv"),  # a stride: the conv kernels
 ])
 def test_pointwise_conv_lowers_to_the_gemm_on_sm90(monkeypatch, filter_rs, strides, forced, target):
     monkeypatch.setattr(_extension, "kernel_available", lambda name: True)

@@ -66,17 +66,18 @@ def forced_kernel() -> tuple[int, int]:
                      f"got {value!r}")
 
 
-# A 1x1 convolution without padding is a GEMM over its N*P*Q output pixels (with a stride, of the
-# strided slice of x). On sm_90a, with bf16 activations of at least POINTWISE_GEMM_MIN_C channels
-# and more than POINTWISE_GEMM_MIN_PIXELS output pixels, the GEMM's prefill path (the weights
-# dequantized once, then cuBLASLt's bf16 GEMM) beat the conv kernels on the ResNet-50 shapes
-# (H100, bench/results/conv_pointwise_h100_2026-11-25.md): with stride 1 by up to 1.46x (0.98x
-# at worst) up to POINTWISE_GEMM_MAX_PIXELS_STRIDE_1 pixels (beyond, the conv kernels' TMA loads
-# were within 7%); with stride 2 by 2.3-3.9x at 1568-25088 pixels (slow strided conv loads).
-# At 1024 pixels and fewer the GEMM's fused paths were slower. Only where the build has cuBLASLt's
-# GEMM (the timings are its) and no conv kernel is forced.
+# A 1x1 convolution with stride 1 and no padding is a GEMM over its N*P*Q output pixels. On
+# sm_90a, with bf16 activations of at least POINTWISE_GEMM_MIN_C channels and more than
+# POINTWISE_GEMM_MIN_PIXELS output pixels, the GEMM's prefill path (the weights dequantized once,
+# then cuBLASLt's bf16 GEMM) beat the conv kernels on the ResNet-50 shapes by up to 1.46x (0.98x
+# at worst) up to POINTWISE_GEMM_MAX_PIXELS pixels (H100, bench/results/
+# conv_pointwise_h100_2026-11-25.md); beyond, the conv kernels' TMA loads were within 7%, and at
+# 1024 pixels and fewer the GEMM's fused paths were slower. Strided ones stay on the conv kernels,
+# whose strided TMA loads beat the GEMM of XLA's strided slice by 1.07-1.54x on ResNet-50's
+# projection shortcuts (bench/results/conv_strided_h100_2026-11-26.md). Only where the build has
+# cuBLASLt's GEMM (the timings are its) and no conv kernel is forced.
 POINTWISE_GEMM_MIN_PIXELS = 1024
-POINTWISE_GEMM_MAX_PIXELS_STRIDE_1 = 8192
+POINTWISE_GEMM_MAX_PIXELS = 8192
 POINTWISE_GEMM_MIN_C = 256
 
 
@@ -86,15 +87,12 @@ def pointwise_as_gemm(x_shape, x_dtype, x_nvfp4, filter_rs, window_strides, padd
     visible GPUs' ("sm_90a"), `cublaslt` whether the prefill GEMM is cuBLASLt's, `forced` whether
     KERNEL_ENV names a conv kernel (or conv_launcher)."""
     n, h, w, c = x_shape
-    sh, sw = window_strides
-    pixels = n * ((h - 1) // sh + 1) * ((w - 1) // sw + 1)
-    strided = (sh, sw) != (1, 1)
     return (arch == "sm_90a" and cublaslt and not forced and tuple(filter_rs) == (1, 1)
-            and all(v == 0 for pad in padding for v in pad)
+            and tuple(window_strides) == (1, 1) and all(v == 0 for pad in padding for v in pad)
             and not x_nvfp4 and jnp.dtype(x_dtype) == jnp.bfloat16
             and jnp.dtype(out_dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
-            and c >= POINTWISE_GEMM_MIN_C and pixels > POINTWISE_GEMM_MIN_PIXELS
-            and (strided or pixels <= POINTWISE_GEMM_MAX_PIXELS_STRIDE_1))
+            and c >= POINTWISE_GEMM_MIN_C
+            and POINTWISE_GEMM_MIN_PIXELS < n * h * w <= POINTWISE_GEMM_MAX_PIXELS)
 
 
 def output_spatial(in_hw, filter_rs, window_strides, padding, rhs_dilation):
@@ -133,12 +131,10 @@ def _reference(*args, x_nvfp4, has_bias, window_strides, padding, rhs_dilation, 
                            rhs_dilation=rhs_dilation, out_dtype=out_dtype),)
 
 
-def _pointwise_gemm(x, w_codes, w_scales, w_s_dec, bias, window_strides, out_dtype):
-    """An unpadded 1x1 convolution as the GEMM [N*P*Q, C] x [K, C]^T of its strided pixels: the
-    weight's one tap is the GEMM's [K, C] NVFP4 matrix as it is stored (codes and tiled scales drop
-    their leading 1 x 1)."""
-    sh, sw = window_strides
-    x = x[:, ::sh, ::sw, :]
+def _pointwise_gemm(x, w_codes, w_scales, w_s_dec, bias, out_dtype):
+    """An unpadded 1x1 convolution with stride 1 as the GEMM [N*H*W, C] x [K, C]^T: the weight's
+    one tap is the GEMM's [K, C] NVFP4 matrix as it is stored (codes and tiled scales drop their
+    leading 1 x 1)."""
     n, h, w, c = x.shape
     k = w_codes.shape[2]
     operands = [x.reshape(n * h * w, c), w_codes.reshape(k, c), w_scales.reshape(w_scales.shape[2:]),
@@ -155,7 +151,7 @@ def _kernel(*args, x_nvfp4, has_bias, window_strides, padding, rhs_dilation, out
             x.shape, x.dtype, x_nvfp4, w_codes.shape[:2], window_strides, padding, out_dtype,
             arch=_extension.visible_cuda_arch(), cublaslt=_extension.cublaslt_gemm_calls() is not None,
             forced=os.environ.get(KERNEL_ENV, "") not in ("", "auto")):
-        return _pointwise_gemm(x, w_codes, w_scales, w_s_dec, bias, window_strides, out_dtype)
+        return _pointwise_gemm(x, w_codes, w_scales, w_s_dec, bias, out_dtype)
     operands = (
         x,
         x_scales if x_nvfp4 else jnp.zeros((0,), SCALE_DTYPE),

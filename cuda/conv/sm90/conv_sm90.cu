@@ -124,7 +124,7 @@ double ws_estimate_us(int stages, int taps, int bn, int splits) {
 //   on the H200 (128 CTAs in clusters of four timed like two waves).
 // - TMA loads, K <= 64: the pixel-split kernel (64 channels x 256 or 416 pixels), the width whose
 //   busiest SM has the fewest pixels (waves times width; the wider on a tie: fewer tiles); 256
-//   with a stride along W.
+//   with two phase arrays.
 // - cp.async loads (C % 32 == 16, or what the im2col walk cannot take), K >= 128: 256-pixel
 //   tiles, else 128-pixel ones.
 KernelChoice choose_kernel(const ConvProblem& pb, int sms) {
@@ -136,8 +136,9 @@ KernelChoice choose_kernel(const ConvProblem& pb, int sms) {
   };
   if (ws_tma_supported(pb) && pb.k <= 64) {
     const int64_t tiles256 = make_geometry(pb, 256).pixel_tiles, tiles416 = make_geometry(pb, 416).pixel_tiles;
-    // With a stride along W, the 416-pixel split's stages (two phase arrays) do not fit twice.
-    if (pb.stride_w == 1 && ceil_div(tiles416, sms) * 416 <= ceil_div(tiles256, sms) * 256) {
+    // With two phase arrays (a stride along W), the 416-pixel split's stages do not fit twice.
+    const bool one_phase = make_geometry(pb, 416).phases == 1;
+    if (one_phase && ceil_div(tiles416, sms) * 416 <= ceil_div(tiles256, sms) * 256) {
       return pick(ConvSm90Kernel::kWs64x416, tiles416);
     }
     return pick(ConvSm90Kernel::kWs64x256, tiles256);

@@ -6,7 +6,8 @@
 // thrown away; they let one shared-memory row serve every filter tap s by a uniform shift.
 //
 // For a tile of BN consecutive virtual pixels [g0, g0 + BN) and filter row r, shared memory holds
-// `stride_w` phase arrays of `slots` >= BN + halo pixels each. Slot j of phase f holds input pixel
+// phase arrays of `slots` >= BN + halo pixels each, one for each phase f < stride_w up to the last
+// that a tap reads (a 1x1 filter with stride 2 reads phase 0 only). Slot j of phase f holds input pixel
 //   (n, h, w) with (n, p, vq) = virtual(g0 + j), h = p*stride_h - pad_h + r*dil_h,
 //                 w = vq*stride_w - pad_w + f                 (zero when outside the image)
 // so output column i of tap s (t = s*dil_w) reads phase t % stride_w, slot i + t / stride_w:
@@ -31,7 +32,7 @@ constexpr int kHaloPixels = 8;
 struct Geometry {
   int64_t wv = 0;             // virtual output row width Q + halo
   int halo = 0;               // extra slots a tap shift reaches past the tile
-  int phases = 1;             // stride_w phase arrays
+  int phases = 1;             // phase arrays: 1 + the largest phase a tap reads (tap_of)
   int slots = 0;              // slots per phase array (>= BN + halo, odd: bank-conflict free)
   int64_t virtual_pixels = 0; // n * p * wv
   int64_t pixel_tiles = 0;    // ceil(virtual_pixels / BN)
@@ -44,7 +45,10 @@ NVFP4_HD Geometry make_geometry(const ConvProblem& pb, int bn, bool im2col = fal
   Geometry g;
   g.halo = static_cast<int>(((pb.s - 1) * pb.dil_w) / pb.stride_w);
   g.wv = pb.q + g.halo;
-  g.phases = pb.stride_w;
+  for (int s = 0; s < pb.s; ++s) {
+    const int phase = (s * pb.dil_w) % pb.stride_w;
+    if (phase >= g.phases) g.phases = phase + 1;
+  }
   g.slots = im2col ? bn + kHaloPixels : (bn + g.halo) | 1;
   g.virtual_pixels = pb.n * pb.p * g.wv;
   g.pixel_tiles = ceil_div(g.virtual_pixels, bn);

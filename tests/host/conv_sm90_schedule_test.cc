@@ -100,10 +100,10 @@ int main(int argc, char** argv) {
       std::vector<double> smem(static_cast<size_t>(g.phases) * g.slots * pb.c, 0.0);
       for (int f = 0; f < g.phases && im2col; ++f) {
         walk(c90::im2col_start(pb, g, g0), bn, f, r, 0, smem);
-        const auto halo = smem.begin() + (static_cast<size_t>(f) * g.slots + bn) * pb.c;
         if (g0 + bn < g.virtual_pixels) {
           walk(c90::im2col_start(pb, g, g0 + bn), c90::kHaloPixels, f, r, bn, smem);
         } else {
+          const auto halo = smem.begin() + (static_cast<size_t>(f) * g.slots + bn) * pb.c;
           std::fill(halo, halo + static_cast<size_t>(c90::kHaloPixels) * pb.c, 1e9);
         }
       }

@@ -135,10 +135,10 @@ KernelChoice choose_kernel(const ConvProblem& pb, int sms) {
     return ctas >= enough ? KernelChoice{kind, splits} : kRegisterA;
   };
   if (ws_tma_supported(pb) && pb.k <= 64) {
-    const int64_t tiles256 = make_geometry(pb, 256).pixel_tiles, tiles416 = make_geometry(pb, 416).pixel_tiles;
+    const Geometry g416 = make_geometry(pb, 416);
+    const int64_t tiles256 = make_geometry(pb, 256).pixel_tiles, tiles416 = g416.pixel_tiles;
     // With two phase arrays (a stride along W), the 416-pixel split's stages do not fit twice.
-    const bool one_phase = make_geometry(pb, 416).phases == 1;
-    if (one_phase && ceil_div(tiles416, sms) * 416 <= ceil_div(tiles256, sms) * 256) {
+    if (g416.phases == 1 && ceil_div(tiles416, sms) * 416 <= ceil_div(tiles256, sms) * 256) {
       return pick(ConvSm90Kernel::kWs64x416, tiles416);
     }
     return pick(ConvSm90Kernel::kWs64x256, tiles256);

@@ -84,7 +84,7 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
     implicit GEMM that loads each tap's tile separately, and the kernel and its CTA tile (output
     channels x pixels). Mirrors conv_sm90.cu's choice (choose_kernel, then the register-A tiles)
     for the SAME, dilation-1 shapes benchmarked here; a pointwise conv that runs as the NVFP4
-    GEMM loads the activations of its output pixels once (a strided one after XLA slices them)."""
+    GEMM loads the activations of its output pixels once."""
     if pointwise_as_gemm((n, h, w, c), jnp.bfloat16, False, (r, s), (stride, stride),
                          ((0, 0), (0, 0)), jnp.bfloat16, arch=visible_cuda_arch(),
                          cublaslt=cublaslt_gemm_calls() is not None, forced=False):
@@ -102,7 +102,8 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
 
     def tma(bn, k_rows, label):  # TMA loads: per phase, bn slots and an 8-pixel halo box a stage
         stages = tiles(bn) * -(-k // k_rows) * r * chunks
-        return stages * phases * (bn + 8) * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2, label
+        box = 8 if halo else 0  # no halo box where no tap reads past the tile (1x1)
+        return stages * phases * (bn + box) * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2, label
 
     ws_taps = s in (1, 3, 5, 7)
     if ws_taps and k % 8 == 0 and c % 32 == 0:  # warp-specialized, TMA loads

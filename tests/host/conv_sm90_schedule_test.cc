@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
       std::vector<double> smem(static_cast<size_t>(g.phases) * g.slots * pb.c, 0.0);
       for (int f = 0; f < g.phases && im2col; ++f) {
         walk(c90::im2col_start(pb, g, g0), bn, f, r, 0, smem);
-        if (g0 + bn < g.virtual_pixels) {
+        if (c90::loads_halo(g, g0, bn)) {
           walk(c90::im2col_start(pb, g, g0 + bn), c90::kHaloPixels, f, r, bn, smem);
         } else {
           const auto halo = smem.begin() + (static_cast<size_t>(f) * g.slots + bn) * pb.c;

@@ -723,8 +723,7 @@ struct WsKernel {
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
       const int64_t g0 = (tile / k_tiles) * kTileN, k0 = (tile % k_tiles) * kBM;
       const Im2colStart main = im2col_start(pb, g, g0), halo = im2col_start(pb, g, g0 + kTileN);
-      // Past the last virtual pixel the halo slots feed only discarded columns: not loaded.
-      const bool has_halo = g0 + kTileN < g.virtual_pixels;
+      const bool has_halo = loads_halo(g, g0, kTileN);
       const int64_t scale_tile = (k0 / kTileRows) * scale_k_tiles(kb);
       // Not unrolled: two stages at a time spill past the producers' 56 registers (split-K).
 #pragma unroll 1

@@ -144,6 +144,13 @@ NVFP4_HD Im2colStart im2col_start(const ConvProblem& pb, const Geometry& g, int6
                      static_cast<int32_t>(p * pb.stride_h - pb.pad_h), static_cast<int32_t>(img)};
 }
 
+// Whether the TMA producer loads the halo box of the tile starting at virtual pixel g0 (tile_n
+// slots): only when a tap reads past the tile (halo > 0; not a 1x1 filter, say) and the halo
+// holds virtual pixels (past the last one its slots feed only discarded columns).
+NVFP4_HD bool loads_halo(const Geometry& g, int64_t g0, int tile_n) {
+  return g.halo > 0 && g0 + tile_n < g.virtual_pixels;
+}
+
 // The output pixel of virtual pixel v, or false for a discarded column (or past the end).
 NVFP4_HD bool output_pixel(const ConvProblem& pb, const Geometry& g, int64_t v, int64_t* out_row,
                            int64_t* q) {

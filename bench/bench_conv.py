@@ -1,5 +1,6 @@
 """Benchmark of jax_nvfp4.conv (NVFP4 weights, bf16 activations) against XLA's bf16
-lax.conv_general_dilated and PyTorch's cuDNN conv2d (channels_last, bf16, benchmark mode).
+lax.conv_general_dilated (on bf16 weights, and on the NVFP4 weights dequantized in the same jit)
+and PyTorch's cuDNN conv2d (channels_last, bf16, benchmark mode).
 
     python bench/bench_conv.py --out DIR [--chain N] [--forced register_a,...] [--only wide]
 
@@ -27,6 +28,7 @@ import numpy as np
 from jax import lax
 
 import jax_nvfp4 as jn
+from jax_nvfp4.reference import scaled_codes
 from jax_nvfp4._extension import cublaslt_gemm_calls, visible_cuda_arch
 from jax_nvfp4.primitives.conv import pointwise_as_gemm
 from _timing import TARGET_S, LoopTimer, interleaved_times  # bench/ is the script's folder
@@ -140,6 +142,15 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
     return stages * per_stage_reuse, stages * per_stage_plain, f"register-A {64 if narrow else 128}x{bn}"
 
 
+def xla_dequantized(x, wq, stride, padding):
+    """The peer of "XLA dequantize + dot": the NVFP4 weights [R, S, K, C] dequantized to bf16
+    (exact) and XLA's bf16 conv on them, float32 out, times the tensor scale, to bf16."""
+    w = scaled_codes(wq.codes, wq.scales).astype(jnp.bfloat16)
+    y = lax.conv_general_dilated(x, w, (stride, stride), padding, dimension_numbers=("NHWC", "HWOI", "NHWC"),
+                                 preferred_element_type=jnp.float32)
+    return (y * wq.s_dec).astype(jnp.bfloat16)
+
+
 def torch_timer(n, h, w, c, k, r, s, stride):
     """A callable timing PyTorch's cuDNN conv2d (channels_last, bf16, benchmark mode): seconds per
     call from CUDA events around back-to-back calls lasting about as long as one of our timed loops.
@@ -192,7 +203,9 @@ def main():
         xla = lambda xc, wb, st=stride: lax.conv_general_dilated(  # noqa: E731
             xc, wb, (st, st), padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
         timers = {"ours": LoopTimer(ours, (x, wq), rotate=False, chain=chain),
-                  "xla": LoopTimer(xla, (x, w_bf16), rotate=False, chain=chain)}
+                  "xla": LoopTimer(xla, (x, w_bf16), rotate=False, chain=chain),
+                  "dequant": LoopTimer(lambda xc, wq, st=stride: xla_dequantized(xc, wq, st, padding),
+                                       (x, wq), rotate=False, chain=chain)}
         for kernel in args.forced:  # the variable is read when the timer compiles its loop
             os.environ["JAX_NVFP4_CONV_SM90_KERNEL"] = kernel
             jax.clear_caches()
@@ -203,31 +216,33 @@ def main():
         if cudnn:
             timers["cudnn"] = cudnn
         t = interleaved_times(timers)
-        t_ours, t_xla, t_torch = t["ours"], t["xla"], t.get("cudnn")
+        t_ours, t_xla, t_deq, t_torch = t["ours"], t["xla"], t["dequant"], t.get("cudnn")
         out = jn.conv(x, wq, window_strides=(stride, stride), padding=padding)
         flops = 2.0 * out.shape[0] * out.shape[1] * out.shape[2] * k * r * s * c
         reuse, plain, bn = activation_bytes(n, h, w, c, k, r, s, stride)
         forced = {kernel: t[kernel] for kernel in args.forced}
-        rows.append((name, t_ours, t_xla, t_torch, flops, reuse, plain, bn, forced))
-        print(f"{name:26s} ours {t_ours*1e6:8.1f} us  xla {t_xla*1e6:8.1f} us  "
+        rows.append((name, t_ours, t_xla, t_deq, t_torch, flops, reuse, plain, bn, forced))
+        print(f"{name:26s} ours {t_ours*1e6:8.1f} us  xla {t_xla*1e6:8.1f} us  dequant+xla {t_deq*1e6:8.1f} us  "
               f"cudnn {t_torch*1e6 if t_torch else float('nan'):8.1f} us  "
               + "  ".join(f"{kernel} {v*1e6:8.1f} us" for kernel, v in forced.items()), flush=True)
 
     date = datetime.date.today().isoformat()
     lines = [f"# jax_nvfp4.conv benchmark — {dev.device_kind}, {date}", "",
-             "NVFP4 weights, bf16 activations and output; ours and XLA (lax.conv_general_dilated bf16): "
+             "NVFP4 weights, bf16 activations and output; ours and XLA (lax.conv_general_dilated bf16; "
+             "dequant + XLA: the NVFP4 weights dequantized to bf16 and that conv, with the tensor scale "
+             "after it, in one jit): "
              f"a jitted fori_loop of {chain} back-to-back calls an iteration; cuDNN: PyTorch conv2d "
              "channels_last bf16, benchmark=True (CUDA events). Timed round-robin, medians of 7 rounds. Activation MB: global->shared bytes of our kernel with "
              "the shifted-operand reuse / without it (each tap loading its own tile).", "",
-             "| shape | ours µs | TFLOP/s | XLA bf16 µs | cuDNN bf16 µs | vs XLA | vs cuDNN | "
-             "act. MB reuse / no reuse | kernel, tile |"
+             "| shape | ours µs | TFLOP/s | XLA bf16 µs | dequant + XLA µs | cuDNN bf16 µs | vs XLA | "
+             "vs dequant + XLA | vs cuDNN | act. MB reuse / no reuse | kernel, tile |"
              + "".join(f" ours, {kernel} forced µs |" for kernel in args.forced),
-             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(args.forced)]
-    for name, t_o, t_x, t_t, flops, reuse, plain, bn, forced in rows:
+             "|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(args.forced)]
+    for name, t_o, t_x, t_d, t_t, flops, reuse, plain, bn, forced in rows:
         cud = f"{t_t*1e6:.1f}" if t_t else "n/a"
         vs_cud = f"{t_t/t_o:.2f}x" if t_t else "n/a"
-        lines.append(f"| {name} | {t_o*1e6:.1f} | {flops/t_o/1e12:.0f} | {t_x*1e6:.1f} | {cud} | "
-                     f"{t_x/t_o:.2f}x | {vs_cud} | {reuse/1e6:.2f} / {plain/1e6:.2f} | {bn} |"
+        lines.append(f"| {name} | {t_o*1e6:.1f} | {flops/t_o/1e12:.0f} | {t_x*1e6:.1f} | {t_d*1e6:.1f} | "
+                     f"{cud} | {t_x/t_o:.2f}x | {t_d/t_o:.2f}x | {vs_cud} | {reuse/1e6:.2f} / {plain/1e6:.2f} | {bn} |"
                      + "".join(f" {v*1e6:.1f} |" for v in forced.values()))
     table = "\n".join(lines) + "\n"
     print(table)

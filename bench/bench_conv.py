@@ -28,7 +28,6 @@ import numpy as np
 from jax import lax
 
 import jax_nvfp4 as jn
-from jax_nvfp4.reference import scaled_codes
 from jax_nvfp4._extension import cublaslt_gemm_calls, visible_cuda_arch
 from jax_nvfp4.primitives.conv import pointwise_as_gemm
 from _timing import TARGET_S, LoopTimer, interleaved_times  # bench/ is the script's folder
@@ -143,12 +142,11 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
 
 
 def xla_dequantized(x, wq, stride, padding):
-    """The peer of "XLA dequantize + dot": the NVFP4 weights [R, S, K, C] dequantized to bf16
-    (exact) and XLA's bf16 conv on them, float32 out, times the tensor scale, to bf16."""
-    w = scaled_codes(wq.codes, wq.scales).astype(jnp.bfloat16)
-    y = lax.conv_general_dilated(x, w, (stride, stride), padding, dimension_numbers=("NHWC", "HWOI", "NHWC"),
-                                 preferred_element_type=jnp.float32)
-    return (y * wq.s_dec).astype(jnp.bfloat16)
+    """The conv counterpart of bench_matmul's "XLA dequantize + dot": the NVFP4 weights
+    [R, S, K, C] dequantized to bf16 (NVFP4Array.dequantize: our dequantize kernel on a GPU) and
+    XLA's bf16 conv on them."""
+    return lax.conv_general_dilated(x, wq.dequantize(jnp.bfloat16), (stride, stride), padding,
+                                    dimension_numbers=("NHWC", "HWOI", "NHWC"))
 
 
 def torch_timer(n, h, w, c, k, r, s, stride):
@@ -229,8 +227,8 @@ def main():
     date = datetime.date.today().isoformat()
     lines = [f"# jax_nvfp4.conv benchmark — {dev.device_kind}, {date}", "",
              "NVFP4 weights, bf16 activations and output; ours and XLA (lax.conv_general_dilated bf16; "
-             "dequant + XLA: the NVFP4 weights dequantized to bf16 and that conv, with the tensor scale "
-             "after it, in one jit): "
+             "dequant + XLA: the NVFP4 weights dequantized to bf16 by jax_nvfp4.dequantize and that conv, "
+             "in one jit): "
              f"a jitted fori_loop of {chain} back-to-back calls an iteration; cuDNN: PyTorch conv2d "
              "channels_last bf16, benchmark=True (CUDA events). Timed round-robin, medians of 7 rounds. Activation MB: global->shared bytes of our kernel with "
              "the shifted-operand reuse / without it (each tap loading its own tile).", "",

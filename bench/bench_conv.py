@@ -5,10 +5,10 @@ and PyTorch's cuDNN conv2d (channels_last, bf16, benchmark mode).
     python bench/bench_conv.py --out DIR [--chain N] [--forced register_a,...] [--only wide]
 
 Ours and XLA are timed on the device: many calls inside one jitted lax.fori_loop
-(_timing.LoopTimer, without rotating operand copies: all three keep one input set warm in L2),
+(_timing.LoopTimer, without rotating operand copies: all of them keep one input set warm in L2),
 CHAIN (or --chain) calls back to back per iteration, so the loop's own ~10 us per iteration (its counter
 kernel and launch gaps, H200) is spread over them as PyTorch's loop has none; PyTorch with CUDA
-events around back-to-back calls. The three are timed round-robin (each once
+events around back-to-back calls. All are timed round-robin (each once
 per round, 7 rounds, median), so they see the same GPU clock. Also reports the activation bytes
 the sm_90a kernel loads from global memory into shared memory with and without the
 shifted-operand reuse, counted from its schedule (cuda/conv/sm90/conv_sm90_schedule.h).

@@ -45,6 +45,9 @@ SHAPES = [
     ("wide 1x7 17x17x192 b32", (32, 17, 17, 192, 192, 1, 7, 1, "SAME")),
     ("wide 7x7 28x28x128 b32", (32, 28, 28, 128, 128, 7, 7, 1, "SAME")),
     ("wide 7x1 17x17x192 b32", (32, 17, 17, 192, 192, 7, 1, 1, "SAME")),
+    # A wide filter with stride 3: three phase arrays a stage, so only tiles up to 128 pixels fit
+    # twice in shared memory (choose_kernel's ws_tma_stages_fit).
+    ("wide 7x7/3 168x168x32->128 b8", (8, 168, 168, 32, 128, 7, 7, 3, "SAME")),
     ("wide 1x7 17x17x192 b1", (1, 17, 17, 192, 192, 1, 7, 1, "SAME")),
     ("wide 7x7 28x28x128 b1", (1, 28, 28, 128, 128, 7, 7, 1, "SAME")),
     ("wide 5x5 28x28x128 b1", (1, 28, 28, 128, 128, 5, 5, 1, "SAME")),
@@ -106,19 +109,25 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
         box = 8 if halo else 0  # no halo box where no tap reads past the tile (1x1)
         return stages * phases * (bn + box) * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2, label
 
+    def stages_fit(bn, bm, max_smem=227 * 1024):  # conv_sm90_kernels.cuh's ws_tma_stages_fit
+        stage = phases * (bn + 8) * CHUNK_C * 2 + s * bm * 32 + s * 512  # slots, codes, scales
+        stage += -stage % 1024  # whole swizzle atoms
+        return 2 * stage + 2 * 64 * 72 * 2 + 2 * 2 * 8 <= max_smem  # + epilogue tiles, barriers
+
     ws_taps = s in (1, 3, 5, 7)
     if ws_taps and k % 8 == 0 and c % 32 == 0:  # warp-specialized, TMA loads
         if k <= 64:  # the pixel split: the width whose busiest SM has the fewest pixels
-            wide = phases == 1 and -(-tiles(416) // sms) * 416 <= -(-tiles(256) // sms) * 256
+            wide = stages_fit(416, 64) and -(-tiles(416) // sms) * 416 <= -(-tiles(256) // sms) * 256
             bn = 416 if wide else 256
             if tiles(bn) >= enough:
                 return tma(bn, 64, f"ws 64x{bn} (pixel split)")
         if k >= 128:  # the one-wave tiling, unsplit or split-K in two, of least ws_estimate_us
             k_tiles, stages = -(-k // 128), r * chunks
             fits = [(ws_estimate_us(stages, s, bn, sp), bn, sp) for sp in (1, 2) if sp <= stages
-                    for bn in (64, 112, 128, 208, 256) if tiles(bn) * k_tiles * sp <= sms]
-            _, bn, sp = min(fits) if fits else (0, 256, 1)
-            if tiles(bn) * k_tiles * sp >= enough or not fits:
+                    for bn in (64, 112, 128, 208, 256) if tiles(bn) * k_tiles * sp <= sms and stages_fit(bn, 128)]
+            widest = next((bn for bn in (256, 208, 128, 112, 64) if stages_fit(bn, 128)), None)
+            _, bn, sp = min(fits) if fits else (0, widest, 1)  # none in one wave: the fewest waves
+            if bn is not None and (tiles(bn) * k_tiles * sp >= enough or not fits):
                 return tma(bn, 128, f"ws 128x{bn}" + (f", split-K {sp}" if sp > 1 else ""))
     elif ws_taps and k >= 128 and k % 8 == 0:  # warp-specialized, cp.async loads
         for bn in (256, 128):

@@ -4,6 +4,7 @@
 // warp-specialized launches in conv_sm90_ws_launch.cuh.
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 
 #include "conv/sm90/conv_sm90.h"
 #include "conv/sm90/conv_sm90_kernels.cuh"
@@ -117,17 +118,18 @@ double ws_estimate_us(int stages, int taps, int bn, int splits) {
 // half of them (other S: there the register-A kernel runs its taps in a loop that drains after
 // each, and lost to a 68 %-full warp-specialized grid by 2.3x, 7x1 filter on an H100); otherwise
 // the register-A kernel, whose split-K serves the small grids.
-// - TMA loads, K >= 128: of the tilings whose CTAs fit in one wave, unsplit or split-K over a
-//   cluster of two, the one with the lowest ws_estimate_us (the kernel is bound by each CTA's
-//   serial chain of decodes and wgmmas, so more CTAs with less work each win, and a second,
-//   partial wave loses); 256-pixel tiles when none fits. Clusters of three and four lost to two
-//   on the H200 (128 CTAs in clusters of four timed like two waves).
+// - TMA loads, K >= 128: of the tilings whose CTAs fit in one wave and whose stages fit in shared
+//   memory (wide filters with a stride may not), unsplit or split-K over a cluster of two, the one
+//   with the lowest ws_estimate_us (the kernel is bound by each CTA's serial chain of decodes and
+//   wgmmas, so more CTAs with less work each win, and a second, partial wave loses); when none
+//   fits in one wave, the widest whose stages fit (the fewest waves). Clusters of three and four
+//   lost to two on the H200 (128 CTAs in clusters of four timed like two waves).
 // - TMA loads, K <= 64: the pixel-split kernel (64 channels x 256 or 416 pixels), the width whose
-//   busiest SM has the fewest pixels (waves times width; the wider on a tie: fewer tiles); 256
-//   with two phase arrays.
+//   busiest SM has the fewest pixels (waves times width; the wider on a tie: fewer tiles), 416
+//   only where two of its stages fit in shared memory (not with two phase arrays).
 // - cp.async loads (C % 32 == 16, or what the im2col walk cannot take), K >= 128: 256-pixel
 //   tiles, else 128-pixel ones.
-KernelChoice choose_kernel(const ConvProblem& pb, int sms) {
+KernelChoice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
   constexpr KernelChoice kRegisterA{ConvSm90Kernel::kRegisterA, 1};
   if (!ws_supported(pb)) return kRegisterA;
   const int64_t enough = pb.s == 3 ? (3 * sms + 3) / 4 : (sms + 1) / 2;
@@ -135,10 +137,9 @@ KernelChoice choose_kernel(const ConvProblem& pb, int sms) {
     return ctas >= enough ? KernelChoice{kind, splits} : kRegisterA;
   };
   if (ws_tma_supported(pb) && pb.k <= 64) {
-    const Geometry g416 = make_geometry(pb, 416);
-    const int64_t tiles256 = make_geometry(pb, 256).pixel_tiles, tiles416 = g416.pixel_tiles;
-    // With two phase arrays (a stride along W), the 416-pixel split's stages do not fit twice.
-    if (g416.phases == 1 && ceil_div(tiles416, sms) * 416 <= ceil_div(tiles256, sms) * 256) {
+    const int64_t tiles256 = make_geometry(pb, 256).pixel_tiles, tiles416 = make_geometry(pb, 416).pixel_tiles;
+    if (ws_tma_stages_fit(pb, 416, 64, max_smem) &&
+        ceil_div(tiles416, sms) * 416 <= ceil_div(tiles256, sms) * 256) {
       return pick(ConvSm90Kernel::kWs64x416, tiles416);
     }
     return pick(ConvSm90Kernel::kWs64x256, tiles256);
@@ -150,21 +151,26 @@ KernelChoice choose_kernel(const ConvProblem& pb, int sms) {
         {64, ConvSm90Kernel::kWs128x64},   {112, ConvSm90Kernel::kWs128x112}, {128, ConvSm90Kernel::kWs128x128},
         {208, ConvSm90Kernel::kWs128x208}, {256, ConvSm90Kernel::kWs128x256}};
     const int stages = pb.r * make_geometry(pb, 128).c_chunks;
-    KernelChoice best{ConvSm90Kernel::kWs128x256, 1};
+    KernelChoice best{};
     int64_t best_ctas = -1;
     double best_us = 0;
     for (int splits = 1; splits <= 2 && splits <= stages; ++splits) {
       for (const auto& [bn, kind] : kWidths) {
         const int64_t ctas = make_geometry(pb, bn).pixel_tiles * k_tiles * splits;
         const double us = ws_estimate_us(stages, static_cast<int>(pb.s), bn, splits);
-        if (ctas <= sms && (best_ctas < 0 || us < best_us)) {
+        if (ctas <= sms && (best_ctas < 0 || us < best_us) && ws_tma_stages_fit(pb, bn, 128, max_smem)) {
           best = {kind, splits};
           best_ctas = ctas;
           best_us = us;
         }
       }
     }
-    return best_ctas < 0 ? best : pick(best.kernel, best_ctas, best.splits);
+    if (best_ctas >= 0) return pick(best.kernel, best_ctas, best.splits);
+    // None fits in one wave: the widest tiling whose stages fit (the fewest waves).
+    for (int i = static_cast<int>(std::size(kWidths)) - 1; i >= 0; --i) {
+      if (ws_tma_stages_fit(pb, kWidths[i].first, 128, max_smem)) return {kWidths[i].second, 1};
+    }
+    return kRegisterA;
   }
   if (make_geometry(pb, 256).pixel_tiles * k_tiles >= enough) return {ConvSm90Kernel::kWs128x256, 1};
   return pick(ConvSm90Kernel::kWs128x128, make_geometry(pb, 128).pixel_tiles * k_tiles);
@@ -200,7 +206,7 @@ cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream, ConvSm90Kernel 
   const bool ws = kernel != ConvSm90Kernel::kAuto && kernel != ConvSm90Kernel::kRegisterA;
   if ((ws && !ws_supported(p)) || (!ws && splits > 1)) return cudaErrorInvalidValue;
   if (kernel == ConvSm90Kernel::kAuto) {
-    const KernelChoice choice = choose_kernel(p, sms);
+    const KernelChoice choice = choose_kernel(p, sms, max_smem);
     if (choice.kernel != ConvSm90Kernel::kRegisterA) {
       const cudaError_t err = launch_warp_specialized(p, stream, choice.kernel, max_smem, sms, choice.splits);
       // Its stages may not fit in shared memory (wide filters with stride 2): then nothing was

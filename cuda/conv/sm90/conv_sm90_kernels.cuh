@@ -171,6 +171,17 @@ inline WsLayout ws_layout(const ConvProblem& pb, const Geometry& g, int bm, int 
   return L;
 }
 
+// One consumer warpgroup's epilogue tile in the warp-specialized kernel (WsKernel::epilogue):
+// kWsEpiPixels pixel rows of 64 channels + 8 pad, bf16/f16.
+constexpr int kWsEpiPixels = 64, kWsEpiPitch = 64 + 8, kWsEpiBytes = kWsEpiPixels * kWsEpiPitch * 2;
+
+// Whether two stages (the fewest the launch takes) of the warp-specialized kernel with TMA loads,
+// two consumers and `tile_n`-pixel x `bm`-channel tiles fit in `max_smem` bytes.
+inline bool ws_tma_stages_fit(const ConvProblem& pb, int tile_n, int bm, int max_smem) {
+  const Geometry g = make_geometry(pb, tile_n, /*im2col=*/true);
+  return ws_layout(pb, g, bm, 2 * kWsEpiBytes, /*nbuf=*/2, /*tma=*/true).total <= max_smem;
+}
+
 // The tensor maps of the warp-specialized kernel's TMA loads (encode_ws_maps).
 struct WsTmaMaps {
   CUtensorMap act;       // im2col over x [N, H, W, C] bf16: kBN pixels x 64 channels, 128-byte swizzle
@@ -620,10 +631,10 @@ struct WsKernel {
   static constexpr int kLoaders = 128 * kProducers;
   static constexpr int kThreads = kLoaders + 128 * kConsumers;
   static constexpr int kAcc = Mma::kAcc;
-  static constexpr int kEpiPixels = 64;                     // pixels per epilogue pass
+  static constexpr int kEpiPixels = kWsEpiPixels;           // pixels per epilogue pass
   static_assert(kBN % 16 == 0, "stmatrix stores two 8-pixel column groups at a time");
-  static constexpr int kEpiPitch = 64 + 8;                  // staged pixel row: 64 channels + pad
-  static constexpr int kEpiBytes = kEpiPixels * kEpiPitch * 2;
+  static constexpr int kEpiPitch = kWsEpiPitch;             // staged pixel row: 64 channels + pad
+  static constexpr int kEpiBytes = kWsEpiBytes;
   // Named barriers (0 is __syncthreads): the cp.async producers' (1, in produce), then one per
   // consumer warpgroup, then both consumers' (split-K, leave_partials).
   static constexpr int kConsumerBarrier0 = 2;

@@ -209,8 +209,9 @@ cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream, ConvSm90Kernel 
     const KernelChoice choice = choose_kernel(p, sms, max_smem);
     if (choice.kernel != ConvSm90Kernel::kRegisterA) {
       const cudaError_t err = launch_warp_specialized(p, stream, choice.kernel, max_smem, sms, choice.splits);
-      // A split whose partial sums do not fit in its stage ring (choose_kernel checked only the
-      // stages): then nothing was enqueued, and the register-A kernel takes the problem.
+      // What choose_kernel does not check may still not fit (a split's partial sums in its stage
+      // ring, the cp.async tilings' stages): then nothing was enqueued, and the register-A kernel
+      // takes the problem.
       if (err != cudaErrorInvalidValue) return err;
     }
   } else if (ws) {

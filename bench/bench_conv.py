@@ -109,10 +109,13 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
         box = 8 if halo else 0  # no halo box where no tap reads past the tile (1x1)
         return stages * phases * (bn + box) * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2, label
 
-    def stages_fit(bn, bm, max_smem=227 * 1024):  # conv_sm90_kernels.cuh's ws_tma_stages_fit
+    def stages_fit(bn, bm, stage_split=False, max_smem=227 * 1024):  # ws_tma_stages_fit
         stage = phases * (bn + 8) * CHUNK_C * 2 + s * bm * 32 + s * 512  # slots, codes, scales
         stage += -stage % 1024  # whole swizzle atoms
-        return 2 * stage + 2 * 64 * 72 * 2 + 2 * 2 * 8 <= max_smem  # + epilogue tiles, barriers
+        nbuf = 4 if stage_split else 2
+        # The stage split's partial sums share the ring (one tile per CTA), where they fit.
+        partials = bn // 2 * 128 * 4 if stage_split and bn // 2 * 128 * 4 > nbuf * stage else 0
+        return nbuf * stage + 2 * 64 * 72 * 2 + partials + 2 * nbuf * 8 <= max_smem  # + epilogue, barriers
 
     ws_taps = s in (1, 3, 5, 7)
     if ws_taps and k % 8 == 0 and c % 32 == 0:  # warp-specialized, TMA loads
@@ -121,13 +124,18 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
             bn = 416 if wide else 256
             if tiles(bn) >= enough:
                 return tma(bn, 64, f"ws 64x{bn} (pixel split)")
-        if k >= 128:  # the one-wave tiling, unsplit or split-K in two, of least ws_estimate_us
+        if k >= 128:  # the one-wave tiling of least ws_estimate_us, in choose_kernel's order
             k_tiles, stages = -(-k // 128), r * chunks
-            fits = [(ws_estimate_us(stages, s, bn, sp), bn, sp) for sp in (1, 2) if sp <= stages
+            fits = [(ws_estimate_us(stages, s, bn, sp), bn, sp, 128) for sp in (1, 2) if sp <= stages
                     for bn in (64, 112, 128, 208, 256) if tiles(bn) * k_tiles * sp <= sms and stages_fit(bn, 128)]
+            fits += [(ws_estimate_us(-(-stages // 2), s, bn, 1), bn, 1, 64) for bn in (128, 224, 256)
+                     if tiles(bn) * -(-k // 64) <= sms and stages_fit(bn, 64, stage_split=True)]
             widest = next((bn for bn in (256, 208, 128, 112, 64) if stages_fit(bn, 128)), None)
-            _, bn, sp = min(fits) if fits else (0, widest, 1)  # none in one wave: the fewest waves
-            if bn is not None and (tiles(bn) * k_tiles * sp >= enough or not fits):
+            # the first of the lowest (a tie keeps the earlier); none in one wave: the fewest waves
+            _, bn, sp, bm = min(fits, key=lambda f: f[0]) if fits else (0, widest, 1, 128)
+            if bn is not None and (tiles(bn) * -(-k // bm) * sp >= enough or not fits):
+                if bm == 64:
+                    return tma(bn, 64, f"ws 64x{bn} (stage split)")
                 return tma(bn, 128, f"ws 128x{bn}" + (f", split-K {sp}" if sp > 1 else ""))
     elif ws_taps and k >= 128 and k % 8 == 0:  # warp-specialized, cp.async loads
         for bn in (256, 128):

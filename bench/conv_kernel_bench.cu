@@ -52,6 +52,8 @@ const Shape kShapes[] = {
     {"resnet14x14x256 b1", 1, 14, 14, 256, 256},   {"resnet7x7x512 b1", 1, 7, 7, 512, 512},
     {"wide 1x7 17x17x192 b32", 32, 17, 17, 192, 192, 1, 7}, {"wide 7x7 28x28x128 b32", 32, 28, 28, 128, 128, 7, 7},
     {"stride2 3x3 56x56x64 b32", 32, 56, 56, 64, 128, 3, 3, 2},
+    {"stride2 3x3 28x28x256 b32", 32, 28, 28, 256, 256, 3, 3, 2},
+    {"stride2 3x3 14x14x512 b32", 32, 14, 14, 512, 512, 3, 3, 2},
 };
 
 // 'SAME' padding along one axis: (low pad, output size).
@@ -115,6 +117,9 @@ const KernelChoice kKernels[] = {
     {"ws128x256", ConvSm90Kernel::kWs128x256},
     {"ws64x256", ConvSm90Kernel::kWs64x256},
     {"ws64x416", ConvSm90Kernel::kWs64x416},
+    {"ws64x128ks", ConvSm90Kernel::kWs64x128Ks},
+    {"ws64x224ks", ConvSm90Kernel::kWs64x224Ks},
+    {"ws64x256ks", ConvSm90Kernel::kWs64x256Ks},
     {"ws128x128_cpasync", ConvSm90Kernel::kWs128x128CpAsync},
     {"ws128x256_cpasync", ConvSm90Kernel::kWs128x256CpAsync},
     {"auto", ConvSm90Kernel::kAuto},

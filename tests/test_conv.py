@@ -232,20 +232,24 @@ def test_sm90_kernels_use_hgmma(kernel_sass):
         assert "LDL" not in sass and "STL" not in sass, f"{name} uses local memory"
 
 
-# conv_sm90_ws_kernel<kBN, kTma, kBM, kSplitK, kS> in a mangled name.
-WS_KERNEL_ARGS = re.compile(r"conv_sm90_ws_kernelILi(\d+)ELb([01])ELi(\d+)ELb([01])ELi(\d+)E")
+# conv_sm90_ws_kernel<kBN, kTma, kBM, kSplitK, kS, kStageSplit> in a mangled name.
+WS_KERNEL_ARGS = re.compile(r"conv_sm90_ws_kernelILi(\d+)ELb([01])ELi(\d+)ELb([01])ELi(\d+)ELb([01])E")
 
 
 def test_sm90_warp_specialized_kernels_use_hgmma_and_mbarriers(kernel_sass):
     kernels = kernel_sass("sm_90a", r"conv_sm90_ws_kernel")
     args = {name: tuple(int(v) for v in WS_KERNEL_ARGS.search(name).groups()) for name in kernels}
     # For each filter width S in {1, 3, 5, 7}: 128- and 256-pixel tiles with TMA and cp.async
-    # loads; 64-, 112- and 208-pixel tiles and the two 64-channel pixel-split tiles (256 and 416
-    # pixels) with TMA loads; the five 128-channel TMA tilings again split-K.
-    assert sorted(collections.Counter(a[4] for a in args.values()).items()) == [(s, 14) for s in (1, 3, 5, 7)]
+    # loads; 64-, 112- and 208-pixel tiles, the two 64-channel pixel-split tiles (256 and 416
+    # pixels) and the three 64-channel stage-split ones (128, 224, 256) with TMA loads; the five
+    # 128-channel TMA tilings again split-K.
+    assert sorted(collections.Counter(a[4] for a in args.values()).items()) == [(s, 17) for s in (1, 3, 5, 7)]
     tma = {name for name, a in args.items() if a[1] == 1}
     split = {name for name, a in args.items() if a[3] == 1}
-    assert len(tma) == 4 * 12 and len(split) == 4 * 5
+    stage_split = {name for name, a in args.items() if a[5] == 1}
+    assert len(tma) == 4 * 15 and len(split) == 4 * 5
+    assert stage_split <= tma and len(stage_split) == 4 * 3
+    assert all(args[name][2] == 64 for name in stage_split)
     for name, sass in kernels.items():
         assert "HGMMA.64x" in sass, name
         assert "SYNCS.PHASECHK" in sass, f"{name} waits on no mbarrier"
@@ -264,6 +268,7 @@ def test_sm90_warp_specialized_kernels_use_hgmma_and_mbarriers(kernel_sass):
 
 @pytest.mark.parametrize("value, want", [
     ("", (0, 0)), ("auto", (0, 0)), ("conv_launcher", (0, 0)), ("ws128x256", (3, 0)), ("ws64x416", (10, 0)),
+    ("ws64x224ks", (12, 0)),
     ("ws128x128/s2", (2, 2)), ("ws128x64/s8", (6, 8)),
 ])
 def test_forced_sm90_kernel_and_split_from_the_environment(monkeypatch, value, want):
@@ -272,7 +277,7 @@ def test_forced_sm90_kernel_and_split_from_the_environment(monkeypatch, value, w
     assert conv_primitive.forced_kernel() == want
 
 
-@pytest.mark.parametrize("value", ["fastest", "ws128x128/s1", "ws128x128/s9", "ws64x256/s2",
+@pytest.mark.parametrize("value", ["fastest", "ws128x128/s1", "ws128x128/s9", "ws64x256/s2", "ws64x128ks/s2",
                                    "ws128x128_cpasync/s2", "register_a/s2", "ws128x128/sx"])
 def test_unknown_forced_sm90_kernel_or_split_is_rejected(monkeypatch, value):
     from jax_nvfp4.primitives import conv as conv_primitive

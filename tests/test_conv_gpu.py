@@ -187,6 +187,65 @@ def test_tma_only_tilings_match_float64(gpu, forced_kernel, name):
     check_with_bias_against_float64(name, jnp.float16)
 
 
+# The 64-channel tilings whose two consumers split the stages (TMA loads).
+STAGE_SPLIT_KERNELS = ["ws64x128ks", "ws64x224ks", "ws64x256ks"]
+
+
+def stage_split_takes(kernel, name, sms, max_smem=227 * 1024):
+    """Whether stage-split tiling `kernel` takes GPU_CASES[name]: a mirror of its launcher's
+    shared-memory check (ws_layout, ws_min_stages and ws_partial_bytes in conv_sm90_kernels.cuh).
+    Four stages of TMA loads (per phase array, the tile's slots and an 8-pixel halo box; the codes
+    and scale tiles of S taps), two epilogue tiles, and the partial sums, which share the stage
+    ring where every CTA runs one tile."""
+    n, h, w, c, k, r, s, strides, padding, dilation = GPU_CASES[name]
+    bn = int(kernel.removeprefix("ws64x").removesuffix("ks"))
+    (pt, pb), (pl, pr) = cc.explicit_pads((n, h, w, c), r, s, strides, padding, dilation)
+    p = (h + pt + pb - (r - 1) * dilation[0] - 1) // strides[0] + 1
+    q = (w + pl + pr - (s - 1) * dilation[1] - 1) // strides[1] + 1
+    virtual_row = q + (s - 1) * dilation[1] // strides[1]
+    tiles = -(-(n * p * virtual_row) // bn) * -(-k // 64)
+    stage = phase_arrays(name) * (bn + 8) * 128 + s * 64 * 32 + s * 512
+    ring = 4 * (stage + -stage % 1024)  # whole swizzle atoms
+    partials = bn // 2 * 128 * 4
+    separate = 0 if tiles <= sms and partials <= ring else partials
+    return ring + 2 * 64 * 72 * 2 + separate + 2 * 4 * 8 <= max_smem
+
+
+@pytest.mark.parametrize("kernel", STAGE_SPLIT_KERNELS)
+@pytest.mark.parametrize("name", TMA_CASES)
+def test_stage_split_tilings_match_float64_or_reject(gpu, monkeypatch, kernel, name):
+    """Where its stages fit, against float64; where they do not, the forced kernel's error."""
+    monkeypatch.setenv("JAX_NVFP4_CONV_SM90_KERNEL", kernel)
+    jax.clear_caches()
+    if stage_split_takes(kernel, name, jax.devices()[0].core_count):
+        check_with_bias_against_float64(name, jnp.bfloat16)
+    else:
+        x, w = operands(GPU_CASES[name], seed=2)
+        with pytest.raises(Exception, match="forced warp-specialized"):
+            np.asarray(conv_fn(GPU_CASES[name])(x, w))
+    jax.clear_caches()
+
+
+@pytest.mark.parametrize("name", TMA_CASES)
+def test_stage_split_tilings_give_identical_outputs(gpu, monkeypatch, name):
+    """Consumer w sums stages w, w + 2, ... of every tile whatever its width, and the two sums
+    are added once, so the stage-split tilings agree bit for bit (not with the others, whose
+    float32 sums run in another order)."""
+    case = GPU_CASES[name]
+    x, w = operands(case, seed=len(name) + 3)
+    outs = {}
+    for kernel in STAGE_SPLIT_KERNELS:
+        if stage_split_takes(kernel, name, jax.devices()[0].core_count):
+            monkeypatch.setenv("JAX_NVFP4_CONV_SM90_KERNEL", kernel)
+            jax.clear_caches()
+            outs[kernel] = np.asarray(conv_fn(case, out_dtype=jnp.bfloat16)(x, w).astype(jnp.float32))
+    jax.clear_caches()
+    first = outs["ws64x128ks"]
+    assert cc.rel_err(first, cc.oracle(x, w, case)) < 1e-2  # the bf16 output rounding
+    for kernel, out in outs.items():
+        np.testing.assert_array_equal(out, first, err_msg=kernel)
+
+
 @pytest.mark.parametrize("name", TMA_CASES)
 def test_every_warp_specialized_tiling_gives_identical_outputs(gpu, monkeypatch, name):
     """TMA and cp.async producers fill the same stage contents, and every tiling sums a pixel's
@@ -252,7 +311,7 @@ def test_split_k_rejects_more_ctas_than_stages(gpu, forced_kernel):
         np.asarray(conv_fn(case)(x, w))
 
 
-@pytest.mark.parametrize("forced_kernel", TMA_ONLY_KERNELS, indirect=True)
+@pytest.mark.parametrize("forced_kernel", TMA_ONLY_KERNELS + STAGE_SPLIT_KERNELS, indirect=True)
 def test_tma_only_tilings_reject_problems_without_tma_loads(gpu, forced_kernel):
     case = GPU_CASES["3x3_stride2_k136"]  # C = 48: code rows of 24 bytes, not TMA's 16-byte units
     x, w = operands(case, seed=2)
@@ -337,7 +396,7 @@ MEMCHECK_PROGRAM = textwrap.dedent("""
     x = jax.random.normal(jax.random.key(4), (3, 11, 13, 96), jnp.float32).astype(jnp.bfloat16)
     w = jn.quantize_conv_weight(jax.random.normal(jax.random.key(5), (3, 3, 96, 200)))
     for kernel in ("ws128x128", "ws128x64", "ws128x208", "ws64x256", "ws64x416", "ws128x128/s2",
-                   "ws128x256/s3"):
+                   "ws128x256/s3", "ws64x128ks", "ws64x224ks"):
         os.environ["JAX_NVFP4_CONV_SM90_KERNEL"] = kernel
         jax.clear_caches()
         y = jn.conv(x, w, padding="SAME", rhs_dilation=(2, 1), bias=jnp.ones((200,)))

@@ -75,7 +75,7 @@ ffi::Error conv_impl(cudaStream_t stream, ffi::AnyBuffer x,
   switch (current_compute_capability()) {
 #ifdef JAX_NVFP4_HAS_SM90
     case 90: {
-      if (kernel < 0 || kernel > static_cast<int64_t>(ConvSm90Kernel::kWs64x416)) {
+      if (kernel < 0 || kernel > static_cast<int64_t>(ConvSm90Kernel::kWs64x256Ks)) {
         return invalid("unknown sm_90a kernel " + std::to_string(kernel));
       }
       if (splits < 0 || splits > 8) return invalid("split-K over " + std::to_string(splits) + " CTAs (0 to 8)");
@@ -83,7 +83,8 @@ ffi::Error conv_impl(cudaStream_t stream, ffi::AnyBuffer x,
       const cudaError_t err = conv_sm90(p, stream, which, static_cast<int>(splits));
       if (err == cudaErrorInvalidValue && which != ConvSm90Kernel::kAuto && which != ConvSm90Kernel::kRegisterA) {
         return invalid("the forced warp-specialized sm_90a kernel does not take this problem (it needs bf16 "
-                       "activations, S = 1, 3, 5 or 7, a bf16/f16 output with K % 8 == 0, and shared memory for two stages; "
+                       "activations, S = 1, 3, 5 or 7, a bf16/f16 output with K % 8 == 0, and shared memory for two "
+                       "stages (four with the stage split, and its partial sums); "
                        "its 64-, 112- and 208-pixel and its 64-channel tilings also TMA loads: C % 32 == 0, strides up to 8; "
                        "split-K a 128-channel tiling with TMA loads, at most one CTA per stage, and stage "
                        "buffers that hold a CTA's partial sums)");

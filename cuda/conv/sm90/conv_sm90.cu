@@ -106,7 +106,10 @@ struct KernelChoice {
 // stages (a stage of wider tiles takes longer, but far less than in proportion), and the split's
 // reduction. The constants are fitted to the H200 kernel timings of 3-tap stages in docs/conv.md
 // (within ~1 us of them on the ResNet stages), a stage taken as proportional to its taps; only
-// their comparison matters.
+// their comparison matters. A stage-split tiling is estimated as an unsplit one whose CTAs run
+// half the stages (each consumer's chain; the exchange of partial sums through shared memory is
+// left out): within 1.5 us of the H100 timings of its 128- and 224-pixel tiles on 14x14x256 and
+// 7x7x512 (docs/conv.md).
 double ws_estimate_us(int stages, int taps, int bn, int splits) {
   const double per_stage = (0.95 + 0.0038 * bn) * taps / 3.0;
   const double reduce = (splits - 1) * (3.0 + 0.01 * bn);
@@ -119,11 +122,13 @@ double ws_estimate_us(int stages, int taps, int bn, int splits) {
 // each, and lost to a 68 %-full warp-specialized grid by 2.3x, 7x1 filter on an H100); otherwise
 // the register-A kernel, whose split-K serves the small grids.
 // - TMA loads, K >= 128: of the tilings whose CTAs fit in one wave and whose stages fit in shared
-//   memory (wide filters with a stride may not), unsplit or split-K over a cluster of two, the one
-//   with the lowest ws_estimate_us (the kernel is bound by each CTA's serial chain of decodes and
-//   wgmmas, so more CTAs with less work each win, and a second, partial wave loses); when none
-//   fits in one wave, the widest whose stages fit (the fewest waves). Clusters of three and four
-//   lost to two on the H200 (128 CTAs in clusters of four timed like two waves).
+//   memory (wide filters with a stride may not), 128-channel ones unsplit or split-K over a
+//   cluster of two, or 64-channel ones whose consumers split the stages, the one with the lowest
+//   ws_estimate_us (the kernel is bound by each consumer's serial chain of decodes and wgmmas, so
+//   more CTAs with less work each win, and a second, partial wave loses); on a tie the
+//   128-channel one. When none fits in one wave, the widest 128-channel tiling whose stages fit
+//   (the fewest waves). Clusters of three and four lost to two on the H200 (128 CTAs in clusters
+//   of four timed like two waves).
 // - TMA loads, K <= 64: the pixel-split kernel (64 channels x 256 or 416 pixels), the width whose
 //   busiest SM has the fewest pixels (waves times width; the wider on a tie: fewer tiles), 416
 //   only where two of its stages fit in shared memory (not with two phase arrays).
@@ -154,16 +159,25 @@ KernelChoice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
     KernelChoice best{};
     int64_t best_ctas = -1;
     double best_us = 0;
+    auto consider = [&](KernelChoice choice, int64_t ctas, double us, bool fits) {
+      if (ctas <= sms && (best_ctas < 0 || us < best_us) && fits) {
+        best = choice;
+        best_ctas = ctas;
+        best_us = us;
+      }
+    };
     for (int splits = 1; splits <= 2 && splits <= stages; ++splits) {
       for (const auto& [bn, kind] : kWidths) {
-        const int64_t ctas = make_geometry(pb, bn).pixel_tiles * k_tiles * splits;
-        const double us = ws_estimate_us(stages, static_cast<int>(pb.s), bn, splits);
-        if (ctas <= sms && (best_ctas < 0 || us < best_us) && ws_tma_stages_fit(pb, bn, 128, max_smem)) {
-          best = {kind, splits};
-          best_ctas = ctas;
-          best_us = us;
-        }
+        consider({kind, splits}, make_geometry(pb, bn).pixel_tiles * k_tiles * splits,
+                 ws_estimate_us(stages, static_cast<int>(pb.s), bn, splits), ws_tma_stages_fit(pb, bn, 128, max_smem));
       }
+    }
+    constexpr std::pair<int, ConvSm90Kernel> kStageSplitWidths[] = {
+        {128, ConvSm90Kernel::kWs64x128Ks}, {224, ConvSm90Kernel::kWs64x224Ks}, {256, ConvSm90Kernel::kWs64x256Ks}};
+    for (const auto& [bn, kind] : kStageSplitWidths) {
+      consider({kind, 1}, make_geometry(pb, bn).pixel_tiles * ceil_div(pb.k, 64),
+               ws_estimate_us(ceil_div(stages, 2), static_cast<int>(pb.s), bn, 1),
+               ws_tma_stages_fit(pb, bn, 64, max_smem, /*stage_split=*/true));
     }
     if (best_ctas >= 0) return pick(best.kernel, best_ctas, best.splits);
     // None fits in one wave: the widest tiling whose stages fit (the fewest waves).

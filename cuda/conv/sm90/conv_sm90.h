@@ -12,10 +12,10 @@ namespace jax_nvfp4 {
 // Which sm_90a kernel runs a problem: the library's choice (kAuto), the register-A kernel (every
 // activation dtype and filter, split-K for small grids), or the warp-specialized kernel with CTA
 // tiles of 128 output channels x 64 to 256 pixels (bf16 activations, S in {1, 3, 5, 7}, bf16/f16
-// output, K % 8 == 0), optionally split-K over a cluster. It loads with TMA where it can (C % 32 == 0,
-// strides up to 8); the 128- and 256-pixel tilings fall back to cp.async loads elsewhere (and the
-// *CpAsync values force those), the others need TMA. Tests and benchmarks force one; the values
-// are the FFI attribute `kernel`.
+// output, K % 8 == 0), optionally split-K over a cluster, or of 64 output channels. It loads with
+// TMA where it can (C % 32 == 0, strides up to 8); the 128-channel tiles of 128 and 256 pixels fall
+// back to cp.async loads elsewhere (and the *CpAsync values force those), the others need TMA.
+// Tests and benchmarks force one; the values are the FFI attribute `kernel`.
 enum class ConvSm90Kernel {
   kAuto = 0,
   kRegisterA = 1,
@@ -28,6 +28,9 @@ enum class ConvSm90Kernel {
   kWs128x208 = 8,
   kWs64x256 = 9,  // 64 output channels x 256 pixels, two consumers along the pixels (TMA loads)
   kWs64x416 = 10,  // the same, 416 pixels
+  kWs64x128Ks = 11,  // 64 output channels x 128 pixels, the consumers alternating stages (TMA loads)
+  kWs64x224Ks = 12,  // the same, 224 pixels
+  kWs64x256Ks = 13,  // the same, 256 pixels
 };
 
 // Runs `p` on `stream`. Activations bf16/f16/f32 or NVFP4 (x_q: codes [N*H*W, C/2], scales one

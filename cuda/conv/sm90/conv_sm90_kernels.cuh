@@ -154,18 +154,24 @@ constexpr int kMaxWsSplits = 8;
 
 // Shared memory of the warp-specialized kernel (WsKernel): nbuf stages (the register-A kernel's
 // stage layout with cp.async loads, the swizzled one with TMA loads), the consumers' epilogue
-// tiles, the slot table (cp.async loads only), and the full/empty barrier of every stage.
+// tiles, the stage split's partial sums, the slot table (cp.async loads only), and the full/empty
+// barrier of every stage. The partial sums take `partial_bytes` in the stage ring where
+// `partials_in_ring` (every CTA runs one tile, so the ring is idle once the consumers have
+// retired its last stage) and they fit there, else after the epilogue tiles.
 struct WsLayout {
   StageLayout stage;
-  int nbuf = 0, epi_offset = 0, table_offset = 0, barrier_offset = 0, total = 0;
+  int nbuf = 0, epi_offset = 0, partial_offset = 0, table_offset = 0, barrier_offset = 0, total = 0;
 };
 
-inline WsLayout ws_layout(const ConvProblem& pb, const Geometry& g, int bm, int epi_bytes, int nbuf, bool tma) {
+inline WsLayout ws_layout(const ConvProblem& pb, const Geometry& g, int bm, int epi_bytes, int nbuf, bool tma,
+                          int partial_bytes = 0, bool partials_in_ring = false) {
   WsLayout L;
   L.stage = stage_layout(pb, g, bm, /*swizzled=*/tma);
   L.nbuf = nbuf;
   L.epi_offset = nbuf * L.stage.total();
-  L.table_offset = L.epi_offset + epi_bytes;
+  const bool in_ring = partials_in_ring && partial_bytes <= L.epi_offset;
+  L.partial_offset = in_ring ? 0 : L.epi_offset + epi_bytes;
+  L.table_offset = L.epi_offset + epi_bytes + (in_ring ? 0 : partial_bytes);
   L.barrier_offset = (L.table_offset + (tma ? 0 : slot_table_bytes(g)) + 7) / 8 * 8;
   L.total = L.barrier_offset + 2 * nbuf * 8;
   return L;
@@ -175,11 +181,23 @@ inline WsLayout ws_layout(const ConvProblem& pb, const Geometry& g, int bm, int 
 // kWsEpiPixels pixel rows of 64 channels + 8 pad, bf16/f16.
 constexpr int kWsEpiPixels = 64, kWsEpiPitch = 64 + 8, kWsEpiBytes = kWsEpiPixels * kWsEpiPitch * 2;
 
-// Whether two stages (the fewest the launch takes) of the warp-specialized kernel with TMA loads,
-// two consumers and `tile_n`-pixel x `bm`-channel tiles fit in `max_smem` bytes.
-inline bool ws_tma_stages_fit(const ConvProblem& pb, int tile_n, int bm, int max_smem) {
+// The fewest stages the warp-specialized kernel's ring takes: two, or four with the stage split.
+// Each of its consumers holds a stage until its next one is under way, so it needs three to run
+// at all, and with three the producer starved them (H100, kernel alone: 14x14x256 b32 19.3 against
+// 17.7 us with four, 7x7x512 b32 26.2 against 23.5; five or six were no faster than four).
+constexpr int ws_min_stages(bool stage_split) { return stage_split ? 4 : 2; }
+
+// Shared memory where the stage-split consumers exchange partial sums: kBN / 2 floats a thread.
+constexpr int ws_partial_bytes(int bn) { return bn / 2 * 128 * 4; }
+
+// Whether the fewest stages of the warp-specialized kernel with TMA loads, two consumers and
+// `tile_n`-pixel x `bm`-channel tiles (split between the consumers by stage or not) fit in
+// `max_smem` bytes, on a grid of one tile per CTA (the stage split's partial sums in the ring).
+inline bool ws_tma_stages_fit(const ConvProblem& pb, int tile_n, int bm, int max_smem, bool stage_split = false) {
   const Geometry g = make_geometry(pb, tile_n, /*im2col=*/true);
-  return ws_layout(pb, g, bm, 2 * kWsEpiBytes, /*nbuf=*/2, /*tma=*/true).total <= max_smem;
+  return ws_layout(pb, g, bm, 2 * kWsEpiBytes, ws_min_stages(stage_split), /*tma=*/true,
+                   stage_split ? ws_partial_bytes(tile_n) : 0, /*partials_in_ring=*/true)
+             .total <= max_smem;
 }
 
 // The tensor maps of the warp-specialized kernel's TMA loads (encode_ws_maps).
@@ -613,16 +631,22 @@ __global__ void __launch_bounds__(128 * kWGM, 1) conv_sm90_kernel(const ConvProb
 // H200: 22.6 against 30.8 us). Tap s's B operand starts at its phase array, `shift` rows further,
 // inside an atom (issue_tap_swizzled).
 //
-// kBM = 64 (K <= 64, TMA loads): the two consumers split the pixels instead, each 64 channels x
-// kBN pixels of a 2 * kBN pixel tile, decoding the same 64 weight rows (the 128-channel tile would
-// leave half its MMAs on zero rows).
-template <int kBN, bool kTma, int kBM, bool kSplitK, int kS>
+// kBM = 64 (TMA loads): 64 channels x kBN pixels a consumer, the two consumers splitting either
+// - the pixels (K <= 64): each 64 channels x kBN pixels of a 2 * kBN pixel tile, decoding the same
+//   64 weight rows (the 128-channel tile would leave half its MMAs on zero rows); or
+// - the stages (kStageSplit): both on the same 64 x kBN tile, consumer w taking stages w, w + 2,
+//   ..., and the two partial sums added through shared memory before the epilogue. Each
+//   consumer's chain then holds half the tile's stages at the full pixel width, where the
+//   128-channel tiles give both consumers every stage of a narrower tile (or split-K over a
+//   cluster): the same MMAs with half the weight decodes per pixel.
+template <int kBN, bool kTma, int kBM, bool kSplitK, int kS, bool kStageSplit>
 struct WsKernel {
   static_assert(kS >= 1, "taps along W, known at compile time (the unrolled tap loop)");
   static constexpr int kConsumers = 2;
-  static constexpr bool kPixelSplit = kBM == 64;
-  static_assert(kBM == 128 || (kPixelSplit && kTma), "64-channel tiles split the pixels, with TMA loads");
-  static_assert(!kSplitK || kTma, "split-K with TMA loads");
+  static constexpr bool kPixelSplit = kBM == 64 && !kStageSplit;
+  static_assert(kBM == 128 || kTma, "64-channel tiles with TMA loads");
+  static_assert(!kStageSplit || kBM == 64, "the stage split on 64-channel tiles");
+  static_assert(!kSplitK || (kTma && !kStageSplit), "split-K over a cluster with TMA loads");
   static constexpr int kTileN = kPixelSplit ? 2 * kBN : kBN;  // pixels of a CTA tile
   using Mma = Kernel<ActKind::kBF16, kBN, kBM / 64, kS, false>;  // stage layout, loads, tap math
   // Producer warpgroups: two for cp.async loads where the consumers' registers allow (a
@@ -635,8 +659,13 @@ struct WsKernel {
   static_assert(kBN % 16 == 0, "stmatrix stores two 8-pixel column groups at a time");
   static constexpr int kEpiPitch = kWsEpiPitch;             // staged pixel row: 64 channels + pad
   static constexpr int kEpiBytes = kWsEpiBytes;
+  // kStageSplit: where each consumer leaves the accumulators of the other's epilogue passes,
+  // [kAcc][consumer thread] (WsLayout::partial_offset).
+  static constexpr int kPartialBytes = kStageSplit ? ws_partial_bytes(kBN) : 0;
+  // The threads whose arrival releases a stage: both consumers, or the one that used it.
+  static constexpr int kReleaseThreads = kStageSplit ? 128 : 128 * kConsumers;
   // Named barriers (0 is __syncthreads): the cp.async producers' (1, in produce), then one per
-  // consumer warpgroup, then both consumers' (split-K, leave_partials).
+  // consumer warpgroup, then both consumers' (leave_partials, add_other_partials).
   static constexpr int kConsumerBarrier0 = 2;
   static constexpr int kConsumerThreads = 128 * kConsumers;
   // setmaxnreg moves registers from the producers, which only compute addresses, to the consumers
@@ -681,6 +710,27 @@ struct WsKernel {
     for (int i = 0; i < kAcc; ++i) partial[i * kConsumerThreads + thread] = acc[i];
     cg::this_cluster().sync();  // every CTA's partials are in place
     return {partial, static_cast<int>(gridDim.z), static_cast<int>(blockIdx.z), thread};
+  }
+
+  // kStageSplit: consumer w finishes the epilogue passes p with p % 2 == w. Each consumer leaves
+  // its accumulators of the other's passes in the partial region, then adds those the other left
+  // (two terms: the sum is the same whichever consumer adds).
+  static __device__ SplitSum add_other_partials(float (&acc)[kAcc], uint8_t* region, int w, int ct) {
+    constexpr int kConsumersBarrier = kConsumerBarrier0 + kConsumers;  // both consumer warpgroups
+    float* partial = reinterpret_cast<float*>(region);
+    // acc[i] belongs to pixel 8 * (i / 4), so to epilogue pass 8 * (i / 4) / kEpiPixels.
+    auto mine = [&](int i) { return (i / 4) * 8 / kEpiPixels % kConsumers == w; };
+    named_sync(kConsumersBarrier, kConsumerThreads);  // the other has read the previous tile's
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      if (!mine(i)) partial[i * 128 + ct] = acc[i];
+    }
+    named_sync(kConsumersBarrier, kConsumerThreads);
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      if (mine(i)) acc[i] += partial[i * 128 + ct];
+    }
+    return {nullptr, kConsumers, w, ct};
   }
 
   static __device__ void produce(const ConvProblem& pb, const Geometry& g, const WsLayout& L, int64_t k_tiles,
@@ -775,6 +825,7 @@ struct WsKernel {
   // pixels per pass (the last pass takes the rest): stmatrix (transposed) into
   // [pixel][kEpiPitch], then one 16-byte store per 8 channels of a pixel.
   // Split-K: only this CTA's passes, over the sums of the cluster's partials (SplitSum).
+  // kStageSplit: only this consumer's passes (add_other_partials has summed them).
   template <typename T>
   static __device__ void epilogue(const ConvProblem& pb, const Geometry& g, int64_t g0, int64_t k0,
                                   float (&acc)[kAcc], T* tile, int ct, int barrier, const SplitSum& split) {
@@ -786,8 +837,10 @@ struct WsKernel {
     T* out = static_cast<T*>(pb.out) + k;
     auto pass = [&](int first, auto pixels) {
       constexpr int kPixels = decltype(pixels)::value;
-      if constexpr (kSplitK) {
+      if constexpr (kSplitK || kStageSplit) {
         if ((first / kEpiPixels) % split.splits != split.rank) return;
+      }
+      if constexpr (kSplitK) {
         cg::cluster_group cluster = cg::this_cluster();
         for (int r = 0; r < split.splits; ++r) {
           const float* part = cluster.map_shared_rank(split.partial, r) + split.thread;
@@ -867,8 +920,9 @@ struct WsKernel {
     const int ct = threadIdx.x - kLoaders - 128 * w;  // thread in this warpgroup
     const int lane = ct % 32;
     // This thread's two weight rows in the CTA tile (as in Kernel::compute_stage) and the
-    // consumer's pixels: rows 64w.. of all pixels, or all 64 rows of pixels kBN * w...
-    const int row0 = (kPixelSplit ? 0 : w * 64) + (ct / 32) * 16 + lane / 4;
+    // consumer's pixels: rows 64w.. of all pixels, or all 64 rows of pixels kBN * w.. (pixel
+    // split), or all 64 rows of all pixels (stage split).
+    const int row0 = (kBM == 128 ? w * 64 : 0) + (ct / 32) * 16 + lane / 4;
     const int pixel0 = kPixelSplit ? w * kBN : 0;
     const uint32_t sel = (lane % 4) | ((4 + lane % 4) << 4);
     const StageRange range = stage_range(pb.r * g.c_chunks);
@@ -884,30 +938,35 @@ struct WsKernel {
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
       fence_accumulators(acc);
-      // Stage st of the tile uses parity (st * S) % 2: two stages per iteration keep the
-      // parities static, so ptxas sees that no in-flight wgmma's fragments are overwritten.
+      // This consumer's stages of the tile: every one, or (kStageSplit) w, w + 2, ...; stage st
+      // sits at place it + st of the ring. Its n-th own stage uses parity (n * S) % 2: two per
+      // iteration keep the parities static, so ptxas sees that no in-flight wgmma's fragments
+      // are overwritten. A stage is released once the consumer's next one has retired its wgmmas.
+      const int first = kStageSplit ? w : 0, step = kStageSplit ? 2 : 1;
       auto run_stage = [&](int st, auto parity) {
-        const int buf = it % L.nbuf;
-        Barrier::wait(&full[buf], (it / L.nbuf) & 1);
+        const int place = it + st, buf = place % L.nbuf;
+        Barrier::wait(&full[buf], (place / L.nbuf) & 1);
         const uint8_t* stage = smem + buf * L.stage.total();
-        const int prev = (it + L.nbuf - 1) % L.nbuf;
         stage_taps<decltype(parity)::value>(pb, g, stage, L.stage, row0, tr0, pixel0, sel, frag, acc, [&] {
-          if (st > 0) Barrier::arrive(&empty[prev]);
+          if (st > first) Barrier::arrive(&empty[(place - step) % L.nbuf]);
         });
-        ++it;
       };
-      int st = 0;
-      for (; st + 1 < stages; st += 2) {
+      int st = first;
+      for (; st + step < stages; st += 2 * step) {
         run_stage(st, std::integral_constant<int, 0>{});
-        run_stage(st + 1, std::integral_constant<int, kS % 2>{});
+        run_stage(st + step, std::integral_constant<int, kS % 2>{});
       }
       if (st < stages) run_stage(st, std::integral_constant<int, 0>{});
       wgmma_wait<0>();
       fence_accumulators(acc);
-      Barrier::arrive(&empty[(it - 1) % L.nbuf]);  // the tile's last stage
+      if (stages > first) {  // the last stage this consumer ran
+        Barrier::arrive(&empty[(it + first + (stages - 1 - first) / step * step) % L.nbuf]);
+      }
+      it += stages;
       SplitSum split{};
       if constexpr (kSplitK) split = leave_partials(acc, smem, 128 * w + ct);
-      const int64_t wg0 = g0 + pixel0, wk0 = k0 + (kPixelSplit ? 0 : w * 64);
+      if constexpr (kStageSplit) split = add_other_partials(acc, smem + L.partial_offset, w, ct);
+      const int64_t wg0 = g0 + pixel0, wk0 = k0 + (kBM == 128 ? w * 64 : 0);
       if (pb.out_dtype == DType::kF16) {
         epilogue<__half>(pb, g, wg0, wk0, acc, reinterpret_cast<__half*>(epi_tile), ct, kConsumerBarrier0 + w, split);
       } else {
@@ -931,7 +990,7 @@ struct WsKernel {
         // TMA: the producer thread's arrival with the stage's byte count; cp.async: every
         // producer thread, after its fence.
         Barrier::init(&full[i], kTma ? 1 : kLoaders);
-        Barrier::init(&empty[i], kConsumerThreads);  // every consumer thread, its wgmmas retired
+        Barrier::init(&empty[i], kReleaseThreads);  // each consumer thread that used it, its wgmmas retired
       }
       cutlass::arch::fence_barrier_init();
     }
@@ -962,11 +1021,11 @@ struct WsKernel {
   }
 };
 
-template <int kBN, bool kTma, int kBM, bool kSplitK, int kS>
-__global__ void __launch_bounds__(WsKernel<kBN, kTma, kBM, kSplitK, kS>::kThreads, 1)
+template <int kBN, bool kTma, int kBM, bool kSplitK, int kS, bool kStageSplit>
+__global__ void __launch_bounds__(WsKernel<kBN, kTma, kBM, kSplitK, kS, kStageSplit>::kThreads, 1)
     conv_sm90_ws_kernel(const ConvProblem pb, const Geometry g, const WsLayout L, int64_t k_tiles,
                         const __grid_constant__ WsTmaMaps maps) {
-  WsKernel<kBN, kTma, kBM, kSplitK, kS>::run(pb, g, L, k_tiles, maps);
+  WsKernel<kBN, kTma, kBM, kSplitK, kS, kStageSplit>::run(pb, g, L, k_tiles, maps);
 }
 
 // Launches `kernel` with `smem` bytes of dynamic shared memory (raising its limit first): with

@@ -39,27 +39,28 @@ bool encode_ws_maps(const ConvProblem& pb, const Geometry& g, int bn, int bm, Ws
              CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// The warp-specialized kernel with the deepest ring (2 to 4 stages) that fits, as a programmatic
-// dependent launch (back to back on an H200: 28x28x128 b32 20.6 against 22.2 us, 14x14x256 22.5
+// The warp-specialized kernel with the deepest ring (ws_min_stages to 4 stages) that fits, as a
+// programmatic dependent launch (back to back on an H200: 28x28x128 b32 20.6 against 22.2 us, 14x14x256 22.5
 // against 23.8; 56x56x64 unchanged). Unsplit: one CTA per SM looping over the tiles. Split-K over
 // `splits` CTAs: one cluster per tile, whose partial sums need the stage ring to hold a CTA's
 // accumulators, and each CTA at least one stage.
-template <int kBN, bool kTma, int kBM, int kS>
+template <int kBN, bool kTma, int kBM, int kS, bool kStageSplit = false>
 cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsTmaMaps& maps, cudaStream_t stream,
                              int max_smem, int sms, int splits) {
-  using K = WsKernel<kBN, kTma, kBM, false, kS>;
+  using K = WsKernel<kBN, kTma, kBM, false, kS, kStageSplit>;
+  const int64_t k_tiles = ceil_div(pb.k, kBM);
+  const int64_t tiles = g.pixel_tiles * k_tiles;
   WsLayout L;
-  for (int nbuf = 4; nbuf >= 2; --nbuf) {
-    L = ws_layout(pb, g, kBM, K::kConsumers * K::kEpiBytes, nbuf, kTma);
+  for (int nbuf = 4; nbuf >= ws_min_stages(kStageSplit); --nbuf) {
+    L = ws_layout(pb, g, kBM, K::kConsumers * K::kEpiBytes, nbuf, kTma, K::kPartialBytes,
+                  /*partials_in_ring=*/splits == 1 && tiles <= sms);
     if (L.total <= max_smem) break;
   }
   if (L.total > max_smem) return cudaErrorInvalidValue;
-  const int64_t k_tiles = ceil_div(pb.k, kBM);
-  const int64_t tiles = g.pixel_tiles * k_tiles;
   if (splits == 1) {
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, sms)));
-    return launch_ex(conv_sm90_ws_kernel<kBN, kTma, kBM, false, kS>, grid, K::kThreads, L.total, stream,
-                     /*cluster_z=*/false, /*pdl=*/true, pb, g, L, k_tiles, maps);
+    return launch_ex(conv_sm90_ws_kernel<kBN, kTma, kBM, false, kS, kStageSplit>, grid, K::kThreads, L.total,
+                     stream, /*cluster_z=*/false, /*pdl=*/true, pb, g, L, k_tiles, maps);
   }
   if constexpr (kTma && kBM == 128) {  // the tilings with a kSplitK instantiation
     const int64_t partial_bytes = int64_t{K::kAcc} * K::kConsumerThreads * 4;
@@ -67,7 +68,7 @@ cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsT
         partial_bytes > int64_t{L.nbuf} * L.stage.total()) {
       return cudaErrorInvalidValue;
     }
-    return launch_ex(conv_sm90_ws_kernel<kBN, kTma, kBM, true, kS>,
+    return launch_ex(conv_sm90_ws_kernel<kBN, kTma, kBM, true, kS, false>,
                      dim3(static_cast<unsigned>(tiles), 1, static_cast<unsigned>(splits)), K::kThreads, L.total, stream,
                      /*cluster_z=*/true, /*pdl=*/true, pb, g, L, k_tiles, maps);
   }
@@ -93,14 +94,16 @@ cudaError_t launch_ws(const ConvProblem& pb, cudaStream_t stream, int max_smem, 
   return cudaErrorInvalidValue;
 }
 
-// The pixel-split kernel (64 channels x 2 * kBN pixels a tile, for K <= 64), TMA loads only.
-template <int kBN, int kS>
-cudaError_t launch_ws_pixel_split(const ConvProblem& pb, cudaStream_t stream, int max_smem, int sms, int splits) {
-  using K = WsKernel<kBN, true, 64, false, kS>;
+// The 64-channel kernels, TMA loads only: the pixel split (64 channels x 2 * kBN pixels a tile,
+// for K <= 64) or the stage split (64 channels x kBN pixels, the stages alternating between the
+// consumers).
+template <int kBN, int kS, bool kStageSplit>
+cudaError_t launch_ws_64(const ConvProblem& pb, cudaStream_t stream, int max_smem, int sms, int splits) {
+  using K = WsKernel<kBN, true, 64, false, kS, kStageSplit>;
   WsTmaMaps maps{};
   const Geometry g = make_geometry(pb, K::kTileN, /*im2col=*/true);
   if (!encode_ws_maps(pb, g, K::kTileN, 64, &maps)) return cudaErrorInvalidValue;
-  return launch_ws_kernel<kBN, true, 64, kS>(pb, g, maps, stream, max_smem, sms, splits);
+  return launch_ws_kernel<kBN, true, 64, kS, kStageSplit>(pb, g, maps, stream, max_smem, sms, splits);
 }
 
 }  // namespace
@@ -116,8 +119,11 @@ cudaError_t launch_ws_taps(const ConvProblem& pb, cudaStream_t stream, ConvSm90K
     case ConvSm90Kernel::kWs128x256: return launch_ws<256, kS>(pb, stream, max_smem, sms, true, splits);
     case ConvSm90Kernel::kWs128x128CpAsync: return launch_ws<128, kS>(pb, stream, max_smem, sms, false, splits);
     case ConvSm90Kernel::kWs128x256CpAsync: return launch_ws<256, kS>(pb, stream, max_smem, sms, false, splits);
-    case ConvSm90Kernel::kWs64x256: return launch_ws_pixel_split<128, kS>(pb, stream, max_smem, sms, splits);
-    case ConvSm90Kernel::kWs64x416: return launch_ws_pixel_split<208, kS>(pb, stream, max_smem, sms, splits);
+    case ConvSm90Kernel::kWs64x256: return launch_ws_64<128, kS, false>(pb, stream, max_smem, sms, splits);
+    case ConvSm90Kernel::kWs64x416: return launch_ws_64<208, kS, false>(pb, stream, max_smem, sms, splits);
+    case ConvSm90Kernel::kWs64x128Ks: return launch_ws_64<128, kS, true>(pb, stream, max_smem, sms, splits);
+    case ConvSm90Kernel::kWs64x224Ks: return launch_ws_64<224, kS, true>(pb, stream, max_smem, sms, splits);
+    case ConvSm90Kernel::kWs64x256Ks: return launch_ws_64<256, kS, true>(pb, stream, max_smem, sms, splits);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -40,8 +40,9 @@ bool encode_ws_maps(const ConvProblem& pb, const Geometry& g, int bn, int bm, Ws
 }
 
 // The warp-specialized kernel with the deepest ring (ws_min_stages to 4 stages) that fits, as a
-// programmatic dependent launch (back to back on an H200: 28x28x128 b32 20.6 against 22.2 us, 14x14x256 22.5
-// against 23.8; 56x56x64 unchanged). Unsplit: one CTA per SM looping over the tiles. Split-K over
+// programmatic dependent launch (back to back on an H200: 28x28x128 b32 20.6 against 22.2 us,
+// 14x14x256 22.5 against 23.8; 56x56x64 unchanged). Unsplit: one CTA per SM looping over the
+// tiles (the stage split's partial sums in the ring where that is one tile per CTA). Split-K over
 // `splits` CTAs: one cluster per tile, whose partial sums need the stage ring to hold a CTA's
 // accumulators, and each CTA at least one stage.
 template <int kBN, bool kTma, int kBM, int kS, bool kStageSplit = false>

@@ -922,7 +922,8 @@ struct WsKernel {
     // This thread's two weight rows in the CTA tile (as in Kernel::compute_stage) and the
     // consumer's pixels: rows 64w.. of all pixels, or all 64 rows of pixels kBN * w.. (pixel
     // split), or all 64 rows of all pixels (stage split).
-    const int row0 = (kBM == 128 ? w * 64 : 0) + (ct / 32) * 16 + lane / 4;
+    const int channel0 = kBM == 128 ? w * 64 : 0;  // the consumer's first channel in the tile
+    const int row0 = channel0 + (ct / 32) * 16 + lane / 4;
     const int pixel0 = kPixelSplit ? w * kBN : 0;
     const uint32_t sel = (lane % 4) | ((4 + lane % 4) << 4);
     const StageRange range = stage_range(pb.r * g.c_chunks);
@@ -966,7 +967,7 @@ struct WsKernel {
       SplitSum split{};
       if constexpr (kSplitK) split = leave_partials(acc, smem, 128 * w + ct);
       if constexpr (kStageSplit) split = add_other_partials(acc, smem + L.partial_offset, w, ct);
-      const int64_t wg0 = g0 + pixel0, wk0 = k0 + (kBM == 128 ? w * 64 : 0);
+      const int64_t wg0 = g0 + pixel0, wk0 = k0 + channel0;
       if (pb.out_dtype == DType::kF16) {
         epilogue<__half>(pb, g, wg0, wk0, acc, reinterpret_cast<__half*>(epi_tile), ct, kConsumerBarrier0 + w, split);
       } else {

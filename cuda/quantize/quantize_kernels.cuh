@@ -25,7 +25,7 @@
 #include "common/launch_config.cuh"
 #include "common/nvfp4_decode.cuh"
 #include "common/scale_layout.h"
-#include "quantize/fast_divide.h"
+#include "common/fast_divide.h"
 #include "quantize/nvfp4_encode.h"
 #include "quantize/quantize.h"
 

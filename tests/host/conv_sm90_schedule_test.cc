@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
     std::printf("FAIL im2col loads do not fit this problem\n");
     return 1;
   }
+  if (im2col && !c90::indices_fit_32(g, bn, g.pixel_tiles)) {
+    std::printf("FAIL indices past 2^31\n");
+    return 1;
+  }
   // The TMA im2col walk: `pixels` pixels from filter base `start` with im2col offsets (phase,
   // r * dil_h), into slots [first, first + pixels) of phase array `phase`.
   const c90::Im2colBox box = c90::im2col_box(pb, g);
@@ -99,9 +103,11 @@ int main(int argc, char** argv) {
       // The loader: phase arrays [phase][slot][c].
       std::vector<double> smem(static_cast<size_t>(g.phases) * g.slots * pb.c, 0.0);
       for (int f = 0; f < g.phases && im2col; ++f) {
-        walk(c90::im2col_start(pb, g, g0), bn, f, r, 0, smem);
+        // The warp-specialized kernel's start coordinates, with its 32-bit divisions.
+        const auto v0 = static_cast<uint32_t>(g0);
+        walk(c90::im2col_start(pb, g, v0), bn, f, r, 0, smem);
         if (c90::loads_halo(g, g0, bn)) {
-          walk(c90::im2col_start(pb, g, g0 + bn), c90::kHaloPixels, f, r, bn, smem);
+          walk(c90::im2col_start(pb, g, v0 + bn), c90::kHaloPixels, f, r, bn, smem);
         } else {
           const auto halo = smem.begin() + (static_cast<size_t>(f) * g.slots + bn) * pb.c;
           std::fill(halo, halo + static_cast<size_t>(c90::kHaloPixels) * pb.c, 1e9);
@@ -147,6 +153,13 @@ int main(int argc, char** argv) {
     for (int t = 0; t < 4; ++t)
       for (int e = 0; e < 2; ++e) {
         c90::ColumnWalker col(g, g0 + 2 * t + e);
+        if (im2col) {  // the warp-specialized kernel's walker (32-bit division) starts at the same column
+          const c90::ColumnWalker col32 = c90::ColumnWalker::at32(g, static_cast<uint32_t>(g0 + 2 * t + e));
+          if (col32.row != col.row || col32.vq != col.vq) {
+            std::printf("FAIL column %lld: 32-bit walker differs\n", static_cast<long long>(g0 + 2 * t + e));
+            return 1;
+          }
+        }
         for (int j = 0; j < bn / 8; ++j) {
           if (j > 0) col.advance(g, 8);
           if (!col.is_output(pb)) continue;

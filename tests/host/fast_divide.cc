@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <initializer_list>
 
-#include "quantize/fast_divide.h"
+#include "common/fast_divide.h"
 
 int main() {
   const uint32_t big[] = {1u << 20, 65535u, 65537u, 1000003u, (1u << 30) + 1u, (1u << 31) - 1u};

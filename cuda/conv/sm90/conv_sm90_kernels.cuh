@@ -309,6 +309,17 @@ struct RowScale {
   float bias[2];
 };
 
+// Brings the words row_scale(pb, k) reads into L1 without holding registers for them (the
+// warp-specialized consumers, whose accumulators leave none spare, issue it while a tile runs).
+__device__ __forceinline__ void prefetch_row_scale(const ConvProblem& pb, int64_t k) {
+  auto prefetch = [](const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); };
+  prefetch(pb.wgt.s_dec);
+  if (pb.x_is_nvfp4) prefetch(pb.x_q.s_dec);
+  if (pb.bias != nullptr && k < pb.k) {
+    prefetch(static_cast<const uint8_t*>(pb.bias) + k * (pb.bias_dtype == DType::kF32 ? 4 : 2));
+  }
+}
+
 __device__ __forceinline__ RowScale row_scale(const ConvProblem& pb, int64_t k) {
   RowScale rs{*pb.wgt.s_dec, {0.f, 0.f}};
   if (pb.x_is_nvfp4) rs.alpha *= *pb.x_q.s_dec;
@@ -714,12 +725,15 @@ struct WsKernel {
 
   // kStageSplit: consumer w finishes the epilogue passes p with p % 2 == w. Each consumer leaves
   // its accumulators of the other's passes in the partial region, then adds those the other left
-  // (two terms: the sum is the same whichever consumer adds).
-  static __device__ SplitSum add_other_partials(float (&acc)[kAcc], uint8_t* region, int w, int ct) {
+  // (two terms: the sum is the same whichever consumer adds). One instantiation per consumer, so
+  // that which accumulators it keeps is known at compile time (with w at run time, each consumer
+  // issued a predicated store, load and add for every accumulator: about twice the instructions
+  // on the path that ends the kernel).
+  template <int kW>
+  static __device__ __forceinline__ void exchange_partials(float (&acc)[kAcc], float* partial, int ct) {
     constexpr int kConsumersBarrier = kConsumerBarrier0 + kConsumers;  // both consumer warpgroups
-    float* partial = reinterpret_cast<float*>(region);
     // acc[i] belongs to pixel 8 * (i / 4), so to epilogue pass 8 * (i / 4) / kEpiPixels.
-    auto mine = [&](int i) { return (i / 4) * 8 / kEpiPixels % kConsumers == w; };
+    auto mine = [](int i) { return (i / 4) * 8 / kEpiPixels % kConsumers == kW; };
     named_sync(kConsumersBarrier, kConsumerThreads);  // the other has read the previous tile's
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) {
@@ -730,14 +744,34 @@ struct WsKernel {
     for (int i = 0; i < kAcc; ++i) {
       if (mine(i)) acc[i] += partial[i * 128 + ct];
     }
+  }
+
+  static __device__ SplitSum add_other_partials(float (&acc)[kAcc], uint8_t* region, int w, int ct) {
+    float* partial = reinterpret_cast<float*>(region);
+    if (w == 0) exchange_partials<0>(acc, partial, ct);
+    else exchange_partials<1>(acc, partial, ct);
     return {nullptr, kConsumers, w, ct};
   }
 
-  static __device__ void produce(const ConvProblem& pb, const Geometry& g, const WsLayout& L, int64_t k_tiles,
-                                 uint8_t* smem, uint64_t* full, uint64_t* empty) {
+  // Tile t's first virtual pixel and first output channel: tiles run pixel tile major, k_tiles
+  // channel tiles to a pixel tile (indices below 2^31: the launch checks indices_fit_32).
+  struct TileOrigin {
+    int64_t g0, k0;
+  };
+  static __device__ __forceinline__ TileOrigin tile_origin(int tile, const FastDivide& k_tiles) {
+    const uint32_t pixel_tile = k_tiles.quotient(tile);
+    return {int64_t{pixel_tile} * kTileN, int64_t{tile - pixel_tile * k_tiles.divisor} * kBM};
+  }
+
+  // The producers (and the consumers, below) set up before they wait for the grid before this one
+  // (wait_for_prior_grids, before the first global memory access): that wait overlaps the
+  // previous grid's last CTAs, which the serial index math of one thread would otherwise follow
+  // (~1 us from the wait to the first copies at 7x7x512, H100).
+  static __device__ void produce(const ConvProblem& pb, const Geometry& g, const WsLayout& L,
+                                 const FastDivide& k_tiles, uint8_t* smem, uint64_t* full, uint64_t* empty) {
     const int tid = threadIdx.x;
     auto* table = reinterpret_cast<SlotEntry*>(smem + L.table_offset);
-    const int64_t tiles = g.pixel_tiles * k_tiles;
+    const int tiles = static_cast<int>(g.pixel_tiles) * static_cast<int>(k_tiles.divisor);
     // A stage is signalled `lag` stages after its copies were issued, once they have landed and
     // this thread has fenced them (cp.async writes through the generic proxy; wgmma reads through
     // the async proxy), so up to lag + 1 stages of copies are in flight. lag <= nbuf - 2 keeps a
@@ -746,11 +780,12 @@ struct WsKernel {
     constexpr int kProducerBarrier = 1;
     const StageRange range = stage_range(pb.r * g.c_chunks);
     int it = 0;
-    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const int64_t g0 = (tile / k_tiles) * kBN, k0 = (tile % k_tiles) * kBM;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const auto [g0, k0] = tile_origin(tile, k_tiles);
       named_sync(kProducerBarrier, kLoaders);  // the previous tile's loads have all read the table
       build_slot_table<kLoaders>(pb, g, g0, table, tid);
       named_sync(kProducerBarrier, kLoaders);
+      if (tile == static_cast<int>(blockIdx.x)) wait_for_prior_grids();
       for (int st = range.first; st < range.end; ++st, ++it) {
         const int buf = it % L.nbuf;
         Barrier::wait(&empty[buf], ((it / L.nbuf) & 1) ^ 1);
@@ -771,21 +806,24 @@ struct WsKernel {
   }
 
   // The TMA producer: thread 0 of the producer warpgroup issues every copy of every stage.
-  static __device__ void produce_tma(const ConvProblem& pb, const Geometry& g, const WsLayout& L, int64_t k_tiles,
-                                     const WsTmaMaps& maps, uint8_t* smem, uint64_t* full, uint64_t* empty) {
+  static __device__ void produce_tma(const ConvProblem& pb, const Geometry& g, const WsLayout& L,
+                                     const FastDivide& k_tiles, const WsTmaMaps& maps, uint8_t* smem, uint64_t* full,
+                                     uint64_t* empty) {
     constexpr uint32_t kRowBytes = kChunkC * 2;  // one pixel's 64 channels
     constexpr uint32_t kSlotsBytes = kTileN * kRowBytes, kHaloBytes = kHaloPixels * kRowBytes;
     const uint32_t weight_bytes = L.stage.code_bytes + L.stage.scale_bytes;
     const uint64_t hint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
     const int64_t kb = pb.c / kBlockSize, scale_bytes = scale_matrix_bytes(pb.k, kb);
     const StageRange range = stage_range(pb.r * g.c_chunks);
-    const int64_t tiles = g.pixel_tiles * k_tiles;
+    const int tiles = static_cast<int>(g.pixel_tiles) * static_cast<int>(k_tiles.divisor);
     int it = 0;
-    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const int64_t g0 = (tile / k_tiles) * kTileN, k0 = (tile % k_tiles) * kBM;
-      const Im2colStart main = im2col_start(pb, g, g0), halo = im2col_start(pb, g, g0 + kTileN);
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const auto [g0, k0] = tile_origin(tile, k_tiles);
+      const auto v0 = static_cast<uint32_t>(g0);
+      const Im2colStart main = im2col_start(pb, g, v0), halo = im2col_start(pb, g, v0 + kTileN);
       const bool has_halo = loads_halo(g, g0, kTileN);
       const int64_t scale_tile = (k0 / kTileRows) * scale_k_tiles(kb);
+      if (tile == static_cast<int>(blockIdx.x)) wait_for_prior_grids();
       // Not unrolled: two stages at a time spill past the producers' 56 registers (split-K).
 #pragma unroll 1
       for (int st = range.first; st < range.end; ++st, ++it) {
@@ -831,7 +869,7 @@ struct WsKernel {
                                   float (&acc)[kAcc], T* tile, int ct, int barrier, const SplitSum& split) {
     const int warp = ct / 32, lane = ct % 32;
     const int rows = warp * 16, row0 = rows + lane / 4;
-    const RowScale rs = row_scale(pb, k0 + row0);
+    const RowScale rs = row_scale(pb, k0 + row0);  // from L1 (prefetch_row_scale)
     const int part = ct % 8;
     const int64_t k = k0 + part * 8;
     T* out = static_cast<T*>(pb.out) + k;
@@ -855,7 +893,7 @@ struct WsKernel {
       stmatrix_transposed<T, kPixels / 8>(acc + (first / 8) * 4, rs.alpha, rs.bias, tile, kEpiPitch, rows, lane);
       named_sync(barrier, 128);
       if (k < pb.k) {
-        ColumnWalker col(g, g0 + first + ct / 8);
+        ColumnWalker col = ColumnWalker::at32(g, static_cast<uint32_t>(g0 + first + ct / 8));
 #pragma unroll
         for (int j = ct / 8; j < kPixels; j += 16) {
           if (col.is_output(pb)) {
@@ -915,8 +953,8 @@ struct WsKernel {
     }
   }
 
-  static __device__ void consume(const ConvProblem& pb, const Geometry& g, const WsLayout& L, int64_t k_tiles,
-                                 uint8_t* smem, uint64_t* full, uint64_t* empty, int w) {
+  static __device__ void consume(const ConvProblem& pb, const Geometry& g, const WsLayout& L,
+                                 const FastDivide& k_tiles, uint8_t* smem, uint64_t* full, uint64_t* empty, int w) {
     const int ct = threadIdx.x - kLoaders - 128 * w;  // thread in this warpgroup
     const int lane = ct % 32;
     // This thread's two weight rows in the CTA tile (as in Kernel::compute_stage) and the
@@ -928,14 +966,21 @@ struct WsKernel {
     const uint32_t sel = (lane % 4) | ((4 + lane % 4) << 4);
     const StageRange range = stage_range(pb.r * g.c_chunks);
     const int stages = range.end - range.first;  // this CTA's, counted from 0 below
-    const int64_t tiles = g.pixel_tiles * k_tiles;
+    const int tiles = static_cast<int>(g.pixel_tiles) * static_cast<int>(k_tiles.divisor);
     uint8_t* epi_tile = smem + L.epi_offset + w * kEpiBytes;
     float acc[kAcc];
     uint32_t frag[2][4][4];
     int it = 0;
-    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const int64_t g0 = (tile / k_tiles) * kTileN, k0 = (tile % k_tiles) * kBM;
-      const int tr0 = static_cast<int>(k0 % kTileRows) + row0;  // row in the scale tile
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const TileOrigin o = tile_origin(tile, k_tiles);
+      const int tr0 = static_cast<int>(o.k0 % kTileRows) + row0;  // row in the scale tile
+      // The epilogue's scales and bias, brought into L1 while the tile runs: once this consumer's
+      // first stage has landed (the producer has waited for the grid before, so this wait returns
+      // at once), or before the epilogue when it runs no stage.
+      auto prefetch_scales = [&] {
+        wait_for_prior_grids();
+        prefetch_row_scale(pb, o.k0 + row0);
+      };
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
       fence_accumulators(acc);
@@ -947,6 +992,7 @@ struct WsKernel {
       auto run_stage = [&](int st, auto parity) {
         const int place = it + st, buf = place % L.nbuf;
         Barrier::wait(&full[buf], (place / L.nbuf) & 1);
+        if (st == first) prefetch_scales();
         const uint8_t* stage = smem + buf * L.stage.total();
         stage_taps<decltype(parity)::value>(pb, g, stage, L.stage, row0, tr0, pixel0, sel, frag, acc, [&] {
           if (st > first) Barrier::arrive(&empty[(place - step) % L.nbuf]);
@@ -963,11 +1009,12 @@ struct WsKernel {
       if (stages > first) {  // the last stage this consumer ran
         Barrier::arrive(&empty[(it + first + (stages - 1 - first) / step * step) % L.nbuf]);
       }
+      if (stages <= first) prefetch_scales();
       it += stages;
       SplitSum split{};
       if constexpr (kSplitK) split = leave_partials(acc, smem, 128 * w + ct);
       if constexpr (kStageSplit) split = add_other_partials(acc, smem + L.partial_offset, w, ct);
-      const int64_t wg0 = g0 + pixel0, wk0 = k0 + channel0;
+      const int64_t wg0 = o.g0 + pixel0, wk0 = o.k0 + channel0;
       if (pb.out_dtype == DType::kF16) {
         epilogue<__half>(pb, g, wg0, wk0, acc, reinterpret_cast<__half*>(epi_tile), ct, kConsumerBarrier0 + w, split);
       } else {
@@ -978,7 +1025,7 @@ struct WsKernel {
     }
   }
 
-  static __device__ void run(const ConvProblem& pb, const Geometry& g, const WsLayout& L, int64_t k_tiles,
+  static __device__ void run(const ConvProblem& pb, const Geometry& g, const WsLayout& L, const FastDivide& k_tiles,
                              const WsTmaMaps& maps) {
     extern __shared__ __align__(1024) uint8_t smem[];
     // The swizzle atoms of the TMA stages must start at 1024-byte boundaries (no static shared
@@ -997,10 +1044,10 @@ struct WsKernel {
     }
     __syncthreads();
     // Programmatic dependent launch (launch_ex): this grid may start while the one before it in
-    // the stream finishes; nothing above touched global memory, and the wait returns once that
-    // grid has completed and its writes are visible. The next grid may launch at once: it waits
-    // the same way for this one (its CTAs take SMs as this grid's CTAs leave them).
-    wait_for_prior_grids();
+    // the stream finishes. Each role runs wait_for_prior_grids, which returns once that grid has
+    // completed and its writes are visible, after its set-up and before its first global memory
+    // access (produce, produce_tma, consume). The next grid may launch at once: it waits the same
+    // way for this one (its CTAs take SMs as this grid's CTAs leave them).
     allow_next_grid();
     const int wg = threadIdx.x / 128;
     if (wg < kProducers) {
@@ -1024,7 +1071,7 @@ struct WsKernel {
 
 template <int kBN, bool kTma, int kBM, bool kSplitK, int kS, bool kStageSplit>
 __global__ void __launch_bounds__(WsKernel<kBN, kTma, kBM, kSplitK, kS, kStageSplit>::kThreads, 1)
-    conv_sm90_ws_kernel(const ConvProblem pb, const Geometry g, const WsLayout L, int64_t k_tiles,
+    conv_sm90_ws_kernel(const ConvProblem pb, const Geometry g, const WsLayout L, const FastDivide k_tiles,
                         const __grid_constant__ WsTmaMaps maps) {
   WsKernel<kBN, kTma, kBM, kSplitK, kS, kStageSplit>::run(pb, g, L, k_tiles, maps);
 }

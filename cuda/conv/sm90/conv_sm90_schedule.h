@@ -19,6 +19,7 @@
 
 #include <cstdint>
 
+#include "common/fast_divide.h"
 #include "common/scale_layout.h"
 #include "conv/conv_problem.h"
 
@@ -37,6 +38,9 @@ struct Geometry {
   int64_t virtual_pixels = 0; // n * p * wv
   int64_t pixel_tiles = 0;    // ceil(virtual_pixels / BN)
   int c_chunks = 0;           // ceil(C / kChunkC)
+  // Divisions by wv and P in 32 bits, for indices below 2^31 (the warp-specialized kernel's, whose
+  // launch checks that they are: indices_fit_32).
+  FastDivide by_wv, by_p;
 };
 
 // `im2col`: the layout of the TMA loads (below): BN + kHaloPixels slots, a multiple of 8, so
@@ -53,7 +57,17 @@ NVFP4_HD Geometry make_geometry(const ConvProblem& pb, int bn, bool im2col = fal
   g.virtual_pixels = pb.n * pb.p * g.wv;
   g.pixel_tiles = ceil_div(g.virtual_pixels, bn);
   g.c_chunks = static_cast<int>(ceil_div(pb.c, kChunkC));
+  g.by_wv = FastDivide::by(static_cast<uint32_t>(g.wv));
+  g.by_p = FastDivide::by(static_cast<uint32_t>(pb.p));
   return g;
+}
+
+constexpr int64_t kMaxIndex32 = (int64_t{1} << 31) - 1;
+
+// Whether a launch of `tiles` tiles of `tile_n` pixels keeps every tile index and every virtual
+// pixel its tiles reach (halo included) below 2^31, as the 32-bit divisions (by_wv, by_p) need.
+NVFP4_HD bool indices_fit_32(const Geometry& g, int tile_n, int64_t tiles) {
+  return tiles <= kMaxIndex32 && g.pixel_tiles * tile_n + kHaloPixels <= kMaxIndex32;
 }
 
 // Where tap s reads: phase array and slot shift.
@@ -137,11 +151,12 @@ struct Im2colStart {
   int32_t w, h, n;
 };
 
-NVFP4_HD Im2colStart im2col_start(const ConvProblem& pb, const Geometry& g, int64_t v) {
-  const int64_t row = v / g.wv, vq = v - row * g.wv;
-  const int64_t img = row / pb.p, p = row - img * pb.p;
-  return Im2colStart{static_cast<int32_t>(vq * pb.stride_w - pb.pad_w),
-                     static_cast<int32_t>(p * pb.stride_h - pb.pad_h), static_cast<int32_t>(img)};
+// (v < 2^31: indices_fit_32.)
+NVFP4_HD Im2colStart im2col_start(const ConvProblem& pb, const Geometry& g, uint32_t v) {
+  const uint32_t row = g.by_wv.quotient(v), vq = v - row * g.by_wv.divisor;
+  const uint32_t img = g.by_p.quotient(row), p = row - img * g.by_p.divisor;
+  return Im2colStart{static_cast<int32_t>(vq) * pb.stride_w - pb.pad_w,
+                     static_cast<int32_t>(p) * pb.stride_h - pb.pad_h, static_cast<int32_t>(img)};
 }
 
 // Whether the TMA producer loads the halo box of the tile starting at virtual pixel g0 (tile_n
@@ -167,6 +182,11 @@ NVFP4_HD bool output_pixel(const ConvProblem& pb, const Geometry& g, int64_t v, 
 struct ColumnWalker {
   int64_t row, vq;
   NVFP4_HD ColumnWalker(const Geometry& g, int64_t v0) : row(v0 / g.wv), vq(v0 - (v0 / g.wv) * g.wv) {}
+  // From v0 < 2^31 (indices_fit_32), with a multiply-shift instead of a 64-bit division.
+  NVFP4_HD static ColumnWalker at32(const Geometry& g, uint32_t v0) {
+    const uint32_t row = g.by_wv.quotient(v0);
+    return ColumnWalker(row, v0 - row * g.by_wv.divisor);
+  }
   NVFP4_HD void advance(const Geometry& g, int step) {
     vq += step;
     while (vq >= g.wv) {
@@ -176,6 +196,9 @@ struct ColumnWalker {
   }
   // Whether the current column is a real output pixel (not a discarded column, not past the end).
   NVFP4_HD bool is_output(const ConvProblem& pb) const { return vq < pb.q && row < pb.n * pb.p; }
+
+ private:
+  NVFP4_HD ColumnWalker(int64_t row_, int64_t vq_) : row(row_), vq(vq_) {}
 };
 
 }  // namespace conv90

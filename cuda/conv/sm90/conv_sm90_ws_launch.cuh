@@ -51,6 +51,8 @@ cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsT
   using K = WsKernel<kBN, kTma, kBM, false, kS, kStageSplit>;
   const int64_t k_tiles = ceil_div(pb.k, kBM);
   const int64_t tiles = g.pixel_tiles * k_tiles;
+  if (!indices_fit_32(g, K::kTileN, tiles)) return cudaErrorInvalidValue;
+  const FastDivide by_k_tiles = FastDivide::by(static_cast<uint32_t>(k_tiles));
   WsLayout L;
   for (int nbuf = 4; nbuf >= ws_min_stages(kStageSplit); --nbuf) {
     L = ws_layout(pb, g, kBM, K::kConsumers * K::kEpiBytes, nbuf, kTma, K::kPartialBytes,
@@ -61,7 +63,7 @@ cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsT
   if (splits == 1) {
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, sms)));
     return launch_ex(conv_sm90_ws_kernel<kBN, kTma, kBM, false, kS, kStageSplit>, grid, K::kThreads, L.total,
-                     stream, /*cluster_z=*/false, /*pdl=*/true, pb, g, L, k_tiles, maps);
+                     stream, /*cluster_z=*/false, /*pdl=*/true, pb, g, L, by_k_tiles, maps);
   }
   if constexpr (kTma && kBM == 128) {  // the tilings with a kSplitK instantiation
     const int64_t partial_bytes = int64_t{K::kAcc} * K::kConsumerThreads * 4;
@@ -71,7 +73,7 @@ cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsT
     }
     return launch_ex(conv_sm90_ws_kernel<kBN, kTma, kBM, true, kS, false>,
                      dim3(static_cast<unsigned>(tiles), 1, static_cast<unsigned>(splits)), K::kThreads, L.total, stream,
-                     /*cluster_z=*/true, /*pdl=*/true, pb, g, L, k_tiles, maps);
+                     /*cluster_z=*/true, /*pdl=*/true, pb, g, L, by_k_tiles, maps);
   }
   return cudaErrorInvalidValue;
 }

@@ -1,6 +1,8 @@
-// Division by a run-time constant with a multiply and a shift (Granlund & Montgomery, 1994):
-// the quantize kernels turn a half-tile index into (matrix, row tile, k tile) once per block of
-// 16 elements, where the hardware's integer division sequence would cost as much as the block.
+// Division by a run-time constant with a multiply and a shift (Granlund & Montgomery, 1994), the
+// divisor's constants computed once on the host: the quantize kernels turn a half-tile index into
+// (matrix, row tile, k tile) once per block of 16 elements, where the hardware's integer division
+// sequence would cost as much as the block; the convolution's warp-specialized kernel splits
+// pixel and tile indices with it on the serial paths of one thread (its producer's set-up).
 #pragma once
 
 #include <cstdint>
@@ -21,7 +23,7 @@ NVFP4_HD uint32_t mul_high(uint32_t a, uint32_t b) {
 struct FastDivide {
   uint32_t divisor = 1, multiplier = 1, shift = 0;
 
-  static FastDivide by(uint32_t d) {
+  NVFP4_HD static FastDivide by(uint32_t d) {
     FastDivide f;
     f.divisor = d;
     while ((uint64_t{1} << f.shift) < d) ++f.shift;

@@ -57,17 +57,21 @@ NVFP4_HD Geometry make_geometry(const ConvProblem& pb, int bn, bool im2col = fal
   g.virtual_pixels = pb.n * pb.p * g.wv;
   g.pixel_tiles = ceil_div(g.virtual_pixels, bn);
   g.c_chunks = static_cast<int>(ceil_div(pb.c, kChunkC));
-  g.by_wv = FastDivide::by(static_cast<uint32_t>(g.wv));
-  g.by_p = FastDivide::by(static_cast<uint32_t>(pb.p));
+  if (g.virtual_pixels > 0) {  // an empty output launches nothing (and a divisor must not be 0)
+    g.by_wv = FastDivide::by(static_cast<uint32_t>(g.wv));
+    g.by_p = FastDivide::by(static_cast<uint32_t>(pb.p));
+  }
   return g;
 }
 
 constexpr int64_t kMaxIndex32 = (int64_t{1} << 31) - 1;
 
 // Whether a launch of `tiles` tiles of `tile_n` pixels keeps every tile index and every virtual
-// pixel its tiles reach (halo included) below 2^31, as the 32-bit divisions (by_wv, by_p) need.
+// pixel its tiles reach (halo included) below 2^31, as the 32-bit divisions (by_wv, by_p) need;
+// twice the tiles, so that a CTA's next tile index (at most tiles - 1 + the grid's CTAs) does not
+// overflow either.
 NVFP4_HD bool indices_fit_32(const Geometry& g, int tile_n, int64_t tiles) {
-  return tiles <= kMaxIndex32 && g.pixel_tiles * tile_n + kHaloPixels <= kMaxIndex32;
+  return 2 * tiles <= kMaxIndex32 && g.pixel_tiles * tile_n + kHaloPixels <= kMaxIndex32;
 }
 
 // Where tap s reads: phase array and slot shift.

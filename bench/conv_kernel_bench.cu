@@ -6,11 +6,13 @@
 //        cuda/conv/sm90/conv_sm90.cu
 //   (<cutlass>: the nvidia-cutlass wheel's cutlass_library/source, for CuTe's wgmma and stmatrix)
 //   ./conv_kernel_bench [--label NAME] [--shape SUBSTRING] [--kernel PREFIX] [--splits 2,3,4]
+//                       [--custom N,H,W,C,K[,R,S,stride]]
 //
 // Every sm_90a kernel that takes a shape runs (ConvSm90Kernel: register_a, the warp-specialized
 // ws128xBN tilings with their loads, and auto, the library's choice); --kernel keeps those whose
 // name starts with PREFIX (and auto); --splits adds the TMA ws128xBN tilings split-K over a cluster
-// of that many CTAs.
+// of that many CTAs. --custom times that one problem ('SAME' padding; 3x3, stride 1 by default)
+// instead of the list below (e.g. a sweep over C).
 // Random bf16 activations and NVFP4 weights (random codes, E4M3 scales in [2^-4, 2]), bf16
 // output. Each shape: 64 sampled outputs checked against a float64 host convolution of the same
 // operands; time per launch from CUDA events over 200 back-to-back launches, the kernels
@@ -248,17 +250,31 @@ int main(int argc, char** argv) {
   const char* label = "ours";
   const char* only = nullptr;
   const char* only_kernel = nullptr;
-  std::vector<int> splits;
+  std::vector<int> splits, custom;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--splits")) splits = parse_ints(argv[i + 1]);
     if (!std::strcmp(argv[i], "--label")) label = argv[i + 1];
     if (!std::strcmp(argv[i], "--shape")) only = argv[i + 1];
     if (!std::strcmp(argv[i], "--kernel")) only_kernel = argv[i + 1];
+    if (!std::strcmp(argv[i], "--custom")) custom = parse_ints(argv[i + 1]);
   }
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs\n| variant | shape | us | TFLOP/s | max rel err (64 samples) | output hash |\n"
               "|---|---|---|---|---|---|\n", prop.name, prop.multiProcessorCount);
+  if (!custom.empty()) {
+    if (custom.size() != 5 && custom.size() != 8) {
+      std::fprintf(stderr, "--custom takes N,H,W,C,K or N,H,W,C,K,R,S,stride\n");
+      return 2;
+    }
+    if (custom.size() == 5) custom.insert(custom.end(), {3, 3, 1});  // 3x3, stride 1
+    char name[96];
+    std::snprintf(name, sizeof name, "custom %dx%d %dx%dx%d->%d /%d b%d", custom[5], custom[6], custom[1], custom[2],
+                  custom[3], custom[4], custom[7], custom[0]);
+    const Shape sh{name, custom[0], custom[1], custom[2], custom[3], custom[4], custom[5], custom[6], custom[7]};
+    run_shape(sh, label, only_kernel, kernel_choices(splits));
+    return 0;
+  }
   for (const Shape& sh : kShapes) {
     if (only == nullptr || std::strstr(sh.name, only)) run_shape(sh, label, only_kernel, kernel_choices(splits));
   }

@@ -5,6 +5,9 @@
 #
 # OPS     ops whose kernels are built (default: all); ARCHS (default 90a: Hopper only, fast)
 # BENCH   bench/bench_<name>.py scripts to run after the tests (default: none)
+# SHARDS  run the selected tests as that many pytest processes on the one GPU at once (default 1;
+#         the tests are mostly compile-bound host work, so 4 shards take the conv file from ~14 to
+#         a few minutes on an H100); logs pytest.<i>.log
 # PREBUILT a folder holding a jax_nvfp4 wheel built elsewhere for this machine's Python (e.g. on
 #         the CPU box: `pip wheel --no-build-isolation --no-deps -w .prebuilt .` under Python 3.12
 #         with JAX_NVFP4_CUDA_ARCHS=90a; carry the folder): installed instead of building here
@@ -47,8 +50,28 @@ fi
 echo "== tests"
 # -P and importlib mode (pyproject) keep the source tree off sys.path: the tests import the
 # installed package, with its extension.
-"$PY" -P -m pytest -q -rs -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest.log"
-status=${PIPESTATUS[0]}
+SHARDS=${SHARDS:-1}
+if [ "$SHARDS" -le 1 ]; then
+  "$PY" -P -m pytest -q -rs -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest.log"
+  status=${PIPESTATUS[0]}
+else
+  # Round-robin over the collected test ids; each process takes GPU memory as it needs it.
+  "$PY" -P -m pytest -q -p no:cacheprovider --collect-only "$@" | grep "::" > "$OUT/test_ids.txt"
+  echo "$(wc -l < "$OUT/test_ids.txt") tests in $SHARDS shards"
+  pids=()
+  for ((i = 0; i < SHARDS; i++)); do
+    awk -v n="$SHARDS" -v i="$i" 'NR % n == i' "$OUT/test_ids.txt" > "$OUT/test_ids.$i.txt"
+    XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" -P -m pytest -q -rs -p no:cacheprovider \
+      $(cat "$OUT/test_ids.$i.txt") > "$OUT/pytest.$i.log" 2>&1 &
+    pids+=($!)
+  done
+  status=0
+  for ((i = 0; i < SHARDS; i++)); do
+    wait "${pids[$i]}" || status=1
+    echo "== shard $i: $(tail -n 1 "$OUT/pytest.$i.log")"
+  done
+  grep -h -E "^(FAILED|ERROR)" "$OUT"/pytest.*.log
+fi
 
 for b in ${BENCH:-}; do
   echo "== bench $b"

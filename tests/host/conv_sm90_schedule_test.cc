@@ -1,6 +1,6 @@
 // Host emulation of the sm_90a convolution's tile loop (cuda/conv/sm90/conv_sm90_schedule.h):
 // fills the shared-memory phase arrays exactly as the kernel's loader does (slot_source), reads
-// every tap at its shifted slot (tap_of), walks the output columns as the epilogue does
+// every tap at its shifted slot (tap_at), walks the output columns as the epilogue does
 // (ColumnWalker) and compares with a direct convolution on small integers (exact in double).
 // Mode "im2col" fills them instead as the warp-specialized kernel's TMA loads do: the PTX ISA's
 // im2col walk (filter base positions along W, then H, then N inside the bounding box, stepping by
@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
         }
       // The MMA loop: every tap reads the same arrays at a shifted slot.
       for (int s = 0; s < pb.s; ++s) {
-        const c90::Tap tap = c90::tap_of(pb, s);
+        const c90::Tap tap = c90::tap_at(pb, g, s);
         if (tap.phase >= g.phases) {
           std::printf("FAIL phase %d out of %d\n", tap.phase, g.phases);
           return 1;

@@ -417,7 +417,7 @@ struct Kernel {
   static __device__ __forceinline__ void issue_tap(const ConvProblem& pb, const Geometry& g, int s,
                                                    uint32_t act, const uint32_t (&frag)[4][4],
                                                    float (&acc)[kAcc]) {
-    const Tap tap = tap_of(pb, s);
+    const Tap tap = tap_at(pb, g, s);
     const uint32_t lead = g.slots * 16;  // next 8-channel column (K direction)
     const uint32_t b_tap = act + ((tap.phase * (kChunkC / 8)) * g.slots + tap.shift) * 16;
     wgmma_fence();
@@ -753,6 +753,24 @@ struct WsKernel {
     return {nullptr, kConsumers, w, ct};
   }
 
+  // A place in the stage ring: its buffer and the parity of its use (place / nbuf), advanced
+  // without a division by the ring size (a run-time value; the divisions sat between the stages'
+  // wgmma groups).
+  struct RingPlace {
+    int buf;
+    uint32_t phase;
+    static __device__ __forceinline__ RingPlace at(int place, int nbuf) {
+      return {place % nbuf, static_cast<uint32_t>(place / nbuf) & 1u};
+    }
+    __device__ __forceinline__ void advance(int step, int nbuf) {  // step <= nbuf
+      buf += step;
+      if (buf >= nbuf) {
+        buf -= nbuf;
+        phase ^= 1u;
+      }
+    }
+  };
+
   // Tile t's first virtual pixel and first output channel: tiles run pixel tile major, k_tiles
   // channel tiles to a pixel tile (indices below 2^31: the launch checks indices_fit_32).
   struct TileOrigin {
@@ -824,12 +842,17 @@ struct WsKernel {
       const bool has_halo = loads_halo(g, g0, kTileN);
       const int64_t scale_tile = (k0 / kTileRows) * scale_k_tiles(kb);
       if (tile == static_cast<int>(blockIdx.x)) wait_for_prior_grids();
+      RingPlace slot = RingPlace::at(it, L.nbuf);
+      int r = range.first / g.c_chunks, cc = range.first % g.c_chunks;  // stage st's filter row, chunk
       // Not unrolled: two stages at a time spill past the producers' 56 registers (split-K).
 #pragma unroll 1
-      for (int st = range.first; st < range.end; ++st, ++it) {
-        const int buf = it % L.nbuf;
-        Barrier::wait(&empty[buf], ((it / L.nbuf) & 1) ^ 1);
-        const int r = st / g.c_chunks, cc = st % g.c_chunks;
+      for (int st = range.first; st < range.end; ++st, ++it, slot.advance(1, L.nbuf)) {
+        if (st > range.first && ++cc == g.c_chunks) {
+          cc = 0;
+          ++r;
+        }
+        const int buf = slot.buf;
+        Barrier::wait(&empty[buf], slot.phase ^ 1u);
         const auto dh = static_cast<uint16_t>(r * pb.dil_h);
         uint8_t* stage = smem + buf * L.stage.total();
         uint64_t* bar = &full[buf];
@@ -928,7 +951,7 @@ struct WsKernel {
   static __device__ __forceinline__ void issue_tap_swizzled(const ConvProblem& pb, const Geometry& g, int s,
                                                             uint32_t act, const uint32_t (&frag)[4][4],
                                                             float (&acc)[kAcc]) {
-    const Tap tap = tap_of(pb, s);
+    const Tap tap = tap_at(pb, g, s);
     const uint32_t b_tap = act + (tap.phase * g.slots + tap.shift) * (kChunkC * 2);
     wgmma_fence();
 #pragma unroll
@@ -997,14 +1020,17 @@ struct WsKernel {
       // iteration keep the parities static, so ptxas sees that no in-flight wgmma's fragments
       // are overwritten. A stage is released once the consumer's next one has retired its wgmmas.
       const int first = kStageSplit ? w : 0, step = kStageSplit ? 2 : 1;
+      RingPlace place = RingPlace::at(it + first, L.nbuf);  // of the consumer's next stage
+      int prev_buf = 0;                                     // of its previous one
       auto run_stage = [&](int st, auto parity) {
-        const int place = it + st, buf = place % L.nbuf;
-        Barrier::wait(&full[buf], (place / L.nbuf) & 1);
+        Barrier::wait(&full[place.buf], place.phase);
         if (st == first) prefetch_scales();
-        const uint8_t* stage = smem + buf * L.stage.total();
+        const uint8_t* stage = smem + place.buf * L.stage.total();
         stage_taps<decltype(parity)::value>(pb, g, stage, L.stage, row0, tr0, pixel0, sel, frag, acc, [&] {
-          if (st > first) Barrier::arrive(&empty[(place - step) % L.nbuf]);
+          if (st > first) Barrier::arrive(&empty[prev_buf]);
         });
+        prev_buf = place.buf;
+        place.advance(step, L.nbuf);
       };
       int st = first;
       for (; st + step < stages; st += 2 * step) {
@@ -1014,9 +1040,7 @@ struct WsKernel {
       if (st < stages) run_stage(st, std::integral_constant<int, 0>{});
       wgmma_wait<0>();
       fence_accumulators(acc);
-      if (stages > first) {  // the last stage this consumer ran
-        Barrier::arrive(&empty[(it + first + (stages - 1 - first) / step * step) % L.nbuf]);
-      }
+      if (stages > first) Barrier::arrive(&empty[prev_buf]);  // the last stage this consumer ran
       if (stages <= first) prefetch_scales();
       it += stages;
       SplitSum split{};

@@ -30,6 +30,20 @@ constexpr int kChunkC = 64;  // input channels per pipeline stage (one scale til
 // Pixels of the second TMA box that loads a tile's halo slots (im2col loads, below).
 constexpr int kHaloPixels = 8;
 
+// Where tap s reads: phase array and slot shift.
+struct Tap {
+  int phase;
+  int shift;
+};
+
+NVFP4_HD Tap tap_of(const ConvProblem& pb, int s) {
+  const int t = s * pb.dil_w;
+  return Tap{t % pb.stride_w, t / pb.stride_w};
+}
+
+// Taps whose place the geometry holds: every S the kernels unroll (1, 3, 5, 7).
+constexpr int kTapTable = 8;
+
 struct Geometry {
   int64_t wv = 0;             // virtual output row width Q + halo
   int halo = 0;               // extra slots a tap shift reaches past the tile
@@ -41,7 +55,16 @@ struct Geometry {
   // Divisions by wv and P in 32 bits, for indices below 2^31 (the warp-specialized kernel's, whose
   // launch checks that they are: indices_fit_32).
   FastDivide by_wv, by_p;
+  // tap_of(s) for s < kTapTable: a kernel parameter, so the stage loops read a tap's place from
+  // the constant bank instead of dividing by the run-time stride (a division between every two
+  // taps' wgmma groups, as ptxas kept it in the loop).
+  Tap taps[kTapTable] = {};
 };
+
+// Tap s's place: from the geometry's table where it holds s, else computed.
+NVFP4_HD Tap tap_at(const ConvProblem& pb, const Geometry& g, int s) {
+  return s < kTapTable ? g.taps[s] : tap_of(pb, s);
+}
 
 // `im2col`: the layout of the TMA loads (below): BN + kHaloPixels slots, a multiple of 8, so
 // the halo's copy starts at a 1024-byte atom of the 128-byte swizzle the kernel loads them in.
@@ -50,8 +73,9 @@ NVFP4_HD Geometry make_geometry(const ConvProblem& pb, int bn, bool im2col = fal
   g.halo = static_cast<int>(((pb.s - 1) * pb.dil_w) / pb.stride_w);
   g.wv = pb.q + g.halo;
   for (int s = 0; s < pb.s; ++s) {
-    const int phase = (s * pb.dil_w) % pb.stride_w;
-    if (phase >= g.phases) g.phases = phase + 1;
+    const Tap tap = tap_of(pb, s);
+    if (tap.phase >= g.phases) g.phases = tap.phase + 1;
+    if (s < kTapTable) g.taps[s] = tap;
   }
   g.slots = im2col ? bn + kHaloPixels : (bn + g.halo) | 1;
   g.virtual_pixels = pb.n * pb.p * g.wv;
@@ -72,17 +96,6 @@ constexpr int64_t kMaxIndex32 = (int64_t{1} << 31) - 1;
 // overflow either.
 NVFP4_HD bool indices_fit_32(const Geometry& g, int tile_n, int64_t tiles) {
   return 2 * tiles <= kMaxIndex32 && g.pixel_tiles * tile_n + kHaloPixels <= kMaxIndex32;
-}
-
-// Where tap s reads: phase array and slot shift.
-struct Tap {
-  int phase;
-  int shift;
-};
-
-NVFP4_HD Tap tap_of(const ConvProblem& pb, int s) {
-  const int t = s * pb.dil_w;
-  return Tap{t % pb.stride_w, t / pb.stride_w};
 }
 
 // The filter-row-independent part of a slot's source: image n, input row h0 of filter row 0 and

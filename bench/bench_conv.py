@@ -145,6 +145,10 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
                 slots = (bn + halo) | 1
                 return (stages * phases * slots * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2,
                         f"ws 128x{bn}")
+    # small_grid_choice: the stage split on 128-pixel tiles where each consumer runs <= 5 stages
+    if (ws_taps and s == 3 and stride == 1 and k % 8 == 0 and c % 32 == 0 and (k <= 64 or k >= 128)
+            and -(-r * chunks // 2) <= 5 and stages_fit(128, 64, stage_split=True)):
+        return tma(128, 64, "ws 64x128 (stage split, small grid)")
     narrow = k <= 64 or tiles(128) * -(-k // 128) < 2 * sms
     k_tiles = -(-k // (64 if narrow else 128))
     if narrow and 2 * tiles(128) * k_tiles <= sms:

@@ -116,11 +116,31 @@ double ws_estimate_us(int stages, int taps, int bn, int splits) {
   return 7.5 + ceil_div(stages, splits) * per_stage + reduce;
 }
 
+constexpr KernelChoice kRegisterA{ConvSm90Kernel::kRegisterA, 1};
+
+// Grids too small for choose_kernel's one-wave rule (below): a 3x3-wide, stride-1 conv with TMA
+// loads takes the stage split on 128-pixel tiles (ws64x128ks) where each consumer runs at most
+// five stages, which no split-K reduction follows; longer chains lose to the register-A kernel's
+// split-K over more SMs. Small grids on an H100, kernel alone, against the register-A kernel
+// (bench/results/conv_NVIDIA_H100_2026-11-26_v6.md): 1-3 stages a consumer 5.5-7.8 against
+// 8.3-13.3 us on twelve shapes (56x56x64 b1 5.7 against 8.5, 28x28x128 b1 7.4 against 10.1), four
+// 12.0 against 13.2 (7x7x256 b8), five 9.9 against 10.8 (14x14x192 b1); six 11.5-11.9 against
+// 10.9-11.4 (14x14x256 b1), twelve 19.5 against 11.7 (7x7x512 b1).
+KernelChoice small_grid_choice(const ConvProblem& pb, int max_smem) {
+  const int64_t stages = pb.r * ceil_div(pb.c, kChunkC);
+  if (pb.s == 3 && pb.stride_h == 1 && pb.stride_w == 1 && ws_tma_supported(pb) &&
+      ceil_div(stages, 2) <= 5 && ws_tma_stages_fit(pb, 128, 64, max_smem, /*stage_split=*/true)) {
+    return {ConvSm90Kernel::kWs64x128Ks, 1};
+  }
+  return kRegisterA;
+}
+
 // The library's choice (H200 and H100 kernel timings, docs/conv.md). The warp-specialized kernel
 // where it takes the problem and its CTAs give at least three quarters of the SMs work (S = 3), or
 // half of them (other S: there the register-A kernel runs its taps in a loop that drains after
 // each, and lost to a 68 %-full warp-specialized grid by 2.3x, 7x1 filter on an H100); otherwise
-// the register-A kernel, whose split-K serves the small grids.
+// (small_grid_choice) the stage split on 128-pixel tiles where each of its consumers runs at most
+// five stages, else the register-A kernel, whose split-K serves the small grids.
 // - TMA loads, K >= 128: of the tilings whose CTAs fit in one wave and whose stages fit in shared
 //   memory (wide filters with a stride may not), 128-channel ones unsplit or split-K over a
 //   cluster of two, or 64-channel ones whose consumers split the stages, the one with the lowest
@@ -135,11 +155,10 @@ double ws_estimate_us(int stages, int taps, int bn, int splits) {
 // - cp.async loads (C % 32 == 16, or what the im2col walk cannot take), K >= 128: 256-pixel
 //   tiles, else 128-pixel ones.
 KernelChoice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
-  constexpr KernelChoice kRegisterA{ConvSm90Kernel::kRegisterA, 1};
   if (!ws_supported(pb)) return kRegisterA;
   const int64_t enough = pb.s == 3 ? (3 * sms + 3) / 4 : (sms + 1) / 2;
   auto pick = [&](ConvSm90Kernel kind, int64_t ctas, int splits = 1) {
-    return ctas >= enough ? KernelChoice{kind, splits} : kRegisterA;
+    return ctas >= enough ? KernelChoice{kind, splits} : small_grid_choice(pb, max_smem);
   };
   if (ws_tma_supported(pb) && pb.k <= 64) {
     const int64_t tiles256 = make_geometry(pb, 256).pixel_tiles, tiles416 = make_geometry(pb, 416).pixel_tiles;

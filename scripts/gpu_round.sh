@@ -61,8 +61,9 @@ else
   pids=()
   for ((i = 0; i < SHARDS; i++)); do
     awk -v n="$SHARDS" -v i="$i" 'NR % n == i' "$OUT/test_ids.txt" > "$OUT/test_ids.$i.txt"
+    mapfile -t ids < "$OUT/test_ids.$i.txt"  # one argument a line: ids may hold spaces
     XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" -P -m pytest -q -rs -p no:cacheprovider \
-      $(cat "$OUT/test_ids.$i.txt") > "$OUT/pytest.$i.log" 2>&1 &
+      "${ids[@]}" > "$OUT/pytest.$i.log" 2>&1 &
     pids+=($!)
   done
   status=0

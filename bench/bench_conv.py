@@ -8,7 +8,8 @@ Ours and XLA are timed on the device: many calls inside one jitted lax.fori_loop
 (_timing.LoopTimer, without rotating operand copies: all of them keep one input set warm in L2),
 CHAIN (or --chain) calls back to back per iteration, so the loop's own ~10 us per iteration (its counter
 kernel and launch gaps, H200) is spread over them as PyTorch's loop has none; PyTorch with CUDA
-events around back-to-back calls. All are timed round-robin (each once
+events around back-to-back eager calls, and around replays of a CUDA graph holding 20 such calls
+(cuDNN's kernels without host work between them). All are timed round-robin (each once
 per round, 7 rounds, median), so they see the same GPU clock. Also reports the activation bytes
 the sm_90a kernel loads from global memory into shared memory with and without the
 shifted-operand reuse, counted from its schedule (cuda/conv/sm90/conv_sm90_schedule.h).
@@ -170,33 +171,52 @@ def xla_dequantized(x, wq, stride, padding):
                                     dimension_numbers=("NHWC", "HWOI", "NHWC"))
 
 
-def torch_timer(n, h, w, c, k, r, s, stride):
-    """A callable timing PyTorch's cuDNN conv2d (channels_last, bf16, benchmark mode): seconds per
-    call from CUDA events around back-to-back calls lasting about as long as one of our timed loops.
-    None without a CUDA PyTorch."""
+def torch_timers(n, h, w, c, k, r, s, stride):
+    """Timers of PyTorch's cuDNN conv2d (channels_last, bf16, benchmark mode), seconds per call,
+    each over about as long as one of our timed loops; {} without a CUDA PyTorch.
+    - "cudnn": CUDA events around back-to-back eager calls, what a PyTorch program sees. Its
+      host dispatch can rival a 20 us kernel, so its readings move with the host.
+    - "cudnn_graph": the same calls captured once in a CUDA graph and replayed, so no host work
+      runs between them: cuDNN's kernels back to back, the stronger anchor."""
     try:
         import torch
     except ImportError:
-        return None
+        return {}
     if not torch.cuda.is_available():
-        return None
+        return {}
     torch.backends.cudnn.benchmark = True
     x = torch.randn(n, c, h, w, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
     wt = torch.randn(k, c, r, s, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
     pad = ((r - 1) // 2, (s - 1) // 2)
 
-    def timed(iters):
+    def conv():
+        return torch.nn.functional.conv2d(x, wt, stride=stride, padding=pad)
+
+    def per_call(run, iters, calls_per_iter=1):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(iters):
-            torch.nn.functional.conv2d(x, wt, stride=stride, padding=pad)
+            run()
         end.record()
         torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3 / iters
+        return start.elapsed_time(end) / 1e3 / (iters * calls_per_iter)
 
-    timed(10)  # cuDNN's algorithm search
-    iters = int(min(2000, max(50, TARGET_S / timed(50))))
-    return lambda: timed(iters)
+    per_call(conv, 10)  # cuDNN's algorithm search
+    eager_iters = int(min(2000, max(50, TARGET_S / per_call(conv, 50))))
+    graph_calls = 20
+    side = torch.cuda.Stream()  # capture needs warm-up on a side stream (torch.cuda.graphs)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            conv()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(graph_calls):
+            conv()
+    graph_iters = int(min(200, max(5, TARGET_S / (per_call(graph.replay, 5, graph_calls) * graph_calls))))
+    return {"cudnn": lambda: per_call(conv, eager_iters),
+            "cudnn_graph": lambda: per_call(graph.replay, graph_iters, graph_calls)}
 
 
 def main():
@@ -231,18 +251,17 @@ def main():
             timers[kernel] = LoopTimer(ours, (x, wq), rotate=False, chain=chain)
             del os.environ["JAX_NVFP4_CONV_SM90_KERNEL"]
             jax.clear_caches()
-        cudnn = torch_timer(n, h, w, c, k, r, s, stride)
-        if cudnn:
-            timers["cudnn"] = cudnn
+        timers.update(torch_timers(n, h, w, c, k, r, s, stride))
         t = interleaved_times(timers)
-        t_ours, t_xla, t_deq, t_torch = t["ours"], t["xla"], t["dequant"], t.get("cudnn")
+        t_ours, t_xla, t_deq, t_torch, t_graph = t["ours"], t["xla"], t["dequant"], t.get("cudnn"), t.get("cudnn_graph")
         out = jn.conv(x, wq, window_strides=(stride, stride), padding=padding)
         flops = 2.0 * out.shape[0] * out.shape[1] * out.shape[2] * k * r * s * c
         reuse, plain, bn = activation_bytes(n, h, w, c, k, r, s, stride)
         forced = {kernel: t[kernel] for kernel in args.forced}
-        rows.append((name, t_ours, t_xla, t_deq, t_torch, flops, reuse, plain, bn, forced))
+        rows.append((name, t_ours, t_xla, t_deq, t_torch, t_graph, flops, reuse, plain, bn, forced))
         print(f"{name:26s} ours {t_ours*1e6:8.1f} us  xla {t_xla*1e6:8.1f} us  dequant+xla {t_deq*1e6:8.1f} us  "
               f"cudnn {t_torch*1e6 if t_torch else float('nan'):8.1f} us  "
+              f"cudnn graph {t_graph*1e6 if t_graph else float('nan'):8.1f} us  "
               + "  ".join(f"{kernel} {v*1e6:8.1f} us" for kernel, v in forced.items()), flush=True)
 
     date = datetime.date.today().isoformat()
@@ -251,17 +270,20 @@ def main():
              "dequant + XLA: the NVFP4 weights dequantized to bf16 by jax_nvfp4.dequantize and that conv, "
              "in one jit): "
              f"a jitted fori_loop of {chain} back-to-back calls an iteration; cuDNN: PyTorch conv2d "
-             "channels_last bf16, benchmark=True (CUDA events). Timed round-robin, medians of 7 rounds. Activation MB: global->shared bytes of our kernel with "
+             "channels_last bf16, benchmark=True, eager calls back to back (CUDA events) and the same calls "
+             "replayed from a CUDA graph (no host work between them). Timed round-robin, medians of 7 rounds. "
+             "Activation MB: global->shared bytes of our kernel with "
              "the shifted-operand reuse / without it (each tap loading its own tile).", "",
-             "| shape | ours µs | TFLOP/s | XLA bf16 µs | dequant + XLA µs | cuDNN bf16 µs | vs XLA | "
-             "vs dequant + XLA | vs cuDNN | act. MB reuse / no reuse | kernel, tile |"
+             "| shape | ours µs | TFLOP/s | XLA bf16 µs | dequant + XLA µs | cuDNN bf16 µs | cuDNN graph µs | vs XLA | "
+             "vs dequant + XLA | vs cuDNN | vs cuDNN graph | act. MB reuse / no reuse | kernel, tile |"
              + "".join(f" ours, {kernel} forced µs |" for kernel in args.forced),
-             "|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(args.forced)]
-    for name, t_o, t_x, t_d, t_t, flops, reuse, plain, bn, forced in rows:
-        cud = f"{t_t*1e6:.1f}" if t_t else "n/a"
-        vs_cud = f"{t_t/t_o:.2f}x" if t_t else "n/a"
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(args.forced)]
+    us = lambda t: f"{t*1e6:.1f}" if t else "n/a"  # noqa: E731
+    for name, t_o, t_x, t_d, t_t, t_g, flops, reuse, plain, bn, forced in rows:
+        vs = lambda t, t_o=t_o: f"{t/t_o:.2f}x" if t else "n/a"  # noqa: E731
         lines.append(f"| {name} | {t_o*1e6:.1f} | {flops/t_o/1e12:.0f} | {t_x*1e6:.1f} | {t_d*1e6:.1f} | "
-                     f"{cud} | {t_x/t_o:.2f}x | {t_d/t_o:.2f}x | {vs_cud} | {reuse/1e6:.2f} / {plain/1e6:.2f} | {bn} |"
+                     f"{us(t_t)} | {us(t_g)} | {t_x/t_o:.2f}x | {t_d/t_o:.2f}x | {vs(t_t)} | {vs(t_g)} | "
+                     f"{reuse/1e6:.2f} / {plain/1e6:.2f} | {bn} |"
                      + "".join(f" {v*1e6:.1f} |" for v in forced.values()))
     table = "\n".join(lines) + "\n"
     print(table)

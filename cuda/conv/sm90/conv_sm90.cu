@@ -127,7 +127,7 @@ constexpr KernelChoice kRegisterA{ConvSm90Kernel::kRegisterA, 1};
 // 12.0 against 13.2 (7x7x256 b8), five 9.9 against 10.8 (14x14x192 b1); six 11.5-11.9 against
 // 10.9-11.4 (14x14x256 b1), twelve 19.5 against 11.7 (7x7x512 b1).
 KernelChoice small_grid_choice(const ConvProblem& pb, int max_smem) {
-  const int64_t stages = pb.r * ceil_div(pb.c, kChunkC);
+  const int stages = pb.r * make_geometry(pb, 128).c_chunks;  // as choose_kernel counts them
   if (pb.s == 3 && pb.stride_h == 1 && pb.stride_w == 1 && ws_tma_supported(pb) &&
       ceil_div(stages, 2) <= 5 && ws_tma_stages_fit(pb, 128, 64, max_smem, /*stage_split=*/true)) {
     return {ConvSm90Kernel::kWs64x128Ks, 1};

@@ -780,6 +780,9 @@ struct WsKernel {
     const uint32_t pixel_tile = k_tiles.quotient(tile);
     return {int64_t{pixel_tile} * kTileN, int64_t{tile - pixel_tile * k_tiles.divisor} * kBM};
   }
+  static __device__ __forceinline__ int tile_count(const Geometry& g, const FastDivide& k_tiles) {
+    return static_cast<int>(g.pixel_tiles) * static_cast<int>(k_tiles.divisor);
+  }
 
   // The producers (and the consumers, below) set up before they wait for the grid before this one
   // (wait_for_prior_grids, before the first global memory access): that wait overlaps the
@@ -789,7 +792,7 @@ struct WsKernel {
                                  const FastDivide& k_tiles, uint8_t* smem, uint64_t* full, uint64_t* empty) {
     const int tid = threadIdx.x;
     auto* table = reinterpret_cast<SlotEntry*>(smem + L.table_offset);
-    const int tiles = static_cast<int>(g.pixel_tiles) * static_cast<int>(k_tiles.divisor);
+    const int tiles = tile_count(g, k_tiles);
     // A stage is signalled `lag` stages after its copies were issued, once they have landed and
     // this thread has fenced them (cp.async writes through the generic proxy; wgmma reads through
     // the async proxy), so up to lag + 1 stages of copies are in flight. lag <= nbuf - 2 keeps a
@@ -797,30 +800,32 @@ struct WsKernel {
     const int lag = L.nbuf >= 4 ? 2 : L.nbuf - 2;
     constexpr int kProducerBarrier = 1;
     const StageRange range = stage_range(pb.r * g.c_chunks);
-    int it = 0;
+    RingPlace load{0, 0}, signal{0, 0};  // the next stage to load, and the next to signal
+    int loaded = 0, signalled = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
       const auto [g0, k0] = tile_origin(tile, k_tiles);
       named_sync(kProducerBarrier, kLoaders);  // the previous tile's loads have all read the table
       build_slot_table<kLoaders>(pb, g, g0, table, tid);
       named_sync(kProducerBarrier, kLoaders);
       if (tile == static_cast<int>(blockIdx.x)) wait_for_prior_grids();
-      for (int st = range.first; st < range.end; ++st, ++it) {
-        const int buf = it % L.nbuf;
-        Barrier::wait(&empty[buf], ((it / L.nbuf) & 1) ^ 1);
-        Mma::template load_stage<kLoaders>(pb, g, table, k0, st, smem + buf * L.stage.total(), L.stage, tid);
+      for (int st = range.first; st < range.end; ++st, ++loaded, load.advance(1, L.nbuf)) {
+        Barrier::wait(&empty[load.buf], load.phase ^ 1u);
+        Mma::template load_stage<kLoaders>(pb, g, table, k0, st, smem + load.buf * L.stage.total(), L.stage, tid);
         cp_async_commit();
         if (lag == 2) cp_async_wait<2>();
         else if (lag == 1) cp_async_wait<1>();
         else cp_async_wait<0>();
-        if (it >= lag) {
+        if (loaded >= lag) {
           fence_proxy_async();  // this thread's copies, visible to the tensor cores
-          Barrier::arrive(&full[(it - lag) % L.nbuf]);
+          Barrier::arrive(&full[signal.buf]);
+          signal.advance(1, L.nbuf);
+          ++signalled;
         }
       }
     }
     cp_async_wait<0>();
     fence_proxy_async();
-    for (int j = it > lag ? it - lag : 0; j < it; ++j) Barrier::arrive(&full[j % L.nbuf]);
+    for (; signalled < loaded; ++signalled, signal.advance(1, L.nbuf)) Barrier::arrive(&full[signal.buf]);
   }
 
   // The TMA producer: thread 0 of the producer warpgroup issues every copy of every stage.
@@ -833,7 +838,7 @@ struct WsKernel {
     const uint64_t hint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
     const int64_t kb = pb.c / kBlockSize, scale_bytes = scale_matrix_bytes(pb.k, kb);
     const StageRange range = stage_range(pb.r * g.c_chunks);
-    const int tiles = static_cast<int>(g.pixel_tiles) * static_cast<int>(k_tiles.divisor);
+    const int tiles = tile_count(g, k_tiles);
     int it = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
       const auto [g0, k0] = tile_origin(tile, k_tiles);
@@ -997,7 +1002,7 @@ struct WsKernel {
     const uint32_t sel = (lane % 4) | ((4 + lane % 4) << 4);
     const StageRange range = stage_range(pb.r * g.c_chunks);
     const int stages = range.end - range.first;  // this CTA's, counted from 0 below
-    const int tiles = static_cast<int>(g.pixel_tiles) * static_cast<int>(k_tiles.divisor);
+    const int tiles = tile_count(g, k_tiles);
     uint8_t* epi_tile = smem + L.epi_offset + w * kEpiBytes;
     float acc[kAcc];
     uint32_t frag[2][4][4];

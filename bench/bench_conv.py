@@ -72,6 +72,13 @@ SHAPES = [
     ("1x1/2 56x56x256->512 b32", (32, 56, 56, 256, 512, 1, 1, 2, "SAME")),
     ("1x1/2 28x28x512->1024 b32", (32, 28, 28, 512, 1024, 1, 1, 2, "SAME")),
     ("1x1/2 14x14x1024->2048 b32", (32, 14, 14, 1024, 2048, 1, 1, 2, "SAME")),
+    # The strided ones at batch 1 (small grids: conv_sm90.cu, small_grid_choice).
+    ("resnet 3x3/2 56x56x128 b1", (1, 56, 56, 128, 128, 3, 3, 2, "SAME")),
+    ("resnet 3x3/2 28x28x256 b1", (1, 28, 28, 256, 256, 3, 3, 2, "SAME")),
+    ("resnet 3x3/2 14x14x512 b1", (1, 14, 14, 512, 512, 3, 3, 2, "SAME")),
+    ("1x1/2 56x56x256->512 b1", (1, 56, 56, 256, 512, 1, 1, 2, "SAME")),
+    ("1x1/2 28x28x512->1024 b1", (1, 28, 28, 512, 1024, 1, 1, 2, "SAME")),
+    ("1x1/2 14x14x1024->2048 b1", (1, 14, 14, 1024, 2048, 1, 1, 2, "SAME")),
 ]
 
 CHUNK_C = 64  # channels per pipeline stage of the sm_90a kernel
@@ -146,10 +153,18 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
                 slots = (bn + halo) | 1
                 return (stages * phases * slots * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2,
                         f"ws 128x{bn}")
-    # small_grid_choice: the stage split on 128-pixel tiles where each consumer runs <= 5 stages
-    if (ws_taps and s == 3 and stride == 1 and k % 8 == 0 and c % 32 == 0 and (k <= 64 or k >= 128)
-            and -(-r * chunks // 2) <= 5 and stages_fit(128, 64, stage_split=True)):
-        return tma(128, 64, "ws 64x128 (stage split, small grid)")
+    # small_grid_choice: the stage split on 128-pixel tiles where each consumer runs at most 8
+    # stages and 15 taps, else for one-tap filters (K >= 128) 128 x 64 tiles split-K over four CTAs
+    # where each runs at most 16 stages
+    stages = r * chunks
+    if ws_taps and k % 8 == 0 and c % 32 == 0 and (k <= 64 or k >= 128):
+        half = -(-stages // 2)
+        if (half <= 8 and half * s <= 15 and tiles(128) * -(-k // 64) <= sms
+                and stages_fit(128, 64, stage_split=True)):
+            return tma(128, 64, "ws 64x128 (stage split, small grid)")
+        if (s == 1 and k >= 128 and stages >= 4 and -(-stages // 4) <= 16
+                and tiles(64) * -(-k // 128) * 4 <= sms and stages_fit(64, 128)):
+            return tma(64, 128, "ws 128x64, split-K 4 (small grid)")
     narrow = k <= 64 or tiles(128) * -(-k // 128) < 2 * sms
     k_tiles = -(-k // (64 if narrow else 128))
     if narrow and 2 * tiles(128) * k_tiles <= sms:

@@ -59,6 +59,11 @@ GPU_CASES = {
     "pointwise_gemm_c256_k200": (2, 28, 28, 256, 200, 1, 1, (1, 1), "VALID", (1, 1)),
     # With a stride it stays on the conv kernels (strided TMA loads): 2 x 28 x 29 pixels.
     "pointwise_stride2_k136": (2, 55, 57, 256, 136, 1, 1, (2, 2), "VALID", (1, 1)),
+    # Grids too small for one wave (small_grid_choice): 8 stages of one tap, which the stage
+    # split's consumers run 4 each, and 32, which 4 CTAs of 128 x 64 run 8 each (the register-A
+    # kernel splits them over 8 CTAs, so its outputs differ).
+    "small_grid_1x1_c512_k200": (1, 14, 14, 512, 200, 1, 1, (1, 1), "VALID", (1, 1)),
+    "small_grid_1x1_c2048_k512": (1, 7, 7, 2048, 512, 1, 1, (1, 1), "VALID", (1, 1)),
 }
 
 # What the warp-specialized kernels take: S in {1, 3, 5, 7} and K % 8 == 0 (bf16 activations and
@@ -301,6 +306,25 @@ def test_split_k_tilings_give_identical_outputs(gpu, monkeypatch, name, splits):
     assert cc.rel_err(first, cc.oracle(x, w, case)) < 1e-2  # the bf16 output rounding
     for kernel, out in outs.items():
         np.testing.assert_array_equal(out, first, err_msg=kernel)
+
+
+@pytest.mark.parametrize("name, kernel", [("small_grid_1x1_c512_k200", "ws64x128ks"),
+                                          ("small_grid_1x1_c2048_k512", "ws128x64/s4")])
+def test_small_grids_take_the_short_chain_tilings(gpu, monkeypatch, name, kernel):
+    """The library's choice for a grid too small for one wave (small_grid_choice in
+    cuda/conv/sm90/conv_sm90.cu), seen through the summation order: its output matches `kernel`
+    forced bit for bit, and the register-A kernel's differs (so the check can tell them apart)."""
+    case = GPU_CASES[name]
+    x, w = operands(case, seed=len(name) + 4)
+    outs = {}
+    for forced in ("", kernel, "register_a"):
+        monkeypatch.setenv("JAX_NVFP4_CONV_SM90_KERNEL", forced)
+        jax.clear_caches()
+        outs[forced] = np.asarray(conv_fn(case)(x, w).astype(jnp.float32))
+    jax.clear_caches()
+    assert cc.rel_err(outs[""], cc.oracle(x, w, case)) < 1e-2  # the bf16 output rounding
+    np.testing.assert_array_equal(outs[""], outs[kernel])
+    assert not np.array_equal(outs[kernel], outs["register_a"])
 
 
 @pytest.mark.parametrize("forced_kernel", ["ws128x128/s4"], indirect=True)

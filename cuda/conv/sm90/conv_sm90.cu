@@ -118,19 +118,38 @@ double ws_estimate_us(int stages, int taps, int bn, int splits) {
 
 constexpr KernelChoice kRegisterA{ConvSm90Kernel::kRegisterA, 1};
 
-// Grids too small for choose_kernel's one-wave rule (below): a 3x3-wide, stride-1 conv with TMA
-// loads takes the stage split on 128-pixel tiles (ws64x128ks) where each consumer runs at most
-// five stages, which no split-K reduction follows; longer chains lose to the register-A kernel's
-// split-K over more SMs. Small grids on an H100, kernel alone, against the register-A kernel
-// (bench/results/conv_NVIDIA_H100_2026-11-26_v6.md): 1-3 stages a consumer 5.5-7.8 against
-// 8.3-13.3 us on twelve shapes (56x56x64 b1 5.7 against 8.5, 28x28x128 b1 7.4 against 10.1), four
-// 12.0 against 13.2 (7x7x256 b8), five 9.9 against 10.8 (14x14x192 b1); six 11.5-11.9 against
-// 10.9-11.4 (14x14x256 b1), twelve 19.5 against 11.7 (7x7x512 b1).
-KernelChoice small_grid_choice(const ConvProblem& pb, int max_smem) {
+// Grids too small for choose_kernel's one-wave rule (below), with TMA loads. Their time is the
+// serial chain of stages and taps (stages x S) that each consumer runs, so the rule counts both
+// (bench/results/conv_small_grids_h100_2026-11-26.md, H100):
+// - the stage split on 128-pixel tiles (ws64x128ks) where each consumer runs at most 8 stages and
+//   15 taps, with no split-K reduction after them. Kernel alone, about 3.6 us + 0.2 a stage +
+//   0.37 a tap, 1.11-2.25x faster than the register-A kernel on 29 small grids. Through JAX
+//   (bench_conv.py, nine batch-1 ResNet-50 and Inception shapes) 1.16-1.63x: 1x1 28x28x512->128
+//   6.4 against 10.4 us, 3x3 / 2 56x56x128 8.5 against 11.3, 1x7 17x17x192 9.2 against 10.9.
+// - else, for one-tap filters (S = 1: pointwise, 7x1) with 128 or more output channels, 128 x 64
+//   tiles split-K over a cluster of four where each CTA runs at most 16 stages: kernel alone
+//   1.16-1.78x faster than the register-A kernel on 12 such grids (1x1 7x7x2048->512 b1 10.3
+//   against 12.3 us, 1x1 14x14x2048->512 b1 10.3 against 17.7). With S > 1 its kernel-alone
+//   gains (1.05-1.35x) turned into losses of 3-17 % on three of four grids through JAX, where the
+//   warp-specialized kernels take ~1 us more than alone and the register-A kernel ~0.5 us less.
+// - else the register-A kernel, whose own split-K serves small grids.
+constexpr int kSmallGridStages = 8, kSmallGridTaps = 15;  // a stage-split consumer's chain
+constexpr int kSmallGridSplits = 4, kSmallGridSplitStages = 16;  // one-tap filters, split-K
+
+KernelChoice small_grid_choice(const ConvProblem& pb, int sms, int max_smem) {
+  if (!ws_tma_supported(pb)) return kRegisterA;
   const int stages = pb.r * make_geometry(pb, 128).c_chunks;  // as choose_kernel counts them
-  if (pb.s == 3 && pb.stride_h == 1 && pb.stride_w == 1 && ws_tma_supported(pb) &&
-      ceil_div(stages, 2) <= 5 && ws_tma_stages_fit(pb, 128, 64, max_smem, /*stage_split=*/true)) {
+  const int consumer_stages = ceil_div(stages, 2);
+  const int64_t ks_ctas = make_geometry(pb, 128).pixel_tiles * ceil_div(pb.k, 64);
+  if (consumer_stages <= kSmallGridStages && consumer_stages * pb.s <= kSmallGridTaps && ks_ctas <= sms &&
+      ws_tma_stages_fit(pb, 128, 64, max_smem, /*stage_split=*/true)) {
     return {ConvSm90Kernel::kWs64x128Ks, 1};
+  }
+  const int64_t split_ctas = make_geometry(pb, 64).pixel_tiles * ceil_div(pb.k, 128) * kSmallGridSplits;
+  if (pb.s == 1 && pb.k >= 128 && stages >= kSmallGridSplits &&
+      ceil_div(stages, kSmallGridSplits) <= kSmallGridSplitStages && split_ctas <= sms &&
+      ws_tma_stages_fit(pb, 64, 128, max_smem)) {
+    return {ConvSm90Kernel::kWs128x64, kSmallGridSplits};
   }
   return kRegisterA;
 }
@@ -139,8 +158,9 @@ KernelChoice small_grid_choice(const ConvProblem& pb, int max_smem) {
 // where it takes the problem and its CTAs give at least three quarters of the SMs work (S = 3), or
 // half of them (other S: there the register-A kernel runs its taps in a loop that drains after
 // each, and lost to a 68 %-full warp-specialized grid by 2.3x, 7x1 filter on an H100); otherwise
-// (small_grid_choice) the stage split on 128-pixel tiles where each of its consumers runs at most
-// five stages, else the register-A kernel, whose split-K serves the small grids.
+// (small_grid_choice) the stage split where each consumer's chain of stages and taps is short, or
+// for one-tap filters split-K over four CTAs, else the register-A kernel, whose split-K serves the
+// small grids.
 // - TMA loads, K >= 128: of the tilings whose CTAs fit in one wave and whose stages fit in shared
 //   memory (wide filters with a stride may not), 128-channel ones unsplit or split-K over a
 //   cluster of two, or 64-channel ones whose consumers split the stages, the one with the lowest
@@ -158,7 +178,7 @@ KernelChoice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
   if (!ws_supported(pb)) return kRegisterA;
   const int64_t enough = pb.s == 3 ? (3 * sms + 3) / 4 : (sms + 1) / 2;
   auto pick = [&](ConvSm90Kernel kind, int64_t ctas, int splits = 1) {
-    return ctas >= enough ? KernelChoice{kind, splits} : small_grid_choice(pb, max_smem);
+    return ctas >= enough ? KernelChoice{kind, splits} : small_grid_choice(pb, sms, max_smem);
   };
   if (ws_tma_supported(pb) && pb.k <= 64) {
     const int64_t tiles256 = make_geometry(pb, 256).pixel_tiles, tiles416 = make_geometry(pb, 416).pixel_tiles;

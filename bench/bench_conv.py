@@ -79,6 +79,16 @@ SHAPES = [
     ("1x1/2 56x56x256->512 b1", (1, 56, 56, 256, 512, 1, 1, 2, "SAME")),
     ("1x1/2 28x28x512->1024 b1", (1, 28, 28, 512, 1024, 1, 1, 2, "SAME")),
     ("1x1/2 14x14x1024->2048 b1", (1, 14, 14, 1024, 2048, 1, 1, 2, "SAME")),
+    # ResNet-50's 3x3 convs at small batches (small grids where the register-A kernel would run
+    # more CTAs than SMs).
+    ("resnet14x14x256 b4", (4, 14, 14, 256, 256, 3, 3, 1, "SAME")),
+    ("resnet7x7x512 b4", (4, 7, 7, 512, 512, 3, 3, 1, "SAME")),
+    ("resnet 3x3/2 28x28x256 b4", (4, 28, 28, 256, 256, 3, 3, 2, "SAME")),
+    ("resnet 3x3/2 14x14x512 b4", (4, 14, 14, 512, 512, 3, 3, 2, "SAME")),
+    ("resnet14x14x256 b8", (8, 14, 14, 256, 256, 3, 3, 1, "SAME")),
+    ("resnet7x7x512 b8", (8, 7, 7, 512, 512, 3, 3, 1, "SAME")),
+    ("resnet 3x3/2 28x28x256 b8", (8, 28, 28, 256, 256, 3, 3, 2, "SAME")),
+    ("resnet 3x3/2 14x14x512 b8", (8, 14, 14, 512, 512, 3, 3, 2, "SAME")),
 ]
 
 CHUNK_C = 64  # channels per pipeline stage of the sm_90a kernel
@@ -153,24 +163,31 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
                 slots = (bn + halo) | 1
                 return (stages * phases * slots * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2,
                         f"ws 128x{bn}")
-    # small_grid_choice: the stage split on 128-pixel tiles where each consumer runs at most 8
-    # stages and 15 taps, else for one-tap filters (K >= 128) 128 x 64 tiles split-K over four CTAs
-    # where each runs at most 16 stages
-    stages = r * chunks
-    if ws_taps and k % 8 == 0 and c % 32 == 0 and (k <= 64 or k >= 128):
-        half = -(-stages // 2)
-        if (half <= 8 and half * s <= 15 and tiles(128) * -(-k // 64) <= sms
-                and stages_fit(128, 64, stage_split=True)):
-            return tma(128, 64, "ws 64x128 (stage split, small grid)")
-        if (s == 1 and k >= 128 and stages >= 4 and -(-stages // 4) <= 16
-                and tiles(64) * -(-k // 128) * 4 <= sms and stages_fit(64, 128)):
-            return tma(64, 128, "ws 128x64, split-K 4 (small grid)")
-    narrow = k <= 64 or tiles(128) * -(-k // 128) < 2 * sms
+    narrow = k <= 64 or tiles(128) * -(-k // 128) < 2 * sms  # register_a_tiles
     k_tiles = -(-k // (64 if narrow else 128))
     if narrow and 2 * tiles(128) * k_tiles <= sms:
         bn = 64
     else:
         bn = 256 if tiles(256) * k_tiles >= 2 * sms else 128
+    stages = r * chunks
+    # small_grid_choice: the stage split on 128-pixel tiles where each consumer runs at most 8
+    # stages and 15 taps; else (K >= 128) 128 x 64 tiles split-K over four CTAs for one-tap filters
+    # where each CTA runs at most 16 stages, and for wider ones where the register-A kernel would run
+    # more CTAs than SMs (or there the stage split where the clusters do not fit)
+    if ws_taps and k % 8 == 0 and c % 32 == 0 and (k <= 64 or k >= 128):
+        half = -(-stages // 2)
+        stage_split = tiles(128) * -(-k // 64) <= sms and stages_fit(128, 64, stage_split=True)
+        split = stages >= 4 and 8 * tiles(64) * -(-k // 128) * 4 <= 7 * sms and stages_fit(64, 128)
+        splits = 1
+        while narrow and splits < 8 and tiles(bn) * k_tiles * (splits + 1) <= 2 * sms and stages >= 3 * (splits + 1):
+            splits += 1
+        if half <= 8 and half * s <= 15 and stage_split:
+            return tma(128, 64, "ws 64x128 (stage split, small grid)")
+        wide_busy = s > 1 and tiles(bn) * k_tiles * splits > sms
+        if k >= 128 and split and ((s == 1 and -(-stages // 4) <= 16) or wide_busy):
+            return tma(64, 128, "ws 128x64, split-K 4 (small grid)")
+        if k >= 128 and wide_busy and stage_split:
+            return tma(128, 64, "ws 64x128 (stage split, small grid)")
     slots = (bn + halo) | 1
     per_stage_reuse = phases * slots * CHUNK_C * 2
     per_stage_plain = s * bn * CHUNK_C * 2

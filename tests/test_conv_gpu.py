@@ -64,6 +64,9 @@ GPU_CASES = {
     # kernel splits them over 8 CTAs, so its outputs differ).
     "small_grid_1x1_c512_k200": (1, 14, 14, 512, 200, 1, 1, (1, 1), "VALID", (1, 1)),
     "small_grid_1x1_c2048_k512": (1, 7, 7, 2048, 512, 1, 1, (1, 1), "VALID", (1, 1)),
+    # ResNet-50's last 3x3 stage at batch 4: the register-A kernel would split its 24 stages over 8
+    # CTAs, 256 in all, more than the SMs; 4 CTAs of 128 x 64 run 6 each.
+    "small_grid_3x3_c512_b4": (4, 7, 7, 512, 512, 3, 3, (1, 1), "SAME", (1, 1)),
 }
 
 # What the warp-specialized kernels take: S in {1, 3, 5, 7} and K % 8 == 0 (bf16 activations and
@@ -309,7 +312,8 @@ def test_split_k_tilings_give_identical_outputs(gpu, monkeypatch, name, splits):
 
 
 @pytest.mark.parametrize("name, kernel", [("small_grid_1x1_c512_k200", "ws64x128ks"),
-                                          ("small_grid_1x1_c2048_k512", "ws128x64/s4")])
+                                          ("small_grid_1x1_c2048_k512", "ws128x64/s4"),
+                                          ("small_grid_3x3_c512_b4", "ws128x64/s4")])
 def test_small_grids_take_the_short_chain_tilings(gpu, monkeypatch, name, kernel):
     """The library's choice for a grid too small for one wave (small_grid_choice in
     cuda/conv/sm90/conv_sm90.cu), seen through the summation order: its output matches `kernel`

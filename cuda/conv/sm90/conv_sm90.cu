@@ -32,11 +32,15 @@ inline LaunchPlan plan_for(int stage_bytes, int table_bytes, int stages, int spl
 // Split-K when the grid leaves SMs idle: the stages of each tile are divided over a cluster of
 // `splits` CTAs along z. The largest split (at most 8, the portable cluster size) that keeps the
 // grid within two CTAs per SM (a third CTA per SM was slower, on an H200), each CTA at three stages
-// or more, and the partial sums within the stage buffers.
+// or more (split_takes), and the partial sums within the stage buffers.
+inline bool split_takes(int splits, int64_t tiles, int stages, int sms) {
+  return splits <= 8 && tiles * splits <= 2 * sms && stages >= 3 * splits;
+}
+
 inline LaunchPlan choose_plan(int stage_bytes, int table_bytes, int partial_bytes, int64_t tiles, int stages,
                               int sms) {
   LaunchPlan plan = plan_for(stage_bytes, table_bytes, stages, 1);
-  for (int splits = 2; splits <= 8 && tiles * splits <= 2 * sms && stages >= 3 * splits; ++splits) {
+  for (int splits = 2; split_takes(splits, tiles, stages, sms); ++splits) {
     const LaunchPlan wider = plan_for(stage_bytes, table_bytes, stages, splits);
     if (partial_bytes > wider.nbuf * stage_bytes) break;
     plan = wider;
@@ -95,6 +99,39 @@ bool ws_supported(const ConvProblem& pb) {
          reinterpret_cast<uintptr_t>(pb.out) % 16 == 0;
 }
 
+// The register-A kernel: one warpgroup per CTA when K fits in 64 channels, or when 128-channel
+// tiles would give fewer CTAs than two per SM (more, smaller CTAs keep every SM busy).
+bool register_a_narrow(const ConvProblem& p, int sms) {
+  return p.k <= 64 || make_geometry(p, 128).pixel_tiles * ceil_div(p.k, 128) < 2 * sms;
+}
+
+// Its pixels per tile with bf16 activations (the fallbacks where a tile's stages do not fit in shared
+// memory aside), and the CTAs of its launch with split-K (split_takes; the partial sums assumed to
+// fit).
+struct RegisterATiles {
+  int bn;
+  int64_t ctas;
+};
+
+RegisterATiles register_a_tiles(const ConvProblem& p, int sms) {
+  const bool narrow = register_a_narrow(p, sms);
+  const int64_t k_tiles = ceil_div(p.k, narrow ? 64 : 128);
+  // 256-pixel tiles when they still give every SM two CTAs (more reuse per weight decode); 64-pixel
+  // tiles when 128-pixel ones would fill at most half the SMs (batch 1: 1.2-2x faster; at 7x7x512
+  // batch 32, 128 CTAs, they were 6 % slower).
+  int bn = 128;
+  if (narrow && 2 * make_geometry(p, 128).pixel_tiles * k_tiles <= sms) {
+    bn = 64;
+  } else if (make_geometry(p, 256).pixel_tiles * k_tiles >= 2 * sms) {
+    bn = 256;
+  }
+  const Geometry g = make_geometry(p, bn);
+  const int64_t tiles = g.pixel_tiles * k_tiles;
+  int splits = 1;
+  while (narrow && split_takes(splits + 1, tiles, p.r * g.c_chunks, sms)) ++splits;
+  return {bn, tiles * splits};
+}
+
 // A kernel and, for the warp-specialized ones, the CTAs each tile's stages split over.
 struct KernelChoice {
   ConvSm90Kernel kernel;
@@ -119,20 +156,26 @@ double ws_estimate_us(int stages, int taps, int bn, int splits) {
 constexpr KernelChoice kRegisterA{ConvSm90Kernel::kRegisterA, 1};
 
 // Grids too small for choose_kernel's one-wave rule (below), with TMA loads. Their time is the
-// serial chain of stages and taps (stages x S) that each consumer runs, so the rule counts both
-// (bench/results/conv_small_grids_h100_2026-11-26.md, H100):
+// serial chain of stages and taps (stages x S) that each consumer runs, so the rule counts both.
+// Fitted to 89 small grids on an H100, kernel alone, and checked through JAX
+// (bench/results/conv_small_grids_h100_2026-11-26.md):
 // - the stage split on 128-pixel tiles (ws64x128ks) where each consumer runs at most 8 stages and
-//   15 taps, with no split-K reduction after them. Kernel alone, about 3.6 us + 0.2 a stage +
-//   0.37 a tap, 1.11-2.25x faster than the register-A kernel on 29 small grids. Through JAX
-//   (bench_conv.py, nine batch-1 ResNet-50 and Inception shapes) 1.16-1.63x: 1x1 28x28x512->128
-//   6.4 against 10.4 us, 3x3 / 2 56x56x128 8.5 against 11.3, 1x7 17x17x192 9.2 against 10.9.
-// - else, for one-tap filters (S = 1: pointwise, 7x1) with 128 or more output channels, 128 x 64
-//   tiles split-K over a cluster of four where each CTA runs at most 16 stages: kernel alone
-//   1.16-1.78x faster than the register-A kernel on 12 such grids (1x1 7x7x2048->512 b1 10.3
-//   against 12.3 us, 1x1 14x14x2048->512 b1 10.3 against 17.7). With S > 1 its kernel-alone
-//   gains (1.05-1.35x) turned into losses of 3-17 % on three of four grids through JAX, where the
-//   warp-specialized kernels take ~1 us more than alone and the register-A kernel ~0.5 us less.
-// - else the register-A kernel, whose own split-K serves small grids.
+//   15 taps, with no split-K reduction after them (about 3.6 us + 0.2 a stage + 0.37 a tap):
+//   1.11-2.42x faster than the register-A kernel on 40 grids; through JAX 1.16-1.63x on nine
+//   batch-1 shapes (1x1 28x28x512->128 6.4 against 10.4 us, 3x3 / 2 56x56x128 8.5 against 11.3);
+// - else, with 128 or more output channels, 128 x 64 tiles split-K over a cluster of four:
+//   - for one-tap filters (S = 1: pointwise, 7x1) where each CTA runs at most 16 stages: 1.16-1.75x
+//     on 13 grids (1x1 14x14x2048->512 b1 10.3 against 17.7 us);
+//   - for wider filters where the register-A kernel would run more CTAs than SMs (its own split-K
+//     aims at two a SM), or there, where the clusters do not fit, the stage split with its longer
+//     chains: 1.12-2.13x on 16 grids, through JAX 1.06-1.80x on the ResNet-50 3x3 convs at batch 4
+//     and 8 (3x3 / 2 14x14x512 b4 15.0 against 27.0 us). Where the register-A kernel runs one CTA
+//     a SM or fewer, the split-K's kernel-alone gains (1.05-1.35x) turned into losses of 3-17 % on
+//     three of four grids through JAX, where the warp-specialized kernels take ~1 us more than
+//     alone and the register-A kernel ~0.5 us less;
+// - else the register-A kernel.
+// The split-K's clusters of four fill at most 7/8 of the SMs: at 128 CTAs (32 clusters) they ran
+// like two waves (3x3 7x7x512 b8: 25.9 us, where 80 CTAs of 128 x 112 took 15.8).
 constexpr int kSmallGridStages = 8, kSmallGridTaps = 15;  // a stage-split consumer's chain
 constexpr int kSmallGridSplits = 4, kSmallGridSplitStages = 16;  // one-tap filters, split-K
 
@@ -140,16 +183,23 @@ KernelChoice small_grid_choice(const ConvProblem& pb, int sms, int max_smem) {
   if (!ws_tma_supported(pb)) return kRegisterA;
   const int stages = pb.r * make_geometry(pb, 128).c_chunks;  // as choose_kernel counts them
   const int consumer_stages = ceil_div(stages, 2);
-  const int64_t ks_ctas = make_geometry(pb, 128).pixel_tiles * ceil_div(pb.k, 64);
-  if (consumer_stages <= kSmallGridStages && consumer_stages * pb.s <= kSmallGridTaps && ks_ctas <= sms &&
-      ws_tma_stages_fit(pb, 128, 64, max_smem, /*stage_split=*/true)) {
-    return {ConvSm90Kernel::kWs64x128Ks, 1};
+  const bool stage_split_fits = make_geometry(pb, 128).pixel_tiles * ceil_div(pb.k, 64) <= sms &&
+                                ws_tma_stages_fit(pb, 128, 64, max_smem, /*stage_split=*/true);
+  constexpr KernelChoice kStageSplit{ConvSm90Kernel::kWs64x128Ks, 1};
+  if (consumer_stages <= kSmallGridStages && consumer_stages * pb.s <= kSmallGridTaps && stage_split_fits) {
+    return kStageSplit;
   }
+  if (pb.k < 128) return kRegisterA;
   const int64_t split_ctas = make_geometry(pb, 64).pixel_tiles * ceil_div(pb.k, 128) * kSmallGridSplits;
-  if (pb.s == 1 && pb.k >= 128 && stages >= kSmallGridSplits &&
-      ceil_div(stages, kSmallGridSplits) <= kSmallGridSplitStages && split_ctas <= sms &&
-      ws_tma_stages_fit(pb, 64, 128, max_smem)) {
-    return {ConvSm90Kernel::kWs128x64, kSmallGridSplits};
+  const bool split_fits = stages >= kSmallGridSplits && 8 * split_ctas <= 7 * sms &&
+                          ws_tma_stages_fit(pb, 64, 128, max_smem);
+  constexpr KernelChoice kSplit{ConvSm90Kernel::kWs128x64, kSmallGridSplits};
+  if (pb.s == 1) {
+    return split_fits && ceil_div(stages, kSmallGridSplits) <= kSmallGridSplitStages ? kSplit : kRegisterA;
+  }
+  if (register_a_tiles(pb, sms).ctas > sms) {
+    if (split_fits) return kSplit;
+    if (stage_split_fits) return kStageSplit;
   }
   return kRegisterA;
 }
@@ -159,8 +209,8 @@ KernelChoice small_grid_choice(const ConvProblem& pb, int sms, int max_smem) {
 // half of them (other S: there the register-A kernel runs its taps in a loop that drains after
 // each, and lost to a 68 %-full warp-specialized grid by 2.3x, 7x1 filter on an H100); otherwise
 // (small_grid_choice) the stage split where each consumer's chain of stages and taps is short, or
-// for one-tap filters split-K over four CTAs, else the register-A kernel, whose split-K serves the
-// small grids.
+// split-K over four CTAs for one-tap filters and where the register-A kernel would run more than
+// one CTA per SM, else the register-A kernel, whose split-K serves the small grids.
 // - TMA loads, K >= 128: of the tilings whose CTAs fit in one wave and whose stages fit in shared
 //   memory (wide filters with a stride may not), 128-channel ones unsplit or split-K over a
 //   cluster of two, or 64-channel ones whose consumers split the stages, the one with the lowest
@@ -270,9 +320,7 @@ cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream, ConvSm90Kernel 
   } else if (ws) {
     return launch_warp_specialized(p, stream, kernel, max_smem, sms, std::max(splits, 1));
   }
-  // One warpgroup per CTA when K fits in 64 channels, or when 128-channel tiles would give fewer
-  // CTAs than two per SM (more, smaller CTAs keep every SM busy).
-  const bool narrow = p.k <= 64 || make_geometry(p, 128).pixel_tiles * ceil_div(p.k, 128) < 2 * sms;
+  const bool narrow = register_a_narrow(p, sms);
   if (p.x_is_nvfp4) {
     return narrow ? launch_taps<ActKind::kNvfp4, 128, 1>(p, stream, max_smem, sms)
                   : launch_taps<ActKind::kNvfp4, 128, 2>(p, stream, max_smem, sms);
@@ -285,16 +333,12 @@ cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream, ConvSm90Kernel 
     return narrow ? launch_taps<ActKind::kF16, 128, 1>(p, stream, max_smem, sms)
                   : launch_taps<ActKind::kF16, 128, 2>(p, stream, max_smem, sms);
   }
-  // bf16: 256-pixel tiles when they still give every SM two CTAs (more reuse per weight decode);
-  // 64-pixel tiles when 128-pixel ones would fill at most half the SMs (batch 1: 1.2-2x faster;
-  // at 7x7x512 batch 32, 128 CTAs, they were 6 % slower).
-  const int64_t k_tiles = ceil_div(p.k, narrow ? 64 : 128);
-  const bool wide = make_geometry(p, 256).pixel_tiles * k_tiles >= 2 * sms;
-  if (narrow && 2 * make_geometry(p, 128).pixel_tiles * k_tiles <= sms) {
+  const RegisterATiles tiles = register_a_tiles(p, sms);
+  if (tiles.bn == 64) {
     const cudaError_t err = launch_taps<ActKind::kBF16, 64, 1>(p, stream, max_smem, sms);
     if (err != cudaErrorInvalidValue) return err;
   }
-  if (wide) {
+  if (tiles.bn == 256) {
     const cudaError_t err = narrow ? launch_taps<ActKind::kBF16, 256, 1>(p, stream, max_smem, sms)
                                    : launch_taps<ActKind::kBF16, 256, 2>(p, stream, max_smem, sms);
     if (err != cudaErrorInvalidValue) return err;

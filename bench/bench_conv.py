@@ -173,19 +173,24 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
     # small_grid_choice: the stage split on 128-pixel tiles where each consumer runs at most 8
     # stages and 15 taps; else (K >= 128) 128 x 64 tiles split-K over four CTAs for one-tap filters
     # where each CTA runs at most 16 stages, and for wider ones where the register-A kernel would run
-    # more CTAs than SMs (or there the stage split where the clusters do not fit)
+    # more CTAs than SMs (or there 128 x 112 tiles, or the stage split, where the clusters do not fit)
     if ws_taps and k % 8 == 0 and c % 32 == 0 and (k <= 64 or k >= 128):
         half = -(-stages // 2)
         stage_split = tiles(128) * -(-k // 64) <= sms and stages_fit(128, 64, stage_split=True)
-        split = stages >= 4 and 8 * tiles(64) * -(-k // 128) * 4 <= 7 * sms and stages_fit(64, 128)
+
+        def split(bn):  # split-K over four on 128 x bn tiles
+            return stages >= 4 and 8 * tiles(bn) * -(-k // 128) * 4 <= 7 * sms and stages_fit(bn, 128)
+
         splits = 1
         while narrow and splits < 8 and tiles(bn) * k_tiles * (splits + 1) <= 2 * sms and stages >= 3 * (splits + 1):
             splits += 1
         if half <= 8 and half * s <= 15 and stage_split:
             return tma(128, 64, "ws 64x128 (stage split, small grid)")
         wide_busy = s > 1 and tiles(bn) * k_tiles * splits > sms
-        if k >= 128 and split and ((s == 1 and -(-stages // 4) <= 16) or wide_busy):
+        if k >= 128 and split(64) and ((s == 1 and -(-stages // 4) <= 16) or wide_busy):
             return tma(64, 128, "ws 128x64, split-K 4 (small grid)")
+        if k >= 128 and wide_busy and split(112):
+            return tma(112, 128, "ws 128x112, split-K 4 (small grid)")
         if k >= 128 and wide_busy and stage_split:
             return tma(128, 64, "ws 64x128 (stage split, small grid)")
     slots = (bn + halo) | 1

@@ -167,8 +167,8 @@ constexpr KernelChoice kRegisterA{ConvSm90Kernel::kRegisterA, 1};
 //   - for one-tap filters (S = 1: pointwise, 7x1) where each CTA runs at most 16 stages: 1.16-1.75x
 //     on 13 grids (1x1 14x14x2048->512 b1 10.3 against 17.7 us);
 //   - for wider filters where the register-A kernel would run more CTAs than SMs (its own split-K
-//     aims at two a SM), or there, where the clusters do not fit, the stage split with its longer
-//     chains: 1.12-2.13x on 16 grids, through JAX 1.06-1.80x on the ResNet-50 3x3 convs at batch 4
+//     aims at two a SM), or there, where the clusters do not fit, on 128 x 112 tiles, or else the
+//     stage split with its longer chains: 1.12-2.13x on 16 grids, through JAX 1.10-1.80x on the ResNet-50 3x3 convs at batch 4
 //     and 8 (3x3 / 2 14x14x512 b4 15.0 against 27.0 us). Where the register-A kernel runs one CTA
 //     a SM or fewer, the split-K's kernel-alone gains (1.05-1.35x) turned into losses of 3-17 % on
 //     three of four grids through JAX, where the warp-specialized kernels take ~1 us more than
@@ -190,15 +190,19 @@ KernelChoice small_grid_choice(const ConvProblem& pb, int sms, int max_smem) {
     return kStageSplit;
   }
   if (pb.k < 128) return kRegisterA;
-  const int64_t split_ctas = make_geometry(pb, 64).pixel_tiles * ceil_div(pb.k, 128) * kSmallGridSplits;
-  const bool split_fits = stages >= kSmallGridSplits && 8 * split_ctas <= 7 * sms &&
-                          ws_tma_stages_fit(pb, 64, 128, max_smem);
+  auto split_fits = [&](int bn) {  // split-K over four on 128 x bn tiles
+    const int64_t ctas = make_geometry(pb, bn).pixel_tiles * ceil_div(pb.k, 128) * kSmallGridSplits;
+    return stages >= kSmallGridSplits && 8 * ctas <= 7 * sms && ws_tma_stages_fit(pb, bn, 128, max_smem);
+  };
   constexpr KernelChoice kSplit{ConvSm90Kernel::kWs128x64, kSmallGridSplits};
   if (pb.s == 1) {
-    return split_fits && ceil_div(stages, kSmallGridSplits) <= kSmallGridSplitStages ? kSplit : kRegisterA;
+    return split_fits(64) && ceil_div(stages, kSmallGridSplits) <= kSmallGridSplitStages ? kSplit : kRegisterA;
   }
   if (register_a_tiles(pb, sms).ctas > sms) {
-    if (split_fits) return kSplit;
+    if (split_fits(64)) return kSplit;
+    // Fewer, wider tiles where the 64-pixel ones' clusters do not fit (3x3 7x7x512 b8: 15.8 us
+    // against 19.7 for the stage split; 3x3 14x14x384 b4: 14.5 against 15.5).
+    if (split_fits(112)) return {ConvSm90Kernel::kWs128x112, kSmallGridSplits};
     if (stage_split_fits) return kStageSplit;
   }
   return kRegisterA;

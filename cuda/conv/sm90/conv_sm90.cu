@@ -168,11 +168,11 @@ constexpr KernelChoice kRegisterA{ConvSm90Kernel::kRegisterA, 1};
 //     on 13 grids (1x1 14x14x2048->512 b1 10.3 against 17.7 us);
 //   - for wider filters where the register-A kernel would run more CTAs than SMs (its own split-K
 //     aims at two a SM), or there, where the clusters do not fit, on 128 x 112 tiles, or else the
-//     stage split with its longer chains: 1.12-2.13x on 16 grids, through JAX 1.10-1.80x on the ResNet-50 3x3 convs at batch 4
-//     and 8 (3x3 / 2 14x14x512 b4 15.0 against 27.0 us). Where the register-A kernel runs one CTA
-//     a SM or fewer, the split-K's kernel-alone gains (1.05-1.35x) turned into losses of 3-17 % on
-//     three of four grids through JAX, where the warp-specialized kernels take ~1 us more than
-//     alone and the register-A kernel ~0.5 us less;
+//     stage split with its longer chains: 1.12-2.13x on 16 grids, through JAX 1.10-1.80x on the
+//     ResNet-50 3x3 convs at batch 4 and 8 (3x3 / 2 14x14x512 b4 15.0 against 27.0 us). Where the
+//     register-A kernel runs one CTA a SM or fewer, the split-K's kernel-alone gains (1.05-1.35x)
+//     turned into losses of 3-17 % on three of four grids through JAX, where the warp-specialized
+//     kernels take ~1 us more than alone and the register-A kernel ~0.5 us less;
 // - else the register-A kernel.
 // The split-K's clusters of four fill at most 7/8 of the SMs: at 128 CTAs (32 clusters) they ran
 // like two waves (3x3 7x7x512 b8: 25.9 us, where 80 CTAs of 128 x 112 took 15.8).
@@ -181,9 +181,10 @@ constexpr int kSmallGridSplits = 4, kSmallGridSplitStages = 16;  // one-tap filt
 
 KernelChoice small_grid_choice(const ConvProblem& pb, int sms, int max_smem) {
   if (!ws_tma_supported(pb)) return kRegisterA;
-  const int stages = pb.r * make_geometry(pb, 128).c_chunks;  // as choose_kernel counts them
+  const Geometry g128 = make_geometry(pb, 128);
+  const int stages = pb.r * g128.c_chunks;  // as choose_kernel counts them
   const int consumer_stages = ceil_div(stages, 2);
-  const bool stage_split_fits = make_geometry(pb, 128).pixel_tiles * ceil_div(pb.k, 64) <= sms &&
+  const bool stage_split_fits = g128.pixel_tiles * ceil_div(pb.k, 64) <= sms &&
                                 ws_tma_stages_fit(pb, 128, 64, max_smem, /*stage_split=*/true);
   constexpr KernelChoice kStageSplit{ConvSm90Kernel::kWs64x128Ks, 1};
   if (consumer_stages <= kSmallGridStages && consumer_stages * pb.s <= kSmallGridTaps && stage_split_fits) {

@@ -146,14 +146,15 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
             k_tiles, stages = -(-k // 128), r * chunks
             fits = [(ws_estimate_us(stages, s, bn, sp), bn, sp, 128) for sp in (1, 2) if sp <= stages
                     for bn in (64, 112, 128, 208, 256) if tiles(bn) * k_tiles * sp <= sms and stages_fit(bn, 128)]
-            fits += [(ws_estimate_us(-(-stages // 2), s, bn, 1), bn, 1, 64) for bn in (128, 224, 256)
-                     if tiles(bn) * -(-k // 64) <= sms and stages_fit(bn, 64, stage_split=True)]
+            fits += [(ws_estimate_us(-(-stages // 2), s, bn, sp), bn, sp, 64) for sp in (1, 2) if 2 * sp <= stages
+                     for bn in (128, 224, 256)
+                     if tiles(bn) * -(-k // 64) * sp <= sms and stages_fit(bn, 64, stage_split=True)]
             widest = next((bn for bn in (256, 208, 128, 112, 64) if stages_fit(bn, 128)), None)
             # the first of the lowest (a tie keeps the earlier); none in one wave: the fewest waves
             _, bn, sp, bm = min(fits, key=lambda f: f[0]) if fits else (0, widest, 1, 128)
             if bn is not None and (tiles(bn) * -(-k // bm) * sp >= enough or not fits):
                 if bm == 64:
-                    return tma(bn, 64, f"ws 64x{bn} (stage split)")
+                    return tma(bn, 64, f"ws 64x{bn} (stage split" + (f", split-K {sp})" if sp > 1 else ")"))
                 return tma(bn, 128, f"ws 128x{bn}" + (f", split-K {sp}" if sp > 1 else ""))
     elif ws_taps and k >= 128 and k % 8 == 0:  # warp-specialized, cp.async loads
         for bn in (256, 128):
@@ -163,36 +164,23 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
                 slots = (bn + halo) | 1
                 return (stages * phases * slots * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2,
                         f"ws 128x{bn}")
-    narrow = k <= 64 or tiles(128) * -(-k // 128) < 2 * sms  # register_a_tiles
+    narrow = k <= 64 or tiles(128) * -(-k // 128) < 2 * sms  # register_a_narrow, register_a_bn
     k_tiles = -(-k // (64 if narrow else 128))
     if narrow and 2 * tiles(128) * k_tiles <= sms:
         bn = 64
     else:
         bn = 256 if tiles(256) * k_tiles >= 2 * sms else 128
-    stages = r * chunks
-    # small_grid_choice: the stage split on 128-pixel tiles where each consumer runs at most 8
-    # stages and 15 taps; else (K >= 128) 128 x 64 tiles split-K over four CTAs for one-tap filters
-    # where each CTA runs at most 16 stages, and for wider ones where the register-A kernel would run
-    # more CTAs than SMs (or there 128 x 112 tiles, or the stage split, where the clusters do not fit)
-    if ws_taps and k % 8 == 0 and c % 32 == 0 and (k <= 64 or k >= 128):
-        half = -(-stages // 2)
-        stage_split = tiles(128) * -(-k // 64) <= sms and stages_fit(128, 64, stage_split=True)
-
-        def split(bn):  # split-K over four on 128 x bn tiles
-            return stages >= 4 and 8 * tiles(bn) * -(-k // 128) * 4 <= 7 * sms and stages_fit(bn, 128)
-
-        splits = 1
-        while narrow and splits < 8 and tiles(bn) * k_tiles * (splits + 1) <= 2 * sms and stages >= 3 * (splits + 1):
-            splits += 1
-        if half <= 8 and half * s <= 15 and stage_split:
-            return tma(128, 64, "ws 64x128 (stage split, small grid)")
-        wide_busy = s > 1 and tiles(bn) * k_tiles * splits > sms
-        if k >= 128 and split(64) and ((s == 1 and -(-stages // 4) <= 16) or wide_busy):
-            return tma(64, 128, "ws 128x64, split-K 4 (small grid)")
-        if k >= 128 and wide_busy and split(112):
-            return tma(112, 128, "ws 128x112, split-K 4 (small grid)")
-        if k >= 128 and wide_busy and stage_split:
-            return tma(128, 64, "ws 64x128 (stage split, small grid)")
+    # small_grid_choice: the stage split on 128-pixel tiles, split-K over the cluster size of
+    # least estimated time
+    if ws_taps and k % 8 == 0 and c % 32 == 0 and (k <= 64 or k >= 128) and stages_fit(128, 64, stage_split=True):
+        stages, ks_tiles = r * chunks, tiles(128) * -(-k // 64)
+        chain = lambda sp: -(-(-(-stages // sp)) // 2)  # noqa: E731  consumer 0's stages
+        fit = [(3.64 + chain(sp) * (0.375 * s + 0.223) + cost, sp)
+               for sp, cost in ((1, 0.0), (2, 2.41), (3, 2.89), (4, 3.36), (8, 5.28))
+               if sp <= stages and (ks_tiles * sp <= sms if sp <= 2 else 8 * ks_tiles * sp <= 7 * sms)]
+        if fit:
+            sp = min(fit)[1]
+            return tma(128, 64, "ws 64x128 (stage split" + (f", split-K {sp}" if sp > 1 else "") + ", small grid)")
     slots = (bn + halo) | 1
     per_stage_reuse = phases * slots * CHUNK_C * 2
     per_stage_plain = s * bn * CHUNK_C * 2

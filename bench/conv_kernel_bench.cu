@@ -145,12 +145,13 @@ std::vector<int> parse_ints(const char* list) {
   return out;
 }
 
-// kKernels, plus every warp-specialized 128-channel TMA tiling split over each of `splits`
-// CTAs (named like ws128x256/s4).
+// kKernels, plus every warp-specialized TMA tiling with 128 channels or the stage split, split
+// over each of `splits` CTAs (named like ws128x256/s4, ws64x256ks/s2).
 std::vector<KernelChoice> kernel_choices(const std::vector<int>& splits) {
   std::vector<KernelChoice> out(std::begin(kKernels), std::end(kKernels));
   for (const KernelChoice& kc : kKernels) {
-    if (kc.name.rfind("ws128x", 0) != 0 || kc.name.find("cpasync") != std::string::npos) continue;
+    const bool splittable = kc.name.rfind("ws128x", 0) == 0 || kc.name.find("ks") != std::string::npos;
+    if (!splittable || kc.name.find("cpasync") != std::string::npos) continue;
     for (int s : splits) {
       if (s > 1) out.push_back({kc.name + "/s" + std::to_string(s), kc.kernel, s});
     }

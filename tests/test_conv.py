@@ -269,7 +269,7 @@ def test_sm90_warp_specialized_kernels_use_hgmma_and_mbarriers(kernel_sass):
 @pytest.mark.parametrize("value, want", [
     ("", (0, 0)), ("auto", (0, 0)), ("conv_launcher", (0, 0)), ("ws128x256", (3, 0)), ("ws64x416", (10, 0)),
     ("ws64x224ks", (12, 0)),
-    ("ws128x128/s2", (2, 2)), ("ws128x64/s8", (6, 8)),
+    ("ws128x128/s2", (2, 2)), ("ws128x64/s8", (6, 8)), ("ws64x128ks/s3", (11, 3)), ("ws64x256ks/s2", (13, 2)),
 ])
 def test_forced_sm90_kernel_and_split_from_the_environment(monkeypatch, value, want):
     from jax_nvfp4.primitives import conv as conv_primitive
@@ -277,7 +277,7 @@ def test_forced_sm90_kernel_and_split_from_the_environment(monkeypatch, value, w
     assert conv_primitive.forced_kernel() == want
 
 
-@pytest.mark.parametrize("value", ["fastest", "ws128x128/s1", "ws128x128/s9", "ws64x256/s2", "ws64x128ks/s2",
+@pytest.mark.parametrize("value", ["fastest", "ws128x128/s1", "ws128x128/s9", "ws64x256/s2", "ws64x416/s2",
                                    "ws128x128_cpasync/s2", "register_a/s2", "ws128x128/sx"])
 def test_unknown_forced_sm90_kernel_or_split_is_rejected(monkeypatch, value):
     from jax_nvfp4.primitives import conv as conv_primitive

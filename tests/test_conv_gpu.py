@@ -60,12 +60,12 @@ GPU_CASES = {
     # With a stride it stays on the conv kernels (strided TMA loads): 2 x 28 x 29 pixels.
     "pointwise_stride2_k136": (2, 55, 57, 256, 136, 1, 1, (2, 2), "VALID", (1, 1)),
     # Grids too small for one wave (small_grid_choice): 8 stages of one tap, which the stage
-    # split's consumers run 4 each, and 32, which 4 CTAs of 128 x 64 run 8 each (the register-A
-    # kernel splits them over 8 CTAs, so its outputs differ).
+    # split's consumers run 4 each, unsplit; 32, which a cluster of 4 stage-split CTAs runs 8 each
+    # (the register-A kernel splits them over 8 CTAs, so its outputs differ).
     "small_grid_1x1_c512_k200": (1, 14, 14, 512, 200, 1, 1, (1, 1), "VALID", (1, 1)),
     "small_grid_1x1_c2048_k512": (1, 7, 7, 2048, 512, 1, 1, (1, 1), "VALID", (1, 1)),
-    # ResNet-50's last 3x3 stage at batch 4: the register-A kernel would split its 24 stages over 8
-    # CTAs, 256 in all, more than the SMs; 4 CTAs of 128 x 64 run 6 each.
+    # ResNet-50's last 3x3 stage at batch 4: 24 stages of 3 taps, over a cluster of 4 stage-split
+    # CTAs (64 in all; 128 in clusters of 8 would not fit in one wave).
     "small_grid_3x3_c512_b4": (4, 7, 7, 512, 512, 3, 3, (1, 1), "SAME", (1, 1)),
 }
 
@@ -195,6 +195,12 @@ def test_tma_only_tilings_match_float64(gpu, forced_kernel, name):
     check_with_bias_against_float64(name, jnp.float16)
 
 
+def stages(name):
+    """Pipeline stages of a tile of GPU_CASES[name]: filter rows x 64-channel chunks."""
+    _, _, _, c, _, r, *_ = GPU_CASES[name]
+    return r * -(-c // 64)
+
+
 # The 64-channel tilings whose two consumers split the stages (TMA loads).
 STAGE_SPLIT_KERNELS = ["ws64x128ks", "ws64x224ks", "ws64x256ks"]
 
@@ -234,17 +240,43 @@ def test_stage_split_tilings_match_float64_or_reject(gpu, monkeypatch, kernel, n
     jax.clear_caches()
 
 
+# The stage split with split-K over a cluster, on every TMA case with a stage per CTA.
+STAGE_SPLIT_K_KERNELS = ["ws64x128ks/s2", "ws64x224ks/s3", "ws64x256ks/s4"]
+STAGE_SPLIT_K_RUNS = [(kernel, name) for kernel in STAGE_SPLIT_K_KERNELS for name in TMA_CASES
+                      if int(kernel.split("/s")[1]) <= stages(name)]
+
+
+@pytest.mark.parametrize("kernel, name", STAGE_SPLIT_K_RUNS)
+def test_stage_split_k_tilings_match_float64_or_reject(gpu, monkeypatch, kernel, name):
+    """Where the stage split's stages fit, against float64; where they do not, the forced kernel's
+    error."""
+    monkeypatch.setenv("JAX_NVFP4_CONV_SM90_KERNEL", kernel)
+    jax.clear_caches()
+    if stage_split_takes(kernel.split("/")[0], name, jax.devices()[0].core_count):
+        check_with_bias_against_float64(name, jnp.bfloat16)
+    else:
+        x, w = operands(GPU_CASES[name], seed=2)
+        with pytest.raises(Exception, match="forced warp-specialized"):
+            np.asarray(conv_fn(GPU_CASES[name])(x, w))
+    jax.clear_caches()
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3])
 @pytest.mark.parametrize("name", TMA_CASES)
-def test_stage_split_tilings_give_identical_outputs(gpu, monkeypatch, name):
-    """Consumer w sums stages w, w + 2, ... of every tile whatever its width, and the two sums
-    are added once, so the stage-split tilings agree bit for bit (not with the others, whose
-    float32 sums run in another order)."""
+def test_stage_split_tilings_give_identical_outputs(gpu, monkeypatch, name, splits):
+    """Consumer w sums stages w, w + 2, ... of its CTA's range whatever the tile width, the two
+    sums are added once, and (split-K) the CTAs' sums in rank order, so the stage-split tilings
+    with the same split agree bit for bit (not with the others, whose float32 sums run in another
+    order)."""
+    if splits > stages(name):
+        pytest.skip("fewer stages than CTAs")
     case = GPU_CASES[name]
     x, w = operands(case, seed=len(name) + 3)
     outs = {}
+    suffix = f"/s{splits}" if splits > 1 else ""
     for kernel in STAGE_SPLIT_KERNELS:
         if stage_split_takes(kernel, name, jax.devices()[0].core_count):
-            monkeypatch.setenv("JAX_NVFP4_CONV_SM90_KERNEL", kernel)
+            monkeypatch.setenv("JAX_NVFP4_CONV_SM90_KERNEL", kernel + suffix)
             jax.clear_caches()
             outs[kernel] = np.asarray(conv_fn(case, out_dtype=jnp.bfloat16)(x, w).astype(jnp.float32))
     jax.clear_caches()
@@ -269,12 +301,6 @@ def test_every_warp_specialized_tiling_gives_identical_outputs(gpu, monkeypatch,
     jax.clear_caches()
     for kernel, out in outs.items():
         np.testing.assert_array_equal(out, outs["ws128x256_cpasync"], err_msg=kernel)
-
-
-def stages(name):
-    """Pipeline stages of a tile of GPU_CASES[name]: filter rows x 64-channel chunks."""
-    _, _, _, c, _, r, *_ = GPU_CASES[name]
-    return r * -(-c // 64)
 
 
 # Split-K over a cluster (the 128-channel TMA tilings), on every TMA case with a stage per CTA.
@@ -312,12 +338,14 @@ def test_split_k_tilings_give_identical_outputs(gpu, monkeypatch, name, splits):
 
 
 @pytest.mark.parametrize("name, kernel", [("small_grid_1x1_c512_k200", "ws64x128ks"),
-                                          ("small_grid_1x1_c2048_k512", "ws128x64/s4"),
-                                          ("small_grid_3x3_c512_b4", "ws128x64/s4")])
-def test_small_grids_take_the_short_chain_tilings(gpu, monkeypatch, name, kernel):
-    """The library's choice for a grid too small for one wave (small_grid_choice in
-    cuda/conv/sm90/conv_sm90.cu), seen through the summation order: its output matches `kernel`
-    forced bit for bit, and the register-A kernel's differs (so the check can tell them apart)."""
+                                          ("small_grid_1x1_c2048_k512", "ws64x128ks/s4"),
+                                          ("small_grid_3x3_c512_b4", "ws64x128ks/s4"),
+                                          ("resnet_stage4_b32", "ws64x256ks/s2")])
+def test_library_picks_the_stage_split_tilings(gpu, monkeypatch, name, kernel):
+    """The library's choice (choose_kernel and, for grids too small for one wave,
+    small_grid_choice in cuda/conv/sm90/conv_sm90.cu), seen through the summation order: its
+    output matches `kernel` forced bit for bit, and the register-A kernel's differs (so the check
+    can tell them apart)."""
     case = GPU_CASES[name]
     x, w = operands(case, seed=len(name) + 4)
     outs = {}

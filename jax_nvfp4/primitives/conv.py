@@ -42,8 +42,8 @@ CONV_TARGET = "jax_nvfp4_conv"
 # split their pixels, or with "ks" their stages, between two consumers; tests and benchmarks run
 # each on one shape; a warp-specialized one fails on problems it does not take);
 # ws128x128_cpasync|ws128x256_cpasync force the warp-specialized one's cp.async loads where it
-# would use TMA; a 128-channel TMA tiling with a suffix /s2 .. /s8 (ws128x128/s2) runs split-K
-# over a cluster of that many CTAs; conv_launcher keeps a pointwise conv on the conv kernels, with
+# would use TMA; a 128-channel or stage-split TMA tiling with a suffix /s2 .. /s8 (ws128x128/s2,
+# ws64x128ks/s4) runs split-K over a cluster of that many CTAs; conv_launcher keeps a pointwise conv on the conv kernels, with
 # their launcher's own choice (pointwise_as_gemm). Read when a call is lowered: set it before jit
 # compiles the function (jax.clear_caches() drops compiled ones). Values:
 # cuda/conv/sm90/conv_sm90.h, ConvSm90Kernel.
@@ -52,7 +52,8 @@ _KERNELS = {"": 0, "auto": 0, "conv_launcher": 0, "register_a": 1, "ws128x128": 
             "ws128x128_cpasync": 4, "ws128x256_cpasync": 5, "ws128x64": 6, "ws128x112": 7,
             "ws128x208": 8, "ws64x256": 9, "ws64x416": 10, "ws64x128ks": 11, "ws64x224ks": 12,
             "ws64x256ks": 13}
-_SPLIT_K_KERNELS = ("ws128x64", "ws128x112", "ws128x128", "ws128x208", "ws128x256")
+_SPLIT_K_KERNELS = ("ws128x64", "ws128x112", "ws128x128", "ws128x208", "ws128x256", "ws64x128ks",
+                    "ws64x224ks", "ws64x256ks")
 _SPLITS = range(2, 9)
 
 

@@ -105,31 +105,16 @@ bool register_a_narrow(const ConvProblem& p, int sms) {
   return p.k <= 64 || make_geometry(p, 128).pixel_tiles * ceil_div(p.k, 128) < 2 * sms;
 }
 
-// Its pixels per tile with bf16 activations (the fallbacks where a tile's stages do not fit in shared
-// memory aside), and the CTAs of its launch with split-K (split_takes; the partial sums assumed to
-// fit).
-struct RegisterATiles {
-  int bn;
-  int64_t ctas;
-};
-
-RegisterATiles register_a_tiles(const ConvProblem& p, int sms) {
+// Its pixels per tile with bf16 activations (the fallbacks where a tile's stages do not fit in
+// shared memory aside): 256 when they still give every SM two CTAs (more reuse per weight decode);
+// 64 when 128-pixel tiles would fill at most half the SMs (batch 1: 1.2-2x faster; at 7x7x512
+// batch 32, 128 CTAs, they were 6 % slower).
+int register_a_bn(const ConvProblem& p, int sms) {
   const bool narrow = register_a_narrow(p, sms);
   const int64_t k_tiles = ceil_div(p.k, narrow ? 64 : 128);
-  // 256-pixel tiles when they still give every SM two CTAs (more reuse per weight decode); 64-pixel
-  // tiles when 128-pixel ones would fill at most half the SMs (batch 1: 1.2-2x faster; at 7x7x512
-  // batch 32, 128 CTAs, they were 6 % slower).
-  int bn = 128;
-  if (narrow && 2 * make_geometry(p, 128).pixel_tiles * k_tiles <= sms) {
-    bn = 64;
-  } else if (make_geometry(p, 256).pixel_tiles * k_tiles >= 2 * sms) {
-    bn = 256;
-  }
-  const Geometry g = make_geometry(p, bn);
-  const int64_t tiles = g.pixel_tiles * k_tiles;
-  int splits = 1;
-  while (narrow && split_takes(splits + 1, tiles, p.r * g.c_chunks, sms)) ++splits;
-  return {bn, tiles * splits};
+  if (narrow && 2 * make_geometry(p, 128).pixel_tiles * k_tiles <= sms) return 64;
+  if (make_geometry(p, 256).pixel_tiles * k_tiles >= 2 * sms) return 256;
+  return 128;
 }
 
 // A kernel and, for the warp-specialized ones, the CTAs each tile's stages split over.
@@ -155,70 +140,53 @@ double ws_estimate_us(int stages, int taps, int bn, int splits) {
 
 constexpr KernelChoice kRegisterA{ConvSm90Kernel::kRegisterA, 1};
 
-// Grids too small for choose_kernel's one-wave rule (below), with TMA loads. Their time is the
-// serial chain of stages and taps (stages x S) that each consumer runs, so the rule counts both.
-// Fitted to 89 small grids on an H100, kernel alone, and checked through JAX
-// (bench/results/conv_small_grids_h100_2026-11-26.md):
-// - the stage split on 128-pixel tiles (ws64x128ks) where each consumer runs at most 8 stages and
-//   15 taps, with no split-K reduction after them (about 3.6 us + 0.2 a stage + 0.37 a tap):
-//   1.11-2.42x faster than the register-A kernel on 40 grids; through JAX 1.16-1.63x on nine
-//   batch-1 shapes (1x1 28x28x512->128 6.4 against 10.4 us, 3x3 / 2 56x56x128 8.5 against 11.3);
-// - else, with 128 or more output channels, 128 x 64 tiles split-K over a cluster of four:
-//   - for one-tap filters (S = 1: pointwise, 7x1) where each CTA runs at most 16 stages: 1.16-1.75x
-//     on 13 grids (1x1 14x14x2048->512 b1 10.3 against 17.7 us);
-//   - for wider filters where the register-A kernel would run more CTAs than SMs (its own split-K
-//     aims at two a SM), or there, where the clusters do not fit, on 128 x 112 tiles, or else the
-//     stage split with its longer chains: 1.12-2.13x on 16 grids, through JAX 1.10-1.80x on the
-//     ResNet-50 3x3 convs at batch 4 and 8 (3x3 / 2 14x14x512 b4 15.0 against 27.0 us). Where the
-//     register-A kernel runs one CTA a SM or fewer, the split-K's kernel-alone gains (1.05-1.35x)
-//     turned into losses of 3-17 % on three of four grids through JAX, where the warp-specialized
-//     kernels take ~1 us more than alone and the register-A kernel ~0.5 us less;
-// - else the register-A kernel.
-// The split-K's clusters of four fill at most 7/8 of the SMs: at 128 CTAs (32 clusters) they ran
-// like two waves (3x3 7x7x512 b8: 25.9 us, where 80 CTAs of 128 x 112 took 15.8).
-constexpr int kSmallGridStages = 8, kSmallGridTaps = 15;  // a stage-split consumer's chain
-constexpr int kSmallGridSplits = 4, kSmallGridSplitStages = 16;  // one-tap filters, split-K
+// Clusters of two run in one wave up to one CTA per SM; larger ones only up to 7/8 of the SMs (at
+// 126-128 CTAs, clusters of three, four and eight ran like two waves: H100, kernel alone,
+// bench/results/conv_stage_split_k_h100_2026-11-26.md).
+bool clusters_fit(int splits, int64_t ctas, int sms) {
+  return splits <= 2 ? ctas <= sms : 8 * ctas <= int64_t{7} * sms;
+}
 
+// Grids too small for choose_kernel's one-wave rule, with TMA loads: the stage split on 128-pixel
+// tiles (ws64x128ks), split-K over a cluster of 1, 2, 3, 4 or 8 CTAs, whichever has the least
+// estimated time; the register-A kernel where its stages do not fit in shared memory. A consumer's
+// time is its serial chain of stages and taps, so more CTAs with shorter chains win until a
+// split's exchange of partial sums costs more: fitted to the kernel alone on 101 grids of batch 1
+// to 32 on an H100 (3.64 us + 0.375 a tap + 0.223 a stage of the chain, + 2.41, 2.89, 3.36 or 5.28
+// us for a split over 2, 3, 4 or 8 CTAs; within 0.46 us rms). The choice was within 0.06 us of
+// the fastest split on average; against the rule before (the unsplit stage split for short
+// chains, split-K over four 128 x 64 or 128 x 112 tiles, or the register-A kernel), 1.1-1.5x faster
+// on 55 of those grids and at most 0.9 us slower on 7
+// (bench/results/conv_stage_split_k_h100_2026-11-26.md).
 KernelChoice small_grid_choice(const ConvProblem& pb, int sms, int max_smem) {
-  if (!ws_tma_supported(pb)) return kRegisterA;
-  const Geometry g128 = make_geometry(pb, 128);
-  const int stages = pb.r * g128.c_chunks;  // as choose_kernel counts them
-  const int consumer_stages = ceil_div(stages, 2);
-  const bool stage_split_fits = g128.pixel_tiles * ceil_div(pb.k, 64) <= sms &&
-                                ws_tma_stages_fit(pb, 128, 64, max_smem, /*stage_split=*/true);
-  constexpr KernelChoice kStageSplit{ConvSm90Kernel::kWs64x128Ks, 1};
-  if (consumer_stages <= kSmallGridStages && consumer_stages * pb.s <= kSmallGridTaps && stage_split_fits) {
-    return kStageSplit;
+  if (!ws_tma_supported(pb) || !ws_tma_stages_fit(pb, 128, 64, max_smem, /*stage_split=*/true)) return kRegisterA;
+  const Geometry g = make_geometry(pb, 128);
+  const int stages = pb.r * g.c_chunks;  // as choose_kernel counts them
+  const int64_t tiles = g.pixel_tiles * ceil_div(pb.k, 64);
+  constexpr std::pair<int, double> kSplitCosts[] = {{1, 0.0}, {2, 2.41}, {3, 2.89}, {4, 3.36}, {8, 5.28}};
+  KernelChoice best = kRegisterA;
+  double best_us = 0;
+  for (const auto& [splits, cost] : kSplitCosts) {
+    if (splits > stages || !clusters_fit(splits, tiles * splits, sms)) continue;
+    const int chain = static_cast<int>(ceil_div(ceil_div(stages, splits), 2));  // consumer 0's stages
+    const double us = 3.64 + chain * (0.375 * static_cast<double>(pb.s) + 0.223) + cost;
+    if (best.kernel == ConvSm90Kernel::kRegisterA || us < best_us) {
+      best = {ConvSm90Kernel::kWs64x128Ks, splits};
+      best_us = us;
+    }
   }
-  if (pb.k < 128) return kRegisterA;
-  auto split_fits = [&](int bn) {  // split-K over four on 128 x bn tiles
-    const int64_t ctas = make_geometry(pb, bn).pixel_tiles * ceil_div(pb.k, 128) * kSmallGridSplits;
-    return stages >= kSmallGridSplits && 8 * ctas <= 7 * sms && ws_tma_stages_fit(pb, bn, 128, max_smem);
-  };
-  constexpr KernelChoice kSplit{ConvSm90Kernel::kWs128x64, kSmallGridSplits};
-  if (pb.s == 1) {
-    return split_fits(64) && ceil_div(stages, kSmallGridSplits) <= kSmallGridSplitStages ? kSplit : kRegisterA;
-  }
-  if (register_a_tiles(pb, sms).ctas > sms) {
-    if (split_fits(64)) return kSplit;
-    // Fewer, wider tiles where the 64-pixel ones' clusters do not fit (3x3 7x7x512 b8: 15.8 us
-    // against 19.7 for the stage split; 3x3 14x14x384 b4: 14.5 against 15.5).
-    if (split_fits(112)) return {ConvSm90Kernel::kWs128x112, kSmallGridSplits};
-    if (stage_split_fits) return kStageSplit;
-  }
-  return kRegisterA;
+  return best;
 }
 
 // The library's choice (H200 and H100 kernel timings, docs/conv.md). The warp-specialized kernel
 // where it takes the problem and its CTAs give at least three quarters of the SMs work (S = 3), or
 // half of them (other S: there the register-A kernel runs its taps in a loop that drains after
 // each, and lost to a 68 %-full warp-specialized grid by 2.3x, 7x1 filter on an H100); otherwise
-// (small_grid_choice) the stage split where each consumer's chain of stages and taps is short, or
-// split-K over four CTAs for one-tap filters and where the register-A kernel would run more than
-// one CTA per SM, else the register-A kernel, whose split-K serves the small grids.
+// (small_grid_choice) the stage split, split-K over the cluster size whose chains and exchange
+// are estimated shortest.
 // - TMA loads, K >= 128: of the tilings whose CTAs fit in one wave and whose stages fit in shared
-//   memory (wide filters with a stride may not), 128-channel ones unsplit or split-K over a
-//   cluster of two, or 64-channel ones whose consumers split the stages, the one with the lowest
+//   memory (wide filters with a stride may not), 128-channel ones or 64-channel ones whose
+//   consumers split the stages, each unsplit or split-K over a cluster of two, the one with the lowest
 //   ws_estimate_us (the kernel is bound by each consumer's serial chain of decodes and wgmmas, so
 //   more CTAs with less work each win, and a second, partial wave loses); on a tie the
 //   128-channel one. When none fits in one wave, the widest 128-channel tiling whose stages fit
@@ -266,12 +234,17 @@ KernelChoice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
                  ws_estimate_us(stages, static_cast<int>(pb.s), bn, splits), ws_tma_stages_fit(pb, bn, 128, max_smem));
       }
     }
+    // The stage split with split-K (each consumer half of its CTA's stages): at 7x7x512 b32,
+    // ws64x256ks/s2 19.2 against 20.3 us unsplit on 128-pixel tiles; b24, ws64x224ks/s2 17.8
+    // against 20.2 (H100, kernel alone).
     constexpr std::pair<int, ConvSm90Kernel> kStageSplitWidths[] = {
         {128, ConvSm90Kernel::kWs64x128Ks}, {224, ConvSm90Kernel::kWs64x224Ks}, {256, ConvSm90Kernel::kWs64x256Ks}};
-    for (const auto& [bn, kind] : kStageSplitWidths) {
-      consider({kind, 1}, make_geometry(pb, bn).pixel_tiles * ceil_div(pb.k, 64),
-               ws_estimate_us(ceil_div(stages, 2), static_cast<int>(pb.s), bn, 1),
-               ws_tma_stages_fit(pb, bn, 64, max_smem, /*stage_split=*/true));
+    for (int splits = 1; splits <= 2 && 2 * splits <= stages; ++splits) {
+      for (const auto& [bn, kind] : kStageSplitWidths) {
+        consider({kind, splits}, make_geometry(pb, bn).pixel_tiles * ceil_div(pb.k, 64) * splits,
+                 ws_estimate_us(ceil_div(stages, 2), static_cast<int>(pb.s), bn, splits),
+                 ws_tma_stages_fit(pb, bn, 64, max_smem, /*stage_split=*/true));
+      }
     }
     if (best_ctas >= 0) return pick(best.kernel, best_ctas, best.splits);
     // None fits in one wave: the widest tiling whose stages fit (the fewest waves).
@@ -338,12 +311,12 @@ cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream, ConvSm90Kernel 
     return narrow ? launch_taps<ActKind::kF16, 128, 1>(p, stream, max_smem, sms)
                   : launch_taps<ActKind::kF16, 128, 2>(p, stream, max_smem, sms);
   }
-  const RegisterATiles tiles = register_a_tiles(p, sms);
-  if (tiles.bn == 64) {
+  const int bn = register_a_bn(p, sms);
+  if (bn == 64) {
     const cudaError_t err = launch_taps<ActKind::kBF16, 64, 1>(p, stream, max_smem, sms);
     if (err != cudaErrorInvalidValue) return err;
   }
-  if (tiles.bn == 256) {
+  if (bn == 256) {
     const cudaError_t err = narrow ? launch_taps<ActKind::kBF16, 256, 1>(p, stream, max_smem, sms)
                                    : launch_taps<ActKind::kBF16, 256, 2>(p, stream, max_smem, sms);
     if (err != cudaErrorInvalidValue) return err;

@@ -650,6 +650,8 @@ __global__ void __launch_bounds__(128 * kWGM, 1) conv_sm90_kernel(const ConvProb
 //   consumer's chain then holds half the tile's stages at the full pixel width, where the
 //   128-channel tiles give both consumers every stage of a narrower tile (or split-K over a
 //   cluster): the same MMAs with half the weight decodes per pixel.
+//   With split-K too (kSplitK), the cluster's CTAs each take a range of the stages, and their
+//   consumers alternate within it: the wider tiles' fewer decodes per pixel on one wave of CTAs.
 template <int kBN, bool kTma, int kBM, bool kSplitK, int kS, bool kStageSplit>
 struct WsKernel {
   static_assert(kS >= 1, "taps along W, known at compile time (the unrolled tap loop)");
@@ -657,7 +659,7 @@ struct WsKernel {
   static constexpr bool kPixelSplit = kBM == 64 && !kStageSplit;
   static_assert(kBM == 128 || kTma, "64-channel tiles with TMA loads");
   static_assert(!kStageSplit || kBM == 64, "the stage split on 64-channel tiles");
-  static_assert(!kSplitK || (kTma && !kStageSplit), "split-K over a cluster with TMA loads");
+  static_assert(!kSplitK || kTma, "split-K over a cluster with TMA loads");
   static constexpr int kTileN = kPixelSplit ? 2 * kBN : kBN;  // pixels of a CTA tile
   using Mma = Kernel<ActKind::kBF16, kBN, kBM / 64, kS, false>;  // stage layout, loads, tap math
   // Producer warpgroups: two for cp.async loads where the consumers' registers allow (a
@@ -704,15 +706,17 @@ struct WsKernel {
     return {stages * z / splits, stages * (z + 1) / splits};
   }
 
-  // Where a split CTA's epilogue finds the partial sums: every CTA of the cluster leaves its
-  // accumulators in its own (by then idle) stage ring, [kAcc][consumer thread], and CTA z finishes
-  // the epilogue passes p with p % splits == z, adding the partials of all CTAs in rank order
-  // (deterministic, and the same sum whichever CTA computes it).
+  // Which epilogue passes a consumer finishes, and where it finds the partial sums of the others.
+  // Pass p is this consumer's when p % owners == owner. Split-K: every CTA of the cluster leaves its
+  // accumulators in its own (by then idle) shared memory, entry i of `thread` at
+  // partial[i * stride + thread], and the owner of a pass adds the partials of all `splits` CTAs in
+  // rank order (deterministic, and the same sum whichever CTA computes it).
   struct SplitSum {
     float* partial;
-    int splits, rank, thread;
+    int splits, owners, owner, thread, stride;
   };
 
+  // Split-K over 128-channel tiles: CTA z finishes the passes p with p % splits == z.
   static __device__ SplitSum leave_partials(const float (&acc)[kAcc], uint8_t* smem, int thread) {
     constexpr int kConsumersBarrier = kConsumerBarrier0 + kConsumers;  // both consumer warpgroups
     named_sync(kConsumersBarrier, kConsumerThreads);  // both consumers' wgmmas have retired
@@ -720,7 +724,8 @@ struct WsKernel {
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) partial[i * kConsumerThreads + thread] = acc[i];
     cg::this_cluster().sync();  // every CTA's partials are in place
-    return {partial, static_cast<int>(gridDim.z), static_cast<int>(blockIdx.z), thread};
+    const int splits = static_cast<int>(gridDim.z), rank = static_cast<int>(blockIdx.z);
+    return {partial, splits, splits, rank, thread, kConsumerThreads};
   }
 
   // kStageSplit: consumer w finishes the epilogue passes p with p % 2 == w. Each consumer leaves
@@ -742,15 +747,27 @@ struct WsKernel {
     named_sync(kConsumersBarrier, kConsumerThreads);
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) {
-      if (mine(i)) acc[i] += partial[i * 128 + ct];
+      if (mine(i)) {
+        acc[i] += partial[i * 128 + ct];
+        // Split-K: the CTA's sum, for the cluster, where the other consumer no longer looks.
+        if constexpr (kSplitK) partial[i * 128 + ct] = acc[i];
+      }
     }
   }
 
+  // kStageSplit: consumer w finishes the passes p with p % 2 == w; with split-K as well, those
+  // with p / 2 % splits == z in CTA z, over the CTAs' sums that exchange_partials left.
   static __device__ SplitSum add_other_partials(float (&acc)[kAcc], uint8_t* region, int w, int ct) {
     float* partial = reinterpret_cast<float*>(region);
     if (w == 0) exchange_partials<0>(acc, partial, ct);
     else exchange_partials<1>(acc, partial, ct);
-    return {nullptr, kConsumers, w, ct};
+    if constexpr (!kSplitK) {
+      return {nullptr, 1, kConsumers, w, ct, 128};
+    } else {
+      cg::this_cluster().sync();  // every CTA's sums are in place
+      const int splits = static_cast<int>(gridDim.z), rank = static_cast<int>(blockIdx.z);
+      return {partial, splits, kConsumers * splits, w + kConsumers * rank, ct, 128};
+    }
   }
 
   // A place in the stage ring: its buffer and the parity of its use (place / nbuf), advanced
@@ -890,8 +907,8 @@ struct WsKernel {
   // Stores the warpgroup's 64 channels x kBN pixels through its shared-memory tile, kEpiPixels
   // pixels per pass (the last pass takes the rest): stmatrix (transposed) into
   // [pixel][kEpiPitch], then one 16-byte store per 8 channels of a pixel.
-  // Split-K: only this CTA's passes, over the sums of the cluster's partials (SplitSum).
-  // kStageSplit: only this consumer's passes (add_other_partials has summed them).
+  // Split-K or kStageSplit: only this consumer's passes (SplitSum); with split-K, over the sums of
+  // the cluster's partials.
   template <typename T>
   static __device__ void epilogue(const ConvProblem& pb, const Geometry& g, int64_t g0, int64_t k0,
                                   float (&acc)[kAcc], T* tile, int ct, int barrier, const SplitSum& split) {
@@ -905,7 +922,7 @@ struct WsKernel {
       constexpr int kPixels = decltype(pixels)::value;
       static_assert(kPixels % 16 == 0, "16 pixels a store round");
       if constexpr (kSplitK || kStageSplit) {
-        if ((first / kEpiPixels) % split.splits != split.rank) return;
+        if ((first / kEpiPixels) % split.owners != split.owner) return;
       }
       if constexpr (kSplitK) {
         cg::cluster_group cluster = cg::this_cluster();
@@ -913,7 +930,7 @@ struct WsKernel {
           const float* part = cluster.map_shared_rank(split.partial, r) + split.thread;
 #pragma unroll
           for (int i = (first / 8) * 4; i < (first + kPixels) / 8 * 4; ++i) {
-            const float v = part[i * kConsumerThreads];
+            const float v = part[i * split.stride];
             acc[i] = r == 0 ? v : acc[i] + v;
           }
         }
@@ -1049,8 +1066,8 @@ struct WsKernel {
       if (stages <= first) prefetch_scales();
       it += stages;
       SplitSum split{};
-      if constexpr (kSplitK) split = leave_partials(acc, smem, 128 * w + ct);
       if constexpr (kStageSplit) split = add_other_partials(acc, smem + L.partial_offset, w, ct);
+      else if constexpr (kSplitK) split = leave_partials(acc, smem, 128 * w + ct);
       const int64_t wg0 = o.g0 + pixel0, wk0 = o.k0 + channel0;
       if (pb.out_dtype == DType::kF16) {
         epilogue<__half>(pb, g, wg0, wk0, acc, reinterpret_cast<__half*>(epi_tile), ct, kConsumerBarrier0 + w, split);

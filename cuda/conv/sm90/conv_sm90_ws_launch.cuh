@@ -44,7 +44,7 @@ bool encode_ws_maps(const ConvProblem& pb, const Geometry& g, int bn, int bm, Ws
 // 14x14x256 22.5 against 23.8; 56x56x64 unchanged). Unsplit: one CTA per SM looping over the
 // tiles (the stage split's partial sums in the ring where that is one tile per CTA). Split-K over
 // `splits` CTAs: one cluster per tile, whose partial sums need the stage ring to hold a CTA's
-// accumulators, and each CTA at least one stage.
+// accumulators (the stage split's: its partial-sum region), and each CTA at least one stage.
 template <int kBN, bool kTma, int kBM, int kS, bool kStageSplit = false>
 cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsTmaMaps& maps, cudaStream_t stream,
                              int max_smem, int sms, int splits) {
@@ -56,7 +56,7 @@ cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsT
   WsLayout L;
   for (int nbuf = 4; nbuf >= ws_min_stages(kStageSplit); --nbuf) {
     L = ws_layout(pb, g, kBM, K::kConsumers * K::kEpiBytes, nbuf, kTma, K::kPartialBytes,
-                  /*partials_in_ring=*/splits == 1 && tiles <= sms);
+                  /*partials_in_ring=*/splits > 1 || tiles <= sms);
     if (L.total <= max_smem) break;
   }
   if (L.total > max_smem) return cudaErrorInvalidValue;
@@ -65,13 +65,13 @@ cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsT
     return launch_ex(conv_sm90_ws_kernel<kBN, kTma, kBM, false, kS, kStageSplit>, grid, K::kThreads, L.total,
                      stream, /*cluster_z=*/false, /*pdl=*/true, pb, g, L, by_k_tiles, maps);
   }
-  if constexpr (kTma && kBM == 128) {  // the tilings with a kSplitK instantiation
-    const int64_t partial_bytes = int64_t{K::kAcc} * K::kConsumerThreads * 4;
+  if constexpr (kTma && (kBM == 128 || kStageSplit)) {  // the tilings with a kSplitK instantiation
+    const int64_t partial_bytes = kStageSplit ? 0 : int64_t{K::kAcc} * K::kConsumerThreads * 4;
     if (splits > kMaxWsSplits || splits > pb.r * g.c_chunks ||
         partial_bytes > int64_t{L.nbuf} * L.stage.total()) {
       return cudaErrorInvalidValue;
     }
-    return launch_ex(conv_sm90_ws_kernel<kBN, kTma, kBM, true, kS, false>,
+    return launch_ex(conv_sm90_ws_kernel<kBN, kTma, kBM, true, kS, kStageSplit>,
                      dim3(static_cast<unsigned>(tiles), 1, static_cast<unsigned>(splits)), K::kThreads, L.total, stream,
                      /*cluster_z=*/true, /*pdl=*/true, pb, g, L, by_k_tiles, maps);
   }

@@ -148,21 +148,29 @@ bool clusters_fit(int splits, int64_t ctas, int sms) {
 }
 
 // Grids too small for choose_kernel's one-wave rule, with TMA loads: the stage split on 128-pixel
-// tiles (ws64x128ks), split-K over a cluster of 1, 2, 3, 4 or 8 CTAs, whichever has the least
-// estimated time; the register-A kernel where its stages do not fit in shared memory. A consumer's
-// time is its serial chain of stages and taps, so more CTAs with shorter chains win until a
-// split's exchange of partial sums costs more: fitted to the kernel alone on 101 grids of batch 1
-// to 32 on an H100 (3.64 us + 0.375 a tap + 0.223 a stage of the chain, + 2.41, 2.89, 3.36 or 5.28
-// us for a split over 2, 3, 4 or 8 CTAs; within 0.46 us rms). The choice was within 0.06 us of
-// the fastest split on average; against the rule before (the unsplit stage split for short
-// chains, split-K over four 128 x 64 or 128 x 112 tiles, or the register-A kernel), 1.1-1.5x faster
-// on 55 of those grids and at most 0.9 us slower on 7
-// (bench/results/conv_stage_split_k_h100_2026-11-26.md).
+// tiles (ws64x128ks); the register-A kernel where its stages do not fit in shared memory. A
+// consumer's time is its serial chain of stages and taps, so more CTAs with shorter chains win
+// until a split's exchange of partial sums costs more than it saves:
+// - unsplit where each consumer runs at most 8 stages and 15 taps (the 31st session's rule:
+//   1.11-2.42x faster than the register-A kernel on 40 grids);
+// - else split-K over a cluster of 1, 2, 3, 4 or 8 CTAs, whichever has the least estimated time:
+//   3.64 us + 0.375 a tap + 0.223 a stage of consumer 0's chain, + 2.41, 2.89, 3.36 or 5.28 us for
+//   a split over 2, 3, 4 or 8 CTAs, fitted to the kernel alone on 101 grids of batch 1 to 32 on an
+//   H100 (0.46 us rms).
+// Against the rule before (which left these grids unsplit, split-K over four 128 x 64 or 128 x 112
+// tiles, or to the register-A kernel), H100, kernel alone, same runs: 1.04-1.48x faster on 53 of
+// 101 grids (bench/results/conv_stage_split_k_h100_2026-11-26.md).
+constexpr int kSmallGridStages = 8, kSmallGridTaps = 15;  // an unsplit consumer's chain
+
 KernelChoice small_grid_choice(const ConvProblem& pb, int sms, int max_smem) {
   if (!ws_tma_supported(pb) || !ws_tma_stages_fit(pb, 128, 64, max_smem, /*stage_split=*/true)) return kRegisterA;
   const Geometry g = make_geometry(pb, 128);
   const int stages = pb.r * g.c_chunks;  // as choose_kernel counts them
   const int64_t tiles = g.pixel_tiles * ceil_div(pb.k, 64);
+  const int consumer_stages = ceil_div(stages, 2);
+  if (tiles <= sms && consumer_stages <= kSmallGridStages && consumer_stages * pb.s <= kSmallGridTaps) {
+    return {ConvSm90Kernel::kWs64x128Ks, 1};
+  }
   constexpr std::pair<int, double> kSplitCosts[] = {{1, 0.0}, {2, 2.41}, {3, 2.89}, {4, 3.36}, {8, 5.28}};
   KernelChoice best = kRegisterA;
   double best_us = 0;

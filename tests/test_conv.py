@@ -242,13 +242,13 @@ def test_sm90_warp_specialized_kernels_use_hgmma_and_mbarriers(kernel_sass):
     # For each filter width S in {1, 3, 5, 7}: 128- and 256-pixel tiles with TMA and cp.async
     # loads; 64-, 112- and 208-pixel tiles, the two 64-channel pixel-split tiles (256 and 416
     # pixels) and the three 64-channel stage-split ones (128, 224, 256) with TMA loads; the five
-    # 128-channel TMA tilings again split-K.
-    assert sorted(collections.Counter(a[4] for a in args.values()).items()) == [(s, 17) for s in (1, 3, 5, 7)]
+    # 128-channel and the three stage-split TMA tilings again split-K.
+    assert sorted(collections.Counter(a[4] for a in args.values()).items()) == [(s, 20) for s in (1, 3, 5, 7)]
     tma = {name for name, a in args.items() if a[1] == 1}
     split = {name for name, a in args.items() if a[3] == 1}
     stage_split = {name for name, a in args.items() if a[5] == 1}
-    assert len(tma) == 4 * 15 and len(split) == 4 * 5
-    assert stage_split <= tma and len(stage_split) == 4 * 3
+    assert len(tma) == 4 * 18 and len(split) == 4 * 8
+    assert stage_split <= tma and len(stage_split) == 4 * 6 and len(stage_split & split) == 4 * 3
     assert all(args[name][2] == 64 for name in stage_split)
     for name, sass in kernels.items():
         assert "HGMMA.64x" in sass, name

@@ -225,31 +225,16 @@ def stage_split_takes(kernel, name, sms, max_smem=227 * 1024):
     return ring + 2 * 64 * 72 * 2 + separate + 2 * 4 * 8 <= max_smem
 
 
-@pytest.mark.parametrize("kernel", STAGE_SPLIT_KERNELS)
-@pytest.mark.parametrize("name", TMA_CASES)
+# Every stage-split tiling unsplit on every TMA case, and each split over a cluster (of 2, 3 or 4
+# CTAs) on the cases with a stage per CTA.
+STAGE_SPLIT_RUNS = ([(kernel, name) for kernel in STAGE_SPLIT_KERNELS for name in TMA_CASES]
+                    + [(f"{kernel}/s{splits}", name) for kernel, splits in zip(STAGE_SPLIT_KERNELS, (2, 3, 4))
+                       for name in TMA_CASES if splits <= stages(name)])
+
+
+@pytest.mark.parametrize("kernel, name", STAGE_SPLIT_RUNS)
 def test_stage_split_tilings_match_float64_or_reject(gpu, monkeypatch, kernel, name):
     """Where its stages fit, against float64; where they do not, the forced kernel's error."""
-    monkeypatch.setenv("JAX_NVFP4_CONV_SM90_KERNEL", kernel)
-    jax.clear_caches()
-    if stage_split_takes(kernel, name, jax.devices()[0].core_count):
-        check_with_bias_against_float64(name, jnp.bfloat16)
-    else:
-        x, w = operands(GPU_CASES[name], seed=2)
-        with pytest.raises(Exception, match="forced warp-specialized"):
-            np.asarray(conv_fn(GPU_CASES[name])(x, w))
-    jax.clear_caches()
-
-
-# The stage split with split-K over a cluster, on every TMA case with a stage per CTA.
-STAGE_SPLIT_K_KERNELS = ["ws64x128ks/s2", "ws64x224ks/s3", "ws64x256ks/s4"]
-STAGE_SPLIT_K_RUNS = [(kernel, name) for kernel in STAGE_SPLIT_K_KERNELS for name in TMA_CASES
-                      if int(kernel.split("/s")[1]) <= stages(name)]
-
-
-@pytest.mark.parametrize("kernel, name", STAGE_SPLIT_K_RUNS)
-def test_stage_split_k_tilings_match_float64_or_reject(gpu, monkeypatch, kernel, name):
-    """Where the stage split's stages fit, against float64; where they do not, the forced kernel's
-    error."""
     monkeypatch.setenv("JAX_NVFP4_CONV_SM90_KERNEL", kernel)
     jax.clear_caches()
     if stage_split_takes(kernel.split("/")[0], name, jax.devices()[0].core_count):

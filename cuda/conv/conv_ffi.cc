@@ -86,8 +86,8 @@ ffi::Error conv_impl(cudaStream_t stream, ffi::AnyBuffer x,
                        "activations, S = 1, 3, 5 or 7, a bf16/f16 output with K % 8 == 0, and shared memory for two "
                        "stages (four with the stage split, and its partial sums); "
                        "its 64-, 112- and 208-pixel and its 64-channel tilings also TMA loads: C % 32 == 0, strides up to 8; "
-                       "split-K a 128-channel tiling with TMA loads, at most one CTA per stage, and stage "
-                       "buffers that hold a CTA's partial sums)");
+                       "split-K a 128-channel or stage-split tiling with TMA loads, at most one CTA per stage, and "
+                       "(128 channels) stage buffers that hold a CTA's partial sums)");
       }
       if (err == cudaErrorInvalidValue) {
         return invalid("problem needs more shared memory than the sm_90a kernel can take "

@@ -146,8 +146,8 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
             k_tiles, stages = -(-k // 128), r * chunks
             fits = [(ws_estimate_us(stages, s, bn, sp), bn, sp, 128) for sp in (1, 2) if sp <= stages
                     for bn in (64, 112, 128, 208, 256) if tiles(bn) * k_tiles * sp <= sms and stages_fit(bn, 128)]
-            fits += [(ws_estimate_us(-(-stages // 2), s, bn, sp), bn, sp, 64) for sp in (1, 2) if 2 * sp <= stages
-                     for bn in (128, 224, 256)
+            fits += [(ws_estimate_us(-(-stages // 2), s, bn, sp), bn, sp, 64)
+                     for sp in (1, 2) if 2 * sp <= stages for bn in (128, 224, 256)
                      if tiles(bn) * -(-k // 64) * sp <= sms and stages_fit(bn, 64, stage_split=True)]
             widest = next((bn for bn in (256, 208, 128, 112, 64) if stages_fit(bn, 128)), None)
             # the first of the lowest (a tie keeps the earlier); none in one wave: the fewest waves
@@ -172,9 +172,11 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
         bn = 256 if tiles(256) * k_tiles >= 2 * sms else 128
     # small_grid_choice: the stage split on 128-pixel tiles, unsplit where each consumer runs at
     # most 8 stages and 15 taps, else split-K over the cluster size of least estimated time
-    if ws_taps and k % 8 == 0 and c % 32 == 0 and (k <= 64 or k >= 128) and stages_fit(128, 64, stage_split=True):
+    if (ws_taps and k % 8 == 0 and c % 32 == 0 and (k <= 64 or k >= 128)
+            and stages_fit(128, 64, stage_split=True)):
         stages, ks_tiles = r * chunks, tiles(128) * -(-k // 64)
-        chain = lambda sp: -(-(-(-stages // sp)) // 2)  # noqa: E731  consumer 0's stages
+        # consumer 0's stages over a cluster of sp: ceil(ceil(stages / sp) / 2)
+        chain = lambda sp: -(-(-(-stages // sp)) // 2)  # noqa: E731
         if ks_tiles <= sms and chain(1) <= 8 and chain(1) * s <= 15:
             return tma(128, 64, "ws 64x128 (stage split, small grid)")
         fit = [(3.64 + chain(sp) * (0.375 * s + 0.223) + cost, sp)
@@ -182,7 +184,8 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
                if sp <= stages and (ks_tiles * sp <= sms if sp <= 2 else 8 * ks_tiles * sp <= 7 * sms)]
         if fit:
             sp = min(fit)[1]
-            return tma(128, 64, "ws 64x128 (stage split" + (f", split-K {sp}" if sp > 1 else "") + ", small grid)")
+            split = f", split-K {sp}" if sp > 1 else ""
+            return tma(128, 64, f"ws 64x128 (stage split{split}, small grid)")
     slots = (bn + halo) | 1
     per_stage_reuse = phases * slots * CHUNK_C * 2
     per_stage_plain = s * bn * CHUNK_C * 2

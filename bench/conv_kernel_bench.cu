@@ -11,8 +11,8 @@
 // Every sm_90a kernel that takes a shape runs (ConvSm90Kernel: register_a, the warp-specialized
 // ws128xBN tilings with their loads, and auto, the library's choice); --kernel keeps those whose
 // name starts with PREFIX (and auto); --splits adds the TMA ws128xBN and stage-split (ws64xBNks)
-// tilings split-K over a cluster of that many CTAs. --custom times that one problem ('SAME' padding; 3x3, stride 1 by default)
-// instead of the list below (e.g. a sweep over C).
+// tilings split-K over a cluster of that many CTAs. --custom times that one problem ('SAME'
+// padding; 3x3, stride 1 by default) instead of the list below (e.g. a sweep over C).
 // Random bf16 activations and NVFP4 weights (random codes, E4M3 scales in [2^-4, 2]), bf16
 // output. Each shape: 64 sampled outputs checked against a float64 host convolution of the same
 // operands; time per launch from CUDA events over 200 back-to-back launches, the kernels

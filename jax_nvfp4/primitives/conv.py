@@ -43,10 +43,10 @@ CONV_TARGET = "jax_nvfp4_conv"
 # each on one shape; a warp-specialized one fails on problems it does not take);
 # ws128x128_cpasync|ws128x256_cpasync force the warp-specialized one's cp.async loads where it
 # would use TMA; a 128-channel or stage-split TMA tiling with a suffix /s2 .. /s8 (ws128x128/s2,
-# ws64x128ks/s4) runs split-K over a cluster of that many CTAs; conv_launcher keeps a pointwise conv on the conv kernels, with
-# their launcher's own choice (pointwise_as_gemm). Read when a call is lowered: set it before jit
-# compiles the function (jax.clear_caches() drops compiled ones). Values:
-# cuda/conv/sm90/conv_sm90.h, ConvSm90Kernel.
+# ws64x128ks/s4) runs split-K over a cluster of that many CTAs; conv_launcher keeps a pointwise
+# conv on the conv kernels, with their launcher's own choice (pointwise_as_gemm). Read when a call
+# is lowered: set it before jit compiles the function (jax.clear_caches() drops compiled ones).
+# Values: cuda/conv/sm90/conv_sm90.h, ConvSm90Kernel.
 KERNEL_ENV = "JAX_NVFP4_CONV_SM90_KERNEL"
 _KERNELS = {"": 0, "auto": 0, "conv_launcher": 0, "register_a": 1, "ws128x128": 2, "ws128x256": 3,
             "ws128x128_cpasync": 4, "ws128x256_cpasync": 5, "ws128x64": 6, "ws128x112": 7,

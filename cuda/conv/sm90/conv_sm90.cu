@@ -158,8 +158,10 @@ bool clusters_fit(int splits, int64_t ctas, int sms) {
 //   a split over 2, 3, 4 or 8 CTAs, fitted to the kernel alone on 101 grids of batch 1 to 32 on an
 //   H100 (0.46 us rms).
 // Against the rule before (which left these grids unsplit, split-K over four 128 x 64 or 128 x 112
-// tiles, or to the register-A kernel), H100, kernel alone, same runs: 1.04-1.48x faster on 53 of
-// 101 grids (bench/results/conv_stage_split_k_h100_2026-11-26.md).
+// tiles, or to the register-A kernel), H100, kernel alone, same run: the choice changed on 49 of the
+// 101 grids, 48 of them 1.05-1.51x faster, none slower by more than 3 %; through JAX 1.04-1.22x on
+// 14 shapes, 0.93x on 3x3 7x7x512 b1, where the register-A kernel gains ~1.5 us through JAX
+// (bench/results/conv_stage_split_k_h100_2026-11-26.md).
 constexpr int kSmallGridStages = 8, kSmallGridTaps = 15;  // an unsplit consumer's chain
 
 KernelChoice small_grid_choice(const ConvProblem& pb, int sms, int max_smem) {

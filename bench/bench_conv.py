@@ -171,16 +171,17 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
     else:
         bn = 256 if tiles(256) * k_tiles >= 2 * sms else 128
     # small_grid_choice: the stage split on 128-pixel tiles, unsplit where each consumer runs at
-    # most 8 stages and 15 taps, else split-K over the cluster size of least estimated time
+    # most two stages, or three of at most three taps, else split-K over the cluster size of least
+    # estimated time
     if (ws_taps and k % 8 == 0 and c % 32 == 0 and (k <= 64 or k >= 128)
             and stages_fit(128, 64, stage_split=True)):
         stages, ks_tiles = r * chunks, tiles(128) * -(-k // 64)
         # consumer 0's stages over a cluster of sp: ceil(ceil(stages / sp) / 2)
         chain = lambda sp: -(-(-(-stages // sp)) // 2)  # noqa: E731
-        if ks_tiles <= sms and chain(1) <= 8 and chain(1) * s <= 15:
+        if ks_tiles <= sms and (chain(1) <= 2 or (chain(1) <= 3 and chain(1) * s <= 9)):
             return tma(128, 64, "ws 64x128 (stage split, small grid)")
-        fit = [(3.64 + chain(sp) * (0.375 * s + 0.223) + cost, sp)
-               for sp, cost in ((1, 0.0), (2, 2.41), (3, 2.89), (4, 3.36), (8, 5.28))
+        fit = [(3.44 + chain(sp) * (0.395 * s + 0.222) + cost, sp)
+               for sp, cost in ((1, 0.0), (2, 2.33), (3, 3.06), (4, 2.68), (8, 3.27))
                if sp <= stages and (ks_tiles * sp <= sms if sp <= 2 else 8 * ks_tiles * sp <= 7 * sms)]
         if fit:
             sp = min(fit)[1]

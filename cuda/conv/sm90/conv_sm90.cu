@@ -151,18 +151,15 @@ bool clusters_fit(int splits, int64_t ctas, int sms) {
 // tiles (ws64x128ks); the register-A kernel where its stages do not fit in shared memory. A
 // consumer's time is its serial chain of stages and taps, so more CTAs with shorter chains win
 // until a split's exchange of partial sums costs more than it saves:
-// - unsplit where each consumer runs at most 8 stages and 15 taps (the 31st session's rule:
-//   1.11-2.42x faster than the register-A kernel on 40 grids);
+// - unsplit where each consumer runs at most two stages, or three of at most three taps (split,
+//   such short chains ran 4-10 % slower than estimated);
 // - else split-K over a cluster of 1, 2, 3, 4 or 8 CTAs, whichever has the least estimated time:
-//   3.64 us + 0.375 a tap + 0.223 a stage of consumer 0's chain, + 2.41, 2.89, 3.36 or 5.28 us for
-//   a split over 2, 3, 4 or 8 CTAs, fitted to the kernel alone on 101 grids of batch 1 to 32 on an
-//   H100 (0.46 us rms).
-// Against the rule before (which left these grids unsplit, split-K over four 128 x 64 or 128 x 112
-// tiles, or to the register-A kernel), H100, kernel alone, same run: the choice changed on 49 of the
-// 101 grids, 48 of them 1.05-1.51x faster, none slower by more than 3 %; through JAX 1.04-1.22x on
-// 14 shapes, 0.93x on 3x3 7x7x512 b1, where the register-A kernel gains ~1.5 us through JAX
-// (bench/results/conv_stage_split_k_h100_2026-11-26.md).
-constexpr int kSmallGridStages = 8, kSmallGridTaps = 15;  // an unsplit consumer's chain
+//   3.44 us + 0.395 a tap + 0.222 a stage of consumer 0's chain, + 2.33, 3.06, 2.68 or 3.27 us for
+//   a split over 2, 3, 4 or 8 CTAs (over three, six owners share eight 16-pixel epilogue passes:
+//   WsKernel::pass_pixels), fitted to the kernel alone on 101 grids of batch 1 to 32 on an H100
+//   (0.42 us rms; bench/results/conv_pass_width_h100_2026-11-26.md).
+// With the cheaper splits of per-cluster pass widths, the 31st session's unsplit rule (at most 8
+// stages and 15 taps a consumer) lost up to 20 % to split-K.
 
 KernelChoice small_grid_choice(const ConvProblem& pb, int sms, int max_smem) {
   if (!ws_tma_supported(pb) || !ws_tma_stages_fit(pb, 128, 64, max_smem, /*stage_split=*/true)) return kRegisterA;
@@ -170,16 +167,16 @@ KernelChoice small_grid_choice(const ConvProblem& pb, int sms, int max_smem) {
   const int stages = pb.r * g.c_chunks;  // as choose_kernel counts them
   const int64_t tiles = g.pixel_tiles * ceil_div(pb.k, 64);
   const int consumer_stages = ceil_div(stages, 2);
-  if (tiles <= sms && consumer_stages <= kSmallGridStages && consumer_stages * pb.s <= kSmallGridTaps) {
+  if (tiles <= sms && (consumer_stages <= 2 || (consumer_stages <= 3 && consumer_stages * pb.s <= 9))) {
     return {ConvSm90Kernel::kWs64x128Ks, 1};
   }
-  constexpr std::pair<int, double> kSplitCosts[] = {{1, 0.0}, {2, 2.41}, {3, 2.89}, {4, 3.36}, {8, 5.28}};
+  constexpr std::pair<int, double> kSplitCosts[] = {{1, 0.0}, {2, 2.33}, {3, 3.06}, {4, 2.68}, {8, 3.27}};
   KernelChoice best = kRegisterA;
   double best_us = 0;
   for (const auto& [splits, cost] : kSplitCosts) {
     if (splits > stages || !clusters_fit(splits, tiles * splits, sms)) continue;
     const int chain = static_cast<int>(ceil_div(ceil_div(stages, splits), 2));  // consumer 0's stages
-    const double us = 3.64 + chain * (0.375 * static_cast<double>(pb.s) + 0.223) + cost;
+    const double us = 3.44 + chain * (0.395 * static_cast<double>(pb.s) + 0.222) + cost;
     if (best.kernel == ConvSm90Kernel::kRegisterA || us < best_us) {
       best = {ConvSm90Kernel::kWs64x128Ks, splits};
       best_us = us;

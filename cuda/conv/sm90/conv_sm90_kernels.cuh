@@ -178,7 +178,7 @@ inline WsLayout ws_layout(const ConvProblem& pb, const Geometry& g, int bm, int 
 }
 
 // One consumer warpgroup's epilogue tile in the warp-specialized kernel (WsKernel::epilogue):
-// kWsEpiPixels pixel rows of 64 channels + 8 pad, bf16/f16.
+// kWsEpiPixels pixel rows (the widest pass) of 64 channels + 8 pad, bf16/f16.
 constexpr int kWsEpiPixels = 64, kWsEpiPitch = 64 + 8, kWsEpiBytes = kWsEpiPixels * kWsEpiPitch * 2;
 
 // The fewest stages the warp-specialized kernel's ring takes: two, or four with the stage split.
@@ -668,7 +668,6 @@ struct WsKernel {
   static constexpr int kLoaders = 128 * kProducers;
   static constexpr int kThreads = kLoaders + 128 * kConsumers;
   static constexpr int kAcc = Mma::kAcc;
-  static constexpr int kEpiPixels = kWsEpiPixels;           // pixels per epilogue pass
   static_assert(kBN % 16 == 0, "stmatrix stores two 8-pixel column groups at a time");
   static constexpr int kEpiPitch = kWsEpiPitch;             // staged pixel row: 64 channels + pad
   static constexpr int kEpiBytes = kWsEpiBytes;
@@ -734,11 +733,11 @@ struct WsKernel {
   // that which accumulators it keeps is known at compile time (with w at run time, each consumer
   // issued a predicated store, load and add for every accumulator: about twice the instructions
   // on the path that ends the kernel).
-  template <int kW>
+  template <int kW, int kPass>
   static __device__ __forceinline__ void exchange_partials(float (&acc)[kAcc], float* partial, int ct) {
     constexpr int kConsumersBarrier = kConsumerBarrier0 + kConsumers;  // both consumer warpgroups
-    // acc[i] belongs to pixel 8 * (i / 4), so to epilogue pass 8 * (i / 4) / kEpiPixels.
-    auto mine = [](int i) { return (i / 4) * 8 / kEpiPixels % kConsumers == kW; };
+    // acc[i] belongs to pixel 8 * (i / 4), so to epilogue pass 8 * (i / 4) / kPass.
+    auto mine = [](int i) { return (i / 4) * 8 / kPass % kConsumers == kW; };
     named_sync(kConsumersBarrier, kConsumerThreads);  // the other has read the previous tile's
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) {
@@ -757,10 +756,11 @@ struct WsKernel {
 
   // kStageSplit: consumer w finishes the passes p with p % 2 == w; with split-K as well, those
   // with p / 2 % splits == z in CTA z, over the CTAs' sums that exchange_partials left.
+  template <int kPass>
   static __device__ SplitSum add_other_partials(float (&acc)[kAcc], uint8_t* region, int w, int ct) {
     float* partial = reinterpret_cast<float*>(region);
-    if (w == 0) exchange_partials<0>(acc, partial, ct);
-    else exchange_partials<1>(acc, partial, ct);
+    if (w == 0) exchange_partials<0, kPass>(acc, partial, ct);
+    else exchange_partials<1, kPass>(acc, partial, ct);
     if constexpr (!kSplitK) {
       return {nullptr, 1, kConsumers, w, ct, 128};
     } else {
@@ -904,12 +904,12 @@ struct WsKernel {
     }
   }
 
-  // Stores the warpgroup's 64 channels x kBN pixels through its shared-memory tile, kEpiPixels
+  // Stores the warpgroup's 64 channels x kBN pixels through its shared-memory tile, kPass
   // pixels per pass (the last pass takes the rest): stmatrix (transposed) into
   // [pixel][kEpiPitch], then one 16-byte store per 8 channels of a pixel.
   // Split-K or kStageSplit: only this consumer's passes (SplitSum); with split-K, over the sums of
   // the cluster's partials.
-  template <typename T>
+  template <int kPass, typename T>
   static __device__ void epilogue(const ConvProblem& pb, const Geometry& g, int64_t g0, int64_t k0,
                                   float (&acc)[kAcc], T* tile, int ct, int barrier, const SplitSum& split) {
     const int warp = ct / 32, lane = ct % 32;
@@ -922,7 +922,7 @@ struct WsKernel {
       constexpr int kPixels = decltype(pixels)::value;
       static_assert(kPixels % 16 == 0, "16 pixels a store round");
       if constexpr (kSplitK || kStageSplit) {
-        if ((first / kEpiPixels) % split.owners != split.owner) return;
+        if ((first / kPass) % split.owners != split.owner) return;
       }
       if constexpr (kSplitK) {
         cg::cluster_group cluster = cg::this_cluster();
@@ -958,10 +958,40 @@ struct WsKernel {
       }
     };
 #pragma unroll
-    for (int first = 0; first + kEpiPixels <= kBN; first += kEpiPixels) {
-      pass(first, std::integral_constant<int, kEpiPixels>{});
+    for (int first = 0; first + kPass <= kBN; first += kPass) {
+      pass(first, std::integral_constant<int, kPass>{});
     }
-    if constexpr (kBN % kEpiPixels != 0) pass(kBN - kBN % kEpiPixels, std::integral_constant<int, kBN % kEpiPixels>{});
+    if constexpr (kBN % kPass != 0) pass(kBN - kBN % kPass, std::integral_constant<int, kBN % kPass>{});
+  }
+
+  // Split-K: the epilogue passes' width, so that the tile has a pass for every owner where it can
+  // (each owner reads its passes' sums from every CTA of the cluster; with 64-pixel passes, a
+  // 128-pixel tile split over four CTAs left all reads to two consumers of CTA 0). Narrower passes
+  // cost their barriers, so the widest that gives every owner one. The wide tiles keep wider passes
+  // (narrower ones spilled: 16 pixels at 208-224, 32 at 256).
+  static constexpr int kMinPass = kBN >= 256 ? 64 : kBN >= 208 ? 32 : 16;
+  static __device__ __forceinline__ int pass_pixels(int splits) {
+    const int owners = kStageSplit ? kConsumers * splits : splits;
+    for (int pass = kWsEpiPixels; pass > kMinPass; pass /= 2) {
+      if ((kBN + pass - 1) / pass >= owners) return pass;
+    }
+    return kMinPass;
+  }
+
+  // The tile's epilogue after its partial sums are in place, kPass pixels a pass.
+  template <int kPass>
+  static __device__ __forceinline__ void finish_tile(const ConvProblem& pb, const Geometry& g, const WsLayout& L,
+                                                     int64_t wg0, int64_t wk0, float (&acc)[kAcc], uint8_t* smem,
+                                                     uint8_t* epi_tile, int w, int ct) {
+    SplitSum split{};
+    if constexpr (kStageSplit) split = add_other_partials<kPass>(acc, smem + L.partial_offset, w, ct);
+    else if constexpr (kSplitK) split = leave_partials(acc, smem, 128 * w + ct);
+    const int barrier = kConsumerBarrier0 + w;
+    if (pb.out_dtype == DType::kF16) {
+      epilogue<kPass>(pb, g, wg0, wk0, acc, reinterpret_cast<__half*>(epi_tile), ct, barrier, split);
+    } else {
+      epilogue<kPass>(pb, g, wg0, wk0, acc, reinterpret_cast<__nv_bfloat16*>(epi_tile), ct, barrier, split);
+    }
   }
 
   // kTma: tap s's 4 wgmmas (64 channels) as one commit group, on the swizzled activations: pixel
@@ -1065,17 +1095,19 @@ struct WsKernel {
       if (stages > first) Barrier::arrive(&empty[prev_buf]);  // the last stage this consumer ran
       if (stages <= first) prefetch_scales();
       it += stages;
-      SplitSum split{};
-      if constexpr (kStageSplit) split = add_other_partials(acc, smem + L.partial_offset, w, ct);
-      else if constexpr (kSplitK) split = leave_partials(acc, smem, 128 * w + ct);
       const int64_t wg0 = o.g0 + pixel0, wk0 = o.k0 + channel0;
-      if (pb.out_dtype == DType::kF16) {
-        epilogue<__half>(pb, g, wg0, wk0, acc, reinterpret_cast<__half*>(epi_tile), ct, kConsumerBarrier0 + w, split);
+      if constexpr (kSplitK) {
+        const int pass = pass_pixels(static_cast<int>(gridDim.z));
+        if (pass == 64) {
+          finish_tile<64>(pb, g, L, wg0, wk0, acc, smem, epi_tile, w, ct);
+        } else if constexpr (kMinPass <= 32) {
+          if (pass == 32) finish_tile<32>(pb, g, L, wg0, wk0, acc, smem, epi_tile, w, ct);
+          else if constexpr (kMinPass == 16) finish_tile<16>(pb, g, L, wg0, wk0, acc, smem, epi_tile, w, ct);
+        }
+        cg::this_cluster().sync();  // the cluster has read this CTA's partials
       } else {
-        epilogue<__nv_bfloat16>(pb, g, wg0, wk0, acc, reinterpret_cast<__nv_bfloat16*>(epi_tile), ct,
-                                kConsumerBarrier0 + w, split);
+        finish_tile<kWsEpiPixels>(pb, g, L, wg0, wk0, acc, smem, epi_tile, w, ct);
       }
-      if constexpr (kSplitK) cg::this_cluster().sync();  // the cluster has read this CTA's partials
     }
   }
 

@@ -968,7 +968,8 @@ struct WsKernel {
   // (each owner reads its passes' sums from every CTA of the cluster; with 64-pixel passes, a
   // 128-pixel tile split over four CTAs left all reads to two consumers of CTA 0). Narrower passes
   // cost their barriers, so the widest that gives every owner one. The wide tiles keep wider passes
-  // (narrower ones spilled: 16 pixels at 208-224, 32 at 256).
+  // (the 256-pixel stage-split kernels spilled 8 bytes with 32-pixel ones; 208-224 pixels were not
+  // tried below 32).
   static constexpr int kMinPass = kBN >= 256 ? 64 : kBN >= 208 ? 32 : 16;
   static __device__ __forceinline__ int pass_pixels(int splits) {
     const int owners = kStageSplit ? kConsumers * splits : splits;

@@ -170,23 +170,25 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
         bn = 64
     else:
         bn = 256 if tiles(256) * k_tiles >= 2 * sms else 128
-    # small_grid_choice: the stage split on 128-pixel tiles, unsplit where each consumer runs at
-    # most two stages, or three of at most three taps, else split-K over the cluster size of least
-    # estimated time
-    if (ws_taps and k % 8 == 0 and c % 32 == 0 and (k <= 64 or k >= 128)
-            and stages_fit(128, 64, stage_split=True)):
-        stages, ks_tiles = r * chunks, tiles(128) * -(-k // 64)
+    # small_grid_choice: the stage split on 64- or 128-pixel tiles, unsplit or split-K, the one
+    # of least estimated time; unsplit only where each consumer runs at most two stages, or three
+    # of at most three taps
+    if ws_taps and k % 8 == 0 and c % 32 == 0 and (k <= 64 or k >= 128):
+        stages = r * chunks
         # consumer 0's stages over a cluster of sp: ceil(ceil(stages / sp) / 2)
         chain = lambda sp: -(-(-(-stages // sp)) // 2)  # noqa: E731
-        if ks_tiles <= sms and (chain(1) <= 2 or (chain(1) <= 3 and chain(1) * s <= 9)):
-            return tma(128, 64, "ws 64x128 (stage split, small grid)")
-        fit = [(3.44 + chain(sp) * (0.395 * s + 0.222) + cost, sp)
-               for sp, cost in ((1, 0.0), (2, 2.33), (3, 3.06), (4, 2.68), (8, 3.27))
-               if sp <= stages and (ks_tiles * sp <= sms if sp <= 2 else 8 * ks_tiles * sp <= 7 * sms)]
+        short = chain(1) <= 2 or (chain(1) <= 3 and chain(1) * s <= 9)
+        per = {64: (0.311, 0.267), 128: (0.402, 0.230)}  # a tap, a stage of the chain
+        candidates = ((64, 1, 0.0), (64, 2, 2.21), (64, 4, 2.17), (128, 1, 0.0), (128, 2, 2.47),
+                      (128, 3, 3.26), (128, 4, 2.88), (128, 8, 3.46))
+        fit = [(3.18 + chain(sp) * (per[bn][0] * s + per[bn][1]) + cost, bn, sp)
+               for bn, sp, cost in candidates
+               if not (short and sp > 1) and sp <= stages and stages_fit(bn, 64, stage_split=True)
+               and (tiles(bn) * -(-k // 64) * sp <= sms if sp <= 2 else 8 * tiles(bn) * -(-k // 64) * sp <= 7 * sms)]
         if fit:
-            sp = min(fit)[1]
+            _, bn, sp = min(fit)
             split = f", split-K {sp}" if sp > 1 else ""
-            return tma(128, 64, f"ws 64x128 (stage split{split}, small grid)")
+            return tma(bn, 64, f"ws 64x{bn} (stage split{split}, small grid)")
     slots = (bn + halo) | 1
     per_stage_reuse = phases * slots * CHUNK_C * 2
     per_stage_plain = s * bn * CHUNK_C * 2

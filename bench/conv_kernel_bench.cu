@@ -119,6 +119,7 @@ const KernelChoice kKernels[] = {
     {"ws128x256", ConvSm90Kernel::kWs128x256},
     {"ws64x256", ConvSm90Kernel::kWs64x256},
     {"ws64x416", ConvSm90Kernel::kWs64x416},
+    {"ws64x64ks", ConvSm90Kernel::kWs64x64Ks},
     {"ws64x128ks", ConvSm90Kernel::kWs64x128Ks},
     {"ws64x224ks", ConvSm90Kernel::kWs64x224Ks},
     {"ws64x256ks", ConvSm90Kernel::kWs64x256Ks},

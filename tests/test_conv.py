@@ -241,14 +241,14 @@ def test_sm90_warp_specialized_kernels_use_hgmma_and_mbarriers(kernel_sass):
     args = {name: tuple(int(v) for v in WS_KERNEL_ARGS.search(name).groups()) for name in kernels}
     # For each filter width S in {1, 3, 5, 7}: 128- and 256-pixel tiles with TMA and cp.async
     # loads; 64-, 112- and 208-pixel tiles, the two 64-channel pixel-split tiles (256 and 416
-    # pixels) and the three 64-channel stage-split ones (128, 224, 256) with TMA loads; the five
-    # 128-channel and the three stage-split TMA tilings again split-K.
-    assert sorted(collections.Counter(a[4] for a in args.values()).items()) == [(s, 20) for s in (1, 3, 5, 7)]
+    # pixels) and the four 64-channel stage-split ones (64, 128, 224, 256) with TMA loads; the five
+    # 128-channel and the four stage-split TMA tilings again split-K.
+    assert sorted(collections.Counter(a[4] for a in args.values()).items()) == [(s, 22) for s in (1, 3, 5, 7)]
     tma = {name for name, a in args.items() if a[1] == 1}
     split = {name for name, a in args.items() if a[3] == 1}
     stage_split = {name for name, a in args.items() if a[5] == 1}
-    assert len(tma) == 4 * 18 and len(split) == 4 * 8
-    assert stage_split <= tma and len(stage_split) == 4 * 6 and len(stage_split & split) == 4 * 3
+    assert len(tma) == 4 * 20 and len(split) == 4 * 9
+    assert stage_split <= tma and len(stage_split) == 4 * 8 and len(stage_split & split) == 4 * 4
     assert all(args[name][2] == 64 for name in stage_split)
     for name, sass in kernels.items():
         assert "HGMMA.64x" in sass, name
@@ -268,7 +268,7 @@ def test_sm90_warp_specialized_kernels_use_hgmma_and_mbarriers(kernel_sass):
 
 @pytest.mark.parametrize("value, want", [
     ("", (0, 0)), ("auto", (0, 0)), ("conv_launcher", (0, 0)), ("ws128x256", (3, 0)), ("ws64x416", (10, 0)),
-    ("ws64x224ks", (12, 0)),
+    ("ws64x224ks", (12, 0)), ("ws64x64ks", (14, 0)), ("ws64x64ks/s4", (14, 4)),
     ("ws128x128/s2", (2, 2)), ("ws128x64/s8", (6, 8)), ("ws64x128ks/s3", (11, 3)), ("ws64x256ks/s2", (13, 2)),
 ])
 def test_forced_sm90_kernel_and_split_from_the_environment(monkeypatch, value, want):

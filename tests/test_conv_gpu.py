@@ -60,8 +60,8 @@ GPU_CASES = {
     # With a stride it stays on the conv kernels (strided TMA loads): 2 x 28 x 29 pixels.
     "pointwise_stride2_k136": (2, 55, 57, 256, 136, 1, 1, (2, 2), "VALID", (1, 1)),
     # Grids too small for one wave (small_grid_choice): 8 stages of one tap, which the stage
-    # split's consumers run 4 each, unsplit; 32, which a cluster of 8 stage-split CTAs runs 4 each
-    # (16-pixel epilogue passes; the register-A kernel splits them over 8 CTAs in another order).
+    # split's consumers run 4 each, unsplit on 64-pixel tiles; 32, which a cluster of 4 such CTAs
+    # runs 8 each (16-pixel epilogue passes; the register-A kernel splits them over 8 CTAs).
     "small_grid_1x1_c512_k200": (1, 14, 14, 512, 200, 1, 1, (1, 1), "VALID", (1, 1)),
     "small_grid_1x1_c2048_k512": (1, 7, 7, 2048, 512, 1, 1, (1, 1), "VALID", (1, 1)),
     # ResNet-50's last 3x3 stage at batch 4: 24 stages of 3 taps, over a cluster of 4 stage-split
@@ -202,7 +202,7 @@ def stages(name):
 
 
 # The 64-channel tilings whose two consumers split the stages (TMA loads).
-STAGE_SPLIT_KERNELS = ["ws64x128ks", "ws64x224ks", "ws64x256ks"]
+STAGE_SPLIT_KERNELS = ["ws64x64ks", "ws64x128ks", "ws64x224ks", "ws64x256ks"]
 
 
 def stage_split_takes(kernel, name, sms, max_smem=227 * 1024):
@@ -225,10 +225,10 @@ def stage_split_takes(kernel, name, sms, max_smem=227 * 1024):
     return ring + 2 * 64 * 72 * 2 + separate + 2 * 4 * 8 <= max_smem
 
 
-# Every stage-split tiling unsplit on every TMA case, and each split over a cluster (of 2, 3 or 4
-# CTAs) on the cases with a stage per CTA.
+# Every stage-split tiling unsplit on every TMA case, and each split over a cluster (of 4, 2, 3 or
+# 4 CTAs) on the cases with a stage per CTA.
 STAGE_SPLIT_RUNS = ([(kernel, name) for kernel in STAGE_SPLIT_KERNELS for name in TMA_CASES]
-                    + [(f"{kernel}/s{splits}", name) for kernel, splits in zip(STAGE_SPLIT_KERNELS, (2, 3, 4))
+                    + [(f"{kernel}/s{splits}", name) for kernel, splits in zip(STAGE_SPLIT_KERNELS, (4, 2, 3, 4))
                        for name in TMA_CASES if splits <= stages(name)])
 
 
@@ -322,8 +322,8 @@ def test_split_k_tilings_give_identical_outputs(gpu, monkeypatch, name, splits):
         np.testing.assert_array_equal(out, first, err_msg=kernel)
 
 
-@pytest.mark.parametrize("name, kernel", [("small_grid_1x1_c512_k200", "ws64x128ks"),
-                                          ("small_grid_1x1_c2048_k512", "ws64x128ks/s8"),
+@pytest.mark.parametrize("name, kernel", [("small_grid_1x1_c512_k200", "ws64x64ks"),
+                                          ("small_grid_1x1_c2048_k512", "ws64x64ks/s4"),
                                           ("small_grid_3x3_c512_b4", "ws64x128ks/s4"),
                                           ("resnet_stage4_b32", "ws64x256ks/s2")])
 def test_library_picks_the_stage_split_tilings(gpu, monkeypatch, name, kernel):

@@ -75,7 +75,7 @@ ffi::Error conv_impl(cudaStream_t stream, ffi::AnyBuffer x,
   switch (current_compute_capability()) {
 #ifdef JAX_NVFP4_HAS_SM90
     case 90: {
-      if (kernel < 0 || kernel > static_cast<int64_t>(ConvSm90Kernel::kWs64x256Ks)) {
+      if (kernel < 0 || kernel > static_cast<int64_t>(ConvSm90Kernel::kWs64x64Ks)) {
         return invalid("unknown sm_90a kernel " + std::to_string(kernel));
       }
       if (splits < 0 || splits > 8) return invalid("split-K over " + std::to_string(splits) + " CTAs (0 to 8)");

@@ -38,7 +38,7 @@ from jax_nvfp4.primitives.matmul import GEMM_TARGET, gemm_kernel
 CONV_TARGET = "jax_nvfp4_conv"
 
 # JAX_NVFP4_CONV_SM90_KERNEL=register_a|ws128x64|ws128x112|ws128x128|ws128x208|ws128x256|ws64x256|
-# ws64x416|ws64x128ks|ws64x224ks|ws64x256ks forces one of the Hopper kernels (the 64-channel ones
+# ws64x416|ws64x64ks|ws64x128ks|ws64x224ks|ws64x256ks forces one of the Hopper kernels (the 64-channel ones
 # split their pixels, or with "ks" their stages, between two consumers; tests and benchmarks run
 # each on one shape; a warp-specialized one fails on problems it does not take);
 # ws128x128_cpasync|ws128x256_cpasync force the warp-specialized one's cp.async loads where it
@@ -51,9 +51,9 @@ KERNEL_ENV = "JAX_NVFP4_CONV_SM90_KERNEL"
 _KERNELS = {"": 0, "auto": 0, "conv_launcher": 0, "register_a": 1, "ws128x128": 2, "ws128x256": 3,
             "ws128x128_cpasync": 4, "ws128x256_cpasync": 5, "ws128x64": 6, "ws128x112": 7,
             "ws128x208": 8, "ws64x256": 9, "ws64x416": 10, "ws64x128ks": 11, "ws64x224ks": 12,
-            "ws64x256ks": 13}
-_SPLIT_K_KERNELS = ("ws128x64", "ws128x112", "ws128x128", "ws128x208", "ws128x256", "ws64x128ks",
-                    "ws64x224ks", "ws64x256ks")
+            "ws64x256ks": 13, "ws64x64ks": 14}
+_SPLIT_K_KERNELS = ("ws128x64", "ws128x112", "ws128x128", "ws128x208", "ws128x256", "ws64x64ks",
+                    "ws64x128ks", "ws64x224ks", "ws64x256ks")
 _SPLITS = range(2, 9)
 
 

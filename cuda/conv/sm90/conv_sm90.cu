@@ -147,38 +147,48 @@ bool clusters_fit(int splits, int64_t ctas, int sms) {
   return splits <= 2 ? ctas <= sms : 8 * ctas <= int64_t{7} * sms;
 }
 
-// Grids too small for choose_kernel's one-wave rule, with TMA loads: the stage split on 128-pixel
-// tiles (ws64x128ks); the register-A kernel where its stages do not fit in shared memory. A
-// consumer's time is its serial chain of stages and taps, so more CTAs with shorter chains win
-// until a split's exchange of partial sums costs more than it saves:
-// - unsplit where each consumer runs at most two stages, or three of at most three taps (split,
-//   such short chains ran 4-10 % slower than estimated);
-// - else split-K over a cluster of 1, 2, 3, 4 or 8 CTAs, whichever has the least estimated time:
-//   3.44 us + 0.395 a tap + 0.222 a stage of consumer 0's chain, + 2.33, 3.06, 2.68 or 3.27 us for
-//   a split over 2, 3, 4 or 8 CTAs (over three, six owners share eight 16-pixel epilogue passes:
-//   WsKernel::pass_pixels), fitted to the kernel alone on 101 grids of batch 1 to 32 on an H100
-//   (0.42 us rms; bench/results/conv_pass_width_h100_2026-11-26.md).
-// With the cheaper splits of per-cluster pass widths, the 31st session's unsplit rule (at most 8
-// stages and 15 taps a consumer) lost up to 20 % to split-K.
-
+// Grids too small for choose_kernel's one-wave rule, with TMA loads: the stage split on 64- or
+// 128-pixel tiles (ws64x64ks, ws64x128ks); the register-A kernel where neither's stages fit in
+// shared memory. A consumer's time is its serial chain of stages and taps, so more CTAs with
+// shorter chains win until a split's exchange of partial sums costs more than it saves; 64-pixel
+// tiles give twice the CTAs without an exchange, each stage's taps taking ~0.3 us against ~0.4
+// (the same weight decodes, half the MMAs). Of the candidates whose CTAs fit in one wave, the one
+// of least estimated time: 3.18 us + consumer 0's chain x (0.311 a tap + 0.267 a stage on 64
+// pixels, 0.402 + 0.230 on 128) + the split's exchange, 2.21 or 2.17 us over 2 or 4 CTAs on 64
+// pixels, 2.47, 3.26, 2.88 or 3.46 over 2, 3, 4 or 8 on 128 (over three, six owners share eight
+// 16-pixel epilogue passes: WsKernel::pass_pixels). Where each consumer runs at most two stages,
+// or three of at most three taps, unsplit only (split, such short chains ran 4-10 % slower than
+// estimated). Fitted to the kernel alone on 101 grids of batch 1 to 32 on an H100 (0.43 us rms;
+// the 3-CTA split from another run, as the 4-CTA one + 0.38 us), and against the choice before
+// (128-pixel tiles only) in the same run: bench/results/conv_pass_width_h100_2026-11-26.md.
 KernelChoice small_grid_choice(const ConvProblem& pb, int sms, int max_smem) {
-  if (!ws_tma_supported(pb) || !ws_tma_stages_fit(pb, 128, 64, max_smem, /*stage_split=*/true)) return kRegisterA;
-  const Geometry g = make_geometry(pb, 128);
-  const int stages = pb.r * g.c_chunks;  // as choose_kernel counts them
-  const int64_t tiles = g.pixel_tiles * ceil_div(pb.k, 64);
+  if (!ws_tma_supported(pb)) return kRegisterA;
+  struct Candidate {
+    int bn, splits;
+    double per_tap, per_stage, exchange;
+    ConvSm90Kernel kernel;
+  };
+  constexpr ConvSm90Kernel k64 = ConvSm90Kernel::kWs64x64Ks, k128 = ConvSm90Kernel::kWs64x128Ks;
+  constexpr Candidate kCandidates[] = {
+      {64, 1, 0.311, 0.267, 0.0, k64},    {64, 2, 0.311, 0.267, 2.21, k64},   {64, 4, 0.311, 0.267, 2.17, k64},
+      {128, 1, 0.402, 0.230, 0.0, k128},  {128, 2, 0.402, 0.230, 2.47, k128}, {128, 3, 0.402, 0.230, 3.26, k128},
+      {128, 4, 0.402, 0.230, 2.88, k128}, {128, 8, 0.402, 0.230, 3.46, k128}};
+  const int stages = pb.r * make_geometry(pb, 128).c_chunks;  // as choose_kernel counts them
   const int consumer_stages = ceil_div(stages, 2);
-  if (tiles <= sms && (consumer_stages <= 2 || (consumer_stages <= 3 && consumer_stages * pb.s <= 9))) {
-    return {ConvSm90Kernel::kWs64x128Ks, 1};
-  }
-  constexpr std::pair<int, double> kSplitCosts[] = {{1, 0.0}, {2, 2.33}, {3, 3.06}, {4, 2.68}, {8, 3.27}};
+  const bool short_chain = consumer_stages <= 2 || (consumer_stages <= 3 && consumer_stages * pb.s <= 9);
   KernelChoice best = kRegisterA;
   double best_us = 0;
-  for (const auto& [splits, cost] : kSplitCosts) {
-    if (splits > stages || !clusters_fit(splits, tiles * splits, sms)) continue;
-    const int chain = static_cast<int>(ceil_div(ceil_div(stages, splits), 2));  // consumer 0's stages
-    const double us = 3.44 + chain * (0.395 * static_cast<double>(pb.s) + 0.222) + cost;
+  for (const Candidate& c : kCandidates) {
+    if ((short_chain && c.splits > 1) || c.splits > stages) continue;
+    const int64_t tiles = make_geometry(pb, c.bn).pixel_tiles * ceil_div(pb.k, 64);
+    if (!clusters_fit(c.splits, tiles * c.splits, sms) ||
+        !ws_tma_stages_fit(pb, c.bn, 64, max_smem, /*stage_split=*/true)) {
+      continue;
+    }
+    const int chain = static_cast<int>(ceil_div(ceil_div(stages, c.splits), 2));  // consumer 0's stages
+    const double us = 3.18 + chain * (c.per_tap * static_cast<double>(pb.s) + c.per_stage) + c.exchange;
     if (best.kernel == ConvSm90Kernel::kRegisterA || us < best_us) {
-      best = {ConvSm90Kernel::kWs64x128Ks, splits};
+      best = {c.kernel, c.splits};
       best_us = us;
     }
   }
@@ -189,8 +199,8 @@ KernelChoice small_grid_choice(const ConvProblem& pb, int sms, int max_smem) {
 // where it takes the problem and its CTAs give at least three quarters of the SMs work (S = 3), or
 // half of them (other S: there the register-A kernel runs its taps in a loop that drains after
 // each, and lost to a 68 %-full warp-specialized grid by 2.3x, 7x1 filter on an H100); otherwise
-// (small_grid_choice) the stage split, split-K over the cluster size whose chains and exchange
-// are estimated shortest.
+// (small_grid_choice) the stage split on 64- or 128-pixel tiles, split-K over the cluster size,
+// whose chains and exchange are estimated shortest.
 // - TMA loads, K >= 128: of the tilings whose CTAs fit in one wave and whose stages fit in shared
 //   memory (wide filters with a stride may not), 128-channel ones or 64-channel ones whose
 //   consumers split the stages, each unsplit or split-K over a cluster of two, the one with the lowest

@@ -31,6 +31,7 @@ enum class ConvSm90Kernel {
   kWs64x128Ks = 11,  // 64 output channels x 128 pixels, the consumers alternating stages (TMA loads)
   kWs64x224Ks = 12,  // the same, 224 pixels
   kWs64x256Ks = 13,  // the same, 256 pixels
+  kWs64x64Ks = 14,  // the same, 64 pixels (small grids: small_grid_choice)
 };
 
 // Runs `p` on `stream`. Activations bf16/f16/f32 or NVFP4 (x_q: codes [N*H*W, C/2], scales one

@@ -124,6 +124,7 @@ cudaError_t launch_ws_taps(const ConvProblem& pb, cudaStream_t stream, ConvSm90K
     case ConvSm90Kernel::kWs128x256CpAsync: return launch_ws<256, kS>(pb, stream, max_smem, sms, false, splits);
     case ConvSm90Kernel::kWs64x256: return launch_ws_64<128, kS, false>(pb, stream, max_smem, sms, splits);
     case ConvSm90Kernel::kWs64x416: return launch_ws_64<208, kS, false>(pb, stream, max_smem, sms, splits);
+    case ConvSm90Kernel::kWs64x64Ks: return launch_ws_64<64, kS, true>(pb, stream, max_smem, sms, splits);
     case ConvSm90Kernel::kWs64x128Ks: return launch_ws_64<128, kS, true>(pb, stream, max_smem, sms, splits);
     case ConvSm90Kernel::kWs64x224Ks: return launch_ws_64<224, kS, true>(pb, stream, max_smem, sms, splits);
     case ConvSm90Kernel::kWs64x256Ks: return launch_ws_64<256, kS, true>(pb, stream, max_smem, sms, splits);

@@ -163,16 +163,20 @@ bool clusters_fit(int splits, int64_t ctas, int sms) {
 // (128-pixel tiles only) in the same run: bench/results/conv_pass_width_h100_2026-11-26.md.
 KernelChoice small_grid_choice(const ConvProblem& pb, int sms, int max_smem) {
   if (!ws_tma_supported(pb)) return kRegisterA;
-  struct Candidate {
-    int bn, splits;
-    double per_tap, per_stage, exchange;
+  struct Width {  // a tiling and what each tap and stage of a consumer's chain costs on it
+    int bn;
     ConvSm90Kernel kernel;
+    double per_tap, per_stage;
   };
-  constexpr ConvSm90Kernel k64 = ConvSm90Kernel::kWs64x64Ks, k128 = ConvSm90Kernel::kWs64x128Ks;
-  constexpr Candidate kCandidates[] = {
-      {64, 1, 0.311, 0.267, 0.0, k64},    {64, 2, 0.311, 0.267, 2.21, k64},   {64, 4, 0.311, 0.267, 2.17, k64},
-      {128, 1, 0.402, 0.230, 0.0, k128},  {128, 2, 0.402, 0.230, 2.47, k128}, {128, 3, 0.402, 0.230, 3.26, k128},
-      {128, 4, 0.402, 0.230, 2.88, k128}, {128, 8, 0.402, 0.230, 3.46, k128}};
+  constexpr Width k64{64, ConvSm90Kernel::kWs64x64Ks, 0.311, 0.267};
+  constexpr Width k128{128, ConvSm90Kernel::kWs64x128Ks, 0.402, 0.230};
+  struct Candidate {
+    Width width;
+    int splits;
+    double exchange;  // the split's exchange of partial sums
+  };
+  constexpr Candidate kCandidates[] = {{k64, 1, 0.0},   {k64, 2, 2.21},  {k64, 4, 2.17},  {k128, 1, 0.0},
+                                       {k128, 2, 2.47}, {k128, 3, 3.26}, {k128, 4, 2.88}, {k128, 8, 3.46}};
   const int stages = pb.r * make_geometry(pb, 128).c_chunks;  // as choose_kernel counts them
   const int consumer_stages = ceil_div(stages, 2);
   const bool short_chain = consumer_stages <= 2 || (consumer_stages <= 3 && consumer_stages * pb.s <= 9);
@@ -180,15 +184,16 @@ KernelChoice small_grid_choice(const ConvProblem& pb, int sms, int max_smem) {
   double best_us = 0;
   for (const Candidate& c : kCandidates) {
     if ((short_chain && c.splits > 1) || c.splits > stages) continue;
-    const int64_t tiles = make_geometry(pb, c.bn).pixel_tiles * ceil_div(pb.k, 64);
+    const Width& w = c.width;
+    const int64_t tiles = make_geometry(pb, w.bn).pixel_tiles * ceil_div(pb.k, 64);
     if (!clusters_fit(c.splits, tiles * c.splits, sms) ||
-        !ws_tma_stages_fit(pb, c.bn, 64, max_smem, /*stage_split=*/true)) {
+        !ws_tma_stages_fit(pb, w.bn, 64, max_smem, /*stage_split=*/true)) {
       continue;
     }
     const int chain = static_cast<int>(ceil_div(ceil_div(stages, c.splits), 2));  // consumer 0's stages
-    const double us = 3.18 + chain * (c.per_tap * static_cast<double>(pb.s) + c.per_stage) + c.exchange;
+    const double us = 3.18 + chain * (w.per_tap * static_cast<double>(pb.s) + w.per_stage) + c.exchange;
     if (best.kernel == ConvSm90Kernel::kRegisterA || us < best_us) {
-      best = {c.kernel, c.splits};
+      best = {w.kernel, c.splits};
       best_us = us;
     }
   }

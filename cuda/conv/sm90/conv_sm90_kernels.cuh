@@ -1099,8 +1099,8 @@ struct WsKernel {
       const int64_t wg0 = o.g0 + pixel0, wk0 = o.k0 + channel0;
       if constexpr (kSplitK) {
         const int pass = pass_pixels(static_cast<int>(gridDim.z));
-        if (pass == 64) {
-          finish_tile<64>(pb, g, L, wg0, wk0, acc, smem, epi_tile, w, ct);
+        if (pass == kWsEpiPixels) {
+          finish_tile<kWsEpiPixels>(pb, g, L, wg0, wk0, acc, smem, epi_tile, w, ct);
         } else if constexpr (kMinPass <= 32) {
           if (pass == 32) finish_tile<32>(pb, g, L, wg0, wk0, acc, smem, epi_tile, w, ct);
           else if constexpr (kMinPass == 16) finish_tile<16>(pb, g, L, wg0, wk0, acc, smem, epi_tile, w, ct);

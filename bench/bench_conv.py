@@ -2,17 +2,18 @@
 lax.conv_general_dilated (on bf16 weights, and on the NVFP4 weights dequantized in the same jit)
 and PyTorch's cuDNN conv2d (channels_last, bf16, benchmark mode).
 
-    python bench/bench_conv.py --out DIR [--chain N] [--forced register_a,...] [--only wide]
+    python bench/bench_conv.py --out DIR [--chain N] [--also-chain 8] [--forced register_a,...] [--only wide]
 
 Ours and XLA are timed on the device: many calls inside one jitted lax.fori_loop
 (_timing.LoopTimer, without rotating operand copies: all of them keep one input set warm in L2),
-CHAIN (or --chain) calls back to back per iteration, so the loop's own ~10 us per iteration (its counter
-kernel and launch gaps, H200) is spread over them as PyTorch's loop has none; PyTorch with CUDA
-events around back-to-back eager calls, and around replays of a CUDA graph holding 20 such calls
-(cuDNN's kernels without host work between them). All are timed round-robin (each once
-per round, 7 rounds, median), so they see the same GPU clock. Also reports the activation bytes
-the sm_90a kernel loads from global memory into shared memory with and without the
-shifted-operand reuse, counted from its schedule (cuda/conv/sm90/conv_sm90_schedule.h).
+CHAIN (or --chain) calls back to back per iteration, so the loop's own work per iteration (its
+counter kernel and launch gaps, ~4 us on an H100) is spread over them as PyTorch's loop has none;
+PyTorch with CUDA events around back-to-back eager calls, and around replays of a CUDA graph
+holding CHAIN such calls (cuDNN's kernels without host work between them). --also-chain N also
+times ours with N calls an iteration, in the same rounds: what the loop adds to a call. All are
+timed round-robin (each once per round, 7 rounds, median), so they see the same GPU clock. Also
+reports the activation bytes the sm_90a kernel loads from global memory into shared memory with
+and without the shifted-operand reuse, counted from its schedule (cuda/conv/sm90/conv_sm90_schedule.h).
 --forced also times ours with each named sm_90a kernel forced (JAX_NVFP4_CONV_SM90_KERNEL), in
 the same rounds; --only keeps the shapes whose name contains one of the given words."""
 
@@ -92,7 +93,7 @@ SHAPES = [
 ]
 
 CHUNK_C = 64  # channels per pipeline stage of the sm_90a kernel
-CHAIN = 8  # calls per loop iteration (_timing.LoopTimer); --chain sets it
+CHAIN = 32  # calls per loop iteration (_timing.LoopTimer) and per cuDNN graph; --chain sets it
 
 
 def ws_estimate_us(stages, taps, bn, splits):
@@ -204,13 +205,13 @@ def xla_dequantized(x, wq, stride, padding):
                                     dimension_numbers=("NHWC", "HWOI", "NHWC"))
 
 
-def torch_timers(n, h, w, c, k, r, s, stride):
+def torch_timers(n, h, w, c, k, r, s, stride, graph_calls):
     """Timers of PyTorch's cuDNN conv2d (channels_last, bf16, benchmark mode), seconds per call,
     each over about as long as one of our timed loops; {} without a CUDA PyTorch.
     - "cudnn": CUDA events around back-to-back eager calls, what a PyTorch program sees. Its
       host dispatch can rival a 20 us kernel, so its readings move with the host.
-    - "cudnn_graph": the same calls captured once in a CUDA graph and replayed, so no host work
-      runs between them: cuDNN's kernels back to back, the stronger anchor."""
+    - "cudnn_graph": `graph_calls` calls captured once in a CUDA graph and replayed, so no host
+      work runs between them: cuDNN's kernels back to back, the stronger anchor."""
     try:
         import torch
     except ImportError:
@@ -236,7 +237,6 @@ def torch_timers(n, h, w, c, k, r, s, stride):
 
     per_call(conv, 10)  # cuDNN's algorithm search
     eager_iters = int(min(2000, max(50, TARGET_S / per_call(conv, 50))))
-    graph_calls = 20
     side = torch.cuda.Stream()  # capture needs warm-up on a side stream (torch.cuda.graphs)
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -256,6 +256,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--chain", type=int, default=CHAIN, help="calls back to back per loop iteration")
+    ap.add_argument("--also-chain", type=int, default=None,
+                    help="also time ours with this many calls per loop iteration, in the same rounds")
     ap.add_argument("--forced", type=lambda v: tuple(v.split(",")), default=(),
                     help="sm_90a kernels to time forced beside the library's choice, e.g. register_a")
     ap.add_argument("--only", type=lambda v: tuple(v.split(",")), default=(),
@@ -284,13 +286,15 @@ def main():
             timers[kernel] = LoopTimer(ours, (x, wq), rotate=False, chain=chain)
             del os.environ["JAX_NVFP4_CONV_SM90_KERNEL"]
             jax.clear_caches()
-        timers.update(torch_timers(n, h, w, c, k, r, s, stride))
+        if args.also_chain:
+            timers["also_chain"] = LoopTimer(ours, (x, wq), rotate=False, chain=args.also_chain)
+        timers.update(torch_timers(n, h, w, c, k, r, s, stride, chain))
         t = interleaved_times(timers)
         t_ours, t_xla, t_deq, t_torch, t_graph = t["ours"], t["xla"], t["dequant"], t.get("cudnn"), t.get("cudnn_graph")
         out = jn.conv(x, wq, window_strides=(stride, stride), padding=padding)
         flops = 2.0 * out.shape[0] * out.shape[1] * out.shape[2] * k * r * s * c
         reuse, plain, bn = activation_bytes(n, h, w, c, k, r, s, stride)
-        forced = {kernel: t[kernel] for kernel in args.forced}
+        forced = {kernel: t[kernel] for kernel in args.forced + (("also_chain",) if args.also_chain else ())}
         rows.append((name, t_ours, t_xla, t_deq, t_torch, t_graph, flops, reuse, plain, bn, forced))
         print(f"{name:26s} ours {t_ours*1e6:8.1f} us  xla {t_xla*1e6:8.1f} us  dequant+xla {t_deq*1e6:8.1f} us  "
               f"cudnn {t_torch*1e6 if t_torch else float('nan'):8.1f} us  "
@@ -303,14 +307,16 @@ def main():
              "dequant + XLA: the NVFP4 weights dequantized to bf16 by jax_nvfp4.dequantize and that conv, "
              "in one jit): "
              f"a jitted fori_loop of {chain} back-to-back calls an iteration; cuDNN: PyTorch conv2d "
-             "channels_last bf16, benchmark=True, eager calls back to back (CUDA events) and the same calls "
-             "replayed from a CUDA graph (no host work between them). Timed round-robin, medians of 7 rounds. "
+             "channels_last bf16, benchmark=True, eager calls back to back (CUDA events) and "
+             f"{chain} of them replayed from a CUDA graph (no host work between them). "
+             "Timed round-robin, medians of 7 rounds. "
              "Activation MB: global->shared bytes of our kernel with "
              "the shifted-operand reuse / without it (each tap loading its own tile).", "",
              "| shape | ours µs | TFLOP/s | XLA bf16 µs | dequant + XLA µs | cuDNN bf16 µs | cuDNN graph µs | vs XLA | "
              "vs dequant + XLA | vs cuDNN | vs cuDNN graph | act. MB reuse / no reuse | kernel, tile |"
-             + "".join(f" ours, {kernel} forced µs |" for kernel in args.forced),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(args.forced)]
+             + "".join(f" ours, {kernel} forced µs |" for kernel in args.forced)
+             + (f" ours, {args.also_chain} calls an iteration µs |" if args.also_chain else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(forced)]
     us = lambda t: f"{t*1e6:.1f}" if t else "n/a"  # noqa: E731
     for name, t_o, t_x, t_d, t_t, t_g, flops, reuse, plain, bn, forced in rows:
         vs = lambda t, t_o=t_o: f"{t/t_o:.2f}x" if t else "n/a"  # noqa: E731

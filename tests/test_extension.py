@@ -119,15 +119,17 @@ def test_gemm_workspace_follows_the_sm90_path():
     if sms >= 128:
         assert 1024 * staged <= _gemm_workspace(90, 1024, 2048, 4096) < 2048 * 4096 * 2  # 16 x 8, one wave
     assert _gemm_workspace(90, 768, 14336, 4096) >= 14336 * 4096 * 2  # 112 x 6 tiles: prefill
-    # Small weights: past decode's M, prefill (up to 512 x 512 elements); decode to M = 64, then
-    # prefill (up to 1024 x 1024); decode to M = 32, and prefill for few tiles (up to 2048 x 2048).
+    # Small weights (N x K elements): past decode's M, prefill (up to 512 x 512); decode to M = 64,
+    # then prefill (up to 1024 x 1024); decode to M = 32 (up to 2048 x 4096); prefill rather than
+    # the fused kernel on few tiles past M = 128 (up to 2048 x 2048).
     assert _gemm_workspace(90, 24, 512, 512) >= 512 * 512 * 2
     assert _gemm_workspace(90, 64, 1024, 1024) == 0
     assert _gemm_workspace(90, 65, 1024, 1024) >= 1024 * 1024 * 2
-    assert _gemm_workspace(90, 32, 2048, 2048) == 0
-    assert 0 < _gemm_workspace(90, 64, 2048, 2048) < 2048 * 2048 * 2  # fused: x staged
+    assert _gemm_workspace(90, 32, 2048, 4096) == 0
+    assert 0 < _gemm_workspace(90, 33, 2048, 4096) < 2048 * 4096 * 2  # fused: x staged
+    assert _gemm_workspace(90, 32, 4096, 4096) > 0  # 16.7M weights: fused, as before
     assert _gemm_workspace(90, 256, 2048, 2048) >= 2048 * 2048 * 2  # 16 x 2 tiles: prefill
-    assert _gemm_workspace(90, 256, 4096, 2048) < 4096 * 2048 * 2  # 8M weights: fused, as before
+    assert _gemm_workspace(90, 256, 2048, 4096) < 2048 * 4096 * 2  # 8M weights: fused, as before
     nvfp4_out = [_spec((1, 256), jnp.float4_e2m1fn), _spec((128 * 4,), jnp.float8_e4m3fn),
                  _spec((), jnp.float32)]
     assert _gemm_workspace(90, 1, 256, 4096, out=nvfp4_out) >= 256 * 4  # the float32 result

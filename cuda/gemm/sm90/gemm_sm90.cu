@@ -69,16 +69,15 @@ GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
   if (p.path == GemmPath::kFusedWs) return GemmSm90Path::kFusedWs;
   if (p.m <= kGemmSm90DecodeMaxM) return GemmSm90Path::kDecode;
   const int64_t weights = p.n * p.k;
-  if (weights <= kGemmSm90TinyWeights) return GemmSm90Path::kPrefill;
-  if (weights <= kGemmSm90SmallWeights) {
-    return p.m <= kGemmSm90SmallWeightsDecodeMaxM ? GemmSm90Path::kDecode : GemmSm90Path::kPrefill;
-  }
-  const bool mid_weights = weights <= kGemmSm90MidWeights;
-  if (mid_weights && p.m <= kGemmSm90MidWeightsDecodeMaxM) return GemmSm90Path::kDecode;
+  if (weights <= kGemmSm90PrefillWeights) return GemmSm90Path::kPrefill;
+  if (weights <= kGemmSm90Decode64Weights) return p.m <= 64 ? GemmSm90Path::kDecode : GemmSm90Path::kPrefill;
+  if (weights <= kGemmSm90Decode32Weights && p.m <= 32) return GemmSm90Path::kDecode;
   if (p.m <= kGemmSm90FusedMaxM) return GemmSm90Path::kFused;
   if (p.m > kGemmSm90OneWaveMaxM) return GemmSm90Path::kPrefill;
   const int64_t tiles = sm90::fused_ws_output_tiles(p), sms = sm90::sm_count();
-  if (2 * tiles <= sms) return mid_weights ? GemmSm90Path::kPrefill : GemmSm90Path::kFused;
+  if (2 * tiles <= sms) {
+    return weights <= kGemmSm90FewTilesPrefillWeights ? GemmSm90Path::kPrefill : GemmSm90Path::kFused;
+  }
   return p.m <= kGemmSm90FusedWsMaxM || tiles <= sms ? GemmSm90Path::kFusedWs : GemmSm90Path::kPrefill;
 }
 

@@ -34,20 +34,19 @@ enum class GemmSm90Path : int { kDecode = 0, kPrefill = 1, kFused = 2, kFusedWs 
 // 128 x 128 output tiles number at most half the SMs (its split-K fills the GPU);
 // fused_ws up to kGemmSm90FusedWsMaxM, and up to kGemmSm90OneWaveMaxM while its tiles fit one
 // wave; prefill otherwise. Small weights (N * K elements) shift the bounds, since the fused
-// kernels' fixed costs (activation staging, the cluster split) outweigh the dequantization
-// pass they save: up to kGemmSm90TinyWeights prefill past decode's M; up to
-// kGemmSm90SmallWeights decode to kGemmSm90SmallWeightsDecodeMaxM, then prefill; up to
-// kGemmSm90MidWeights decode to kGemmSm90MidWeightsDecodeMaxM, and prefill where the fused
-// kernel's tiles would be few. p.path other than kAuto forces one.
+// kernels' fixed costs (activation staging, the cluster split) outweigh the dequantization pass
+// they save: up to kGemmSm90PrefillWeights prefill past decode's M; up to kGemmSm90Decode64Weights
+// decode to M = 64, then prefill; up to kGemmSm90Decode32Weights decode to M = 32; and up to
+// kGemmSm90FewTilesPrefillWeights prefill where the fused kernel would take its few tiles past
+// M = kGemmSm90FusedMaxM. p.path other than kAuto forces one.
 constexpr int64_t kGemmSm90DecodeMaxM = 16;
 constexpr int64_t kGemmSm90FusedMaxM = 128;
 constexpr int64_t kGemmSm90FusedWsMaxM = 512;
 constexpr int64_t kGemmSm90OneWaveMaxM = 1024;
-constexpr int64_t kGemmSm90TinyWeights = int64_t{1} << 18;    // 512 x 512
-constexpr int64_t kGemmSm90SmallWeights = int64_t{1} << 20;   // 1024 x 1024
-constexpr int64_t kGemmSm90MidWeights = int64_t{1} << 22;     // 2048 x 2048
-constexpr int64_t kGemmSm90SmallWeightsDecodeMaxM = 64;
-constexpr int64_t kGemmSm90MidWeightsDecodeMaxM = 32;
+constexpr int64_t kGemmSm90PrefillWeights = int64_t{1} << 18;          // 512 x 512
+constexpr int64_t kGemmSm90Decode64Weights = int64_t{1} << 20;         // 1024 x 1024
+constexpr int64_t kGemmSm90Decode32Weights = int64_t{1} << 23;         // 2048 x 4096
+constexpr int64_t kGemmSm90FewTilesPrefillWeights = int64_t{1} << 22;  // 2048 x 2048
 GemmSm90Path gemm_sm90_path(const GemmProblem& p);
 
 // Device scratch gemm_sm90 needs for p (dequantized operands, the float32 result before NVFP4

@@ -18,6 +18,9 @@
 #ifdef JAX_NVFP4_HAS_CUBLASLT
 #include "gemm/sm90/cublaslt_gemm.h"
 #endif
+#ifdef JAX_NVFP4_HAS_GEMM_SM90
+#include "gemm/sm90/gemm_sm90.h"
+#endif
 
 namespace nb = nanobind;
 
@@ -73,6 +76,26 @@ NB_MODULE(_nvfp4_cuda, m) {
       },
       "How many sm_90a prefill GEMMs have been enqueued through cuBLASLt in this process, or None "
       "where the build had no cuBLASLt header (the prefill GEMM is then always CUTLASS's).");
+#ifdef JAX_NVFP4_HAS_GEMM_SM90
+  m.def(
+      "gemm_sm90_path",
+      [](int64_t rows, int64_t n, int64_t k) {
+        jax_nvfp4::GemmProblem p;
+        p.m = rows;
+        p.n = n;
+        p.k = k;
+        switch (jax_nvfp4::gemm_sm90_path(p)) {
+          case jax_nvfp4::GemmSm90Path::kDecode: return "decode";
+          case jax_nvfp4::GemmSm90Path::kFused: return "fused";
+          case jax_nvfp4::GemmSm90Path::kFusedWs: return "fused_ws";
+          default: return "prefill";
+        }
+      },
+      nb::arg("m"), nb::arg("n"), nb::arg("k"),
+      "The sm_90a kernel family (decode, fused, fused_ws or prefill) that `matmul` runs for m rows "
+      "of bf16 activations times NVFP4 weights [n, k] on the current GPU (sized for 132 SMs where "
+      "none is visible); JAX_NVFP4_GEMM_SM90_PATH is not consulted.");
+#endif
   m.def(
       "host_calls", [](const std::string& target) { return jax_nvfp4::host_calls(target).load(); },
       nb::arg("target"),

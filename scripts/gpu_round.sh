@@ -56,7 +56,11 @@ if [ "$SHARDS" -le 1 ]; then
   status=${PIPESTATUS[0]}
 else
   # Round-robin over the collected test ids; each process takes GPU memory as it needs it.
-  "$PY" -P -m pytest -q -p no:cacheprovider --collect-only "$@" | grep "::" > "$OUT/test_ids.txt"
+  # A file that fails to collect would otherwise drop out of the shards unnoticed.
+  if ! "$PY" -P -m pytest -q -p no:cacheprovider --collect-only "$@" > "$OUT/collect.log" 2>&1; then
+    tail -n 20 "$OUT/collect.log"; echo "== collection failed"; exit 1
+  fi
+  grep "::" "$OUT/collect.log" > "$OUT/test_ids.txt"
   echo "$(wc -l < "$OUT/test_ids.txt") tests in $SHARDS shards"
   pids=()
   for ((i = 0; i < SHARDS; i++)); do

@@ -117,7 +117,7 @@ def test_gemm_workspace_follows_the_sm90_path():
     staged = 4096 * 2  # bytes per staged activation row
     assert 512 * staged <= _gemm_workspace(90, 512, 14336, 4096) < 14336 * 4096 * 2  # 112 x 4 tiles
     if sms >= 128:
-        assert 1024 * staged <= _gemm_workspace(90, 1024, 2048, 4096) < 2048 * 4096 * 2  # 16 x 8, one wave
+        assert 1024 * 2048 * 2 <= _gemm_workspace(90, 1024, 2048, 2048) < 2048 * 2048 * 2  # 16 x 8, one wave
     assert _gemm_workspace(90, 768, 14336, 4096) >= 14336 * 4096 * 2  # 112 x 6 tiles: prefill
     # Small weights (N x K elements): past decode's M, prefill (up to 512 x 512); decode to M = 64,
     # then prefill (up to 1024 x 1024); decode to M = 32 (up to 2048 x 4096); prefill rather than
@@ -130,10 +130,51 @@ def test_gemm_workspace_follows_the_sm90_path():
     assert _gemm_workspace(90, 32, 4096, 4096) > 0  # 16.7M weights: fused, as before
     assert _gemm_workspace(90, 256, 2048, 2048) >= 2048 * 2048 * 2  # 16 x 2 tiles: prefill
     assert _gemm_workspace(90, 256, 2048, 4096) < 2048 * 4096 * 2  # 8M weights: fused, as before
+    assert _gemm_workspace(90, 512, 2048, 4096) >= 2048 * 4096 * 2  # narrow and long: prefill
     nvfp4_out = [_spec((1, 256), jnp.float4_e2m1fn), _spec((128 * 4,), jnp.float8_e4m3fn),
                  _spec((), jnp.float32)]
     assert _gemm_workspace(90, 1, 256, 4096, out=nvfp4_out) >= 256 * 4  # the float32 result
     assert _gemm_workspace(80, 1024, 4096, 4096) == 0  # no kernel for an A100: nothing to size
+
+
+# (m, n, k) -> the sm_90a path, one case per branch of gemm_sm90_path (docs/gemm_hopper.md has
+# the timings behind each), on 132 SMs (an H100/H200, or no GPU).
+_SM90_PATHS = [
+    ((16, 14336, 4096), "decode"),
+    ((17, 512, 512), "prefill"),        # up to 512 x 512 weights
+    ((64, 1024, 1024), "decode"),       # up to 1024 x 1024: decode to M = 64
+    ((65, 1024, 1024), "prefill"),
+    ((32, 8192, 1024), "decode"),       # up to 2048 x 4096: decode to M = 32
+    ((33, 4096, 1024), "fused_ws"),     # K <= 1024, N >= 4096: fused_ws to M = 512
+    ((512, 16384, 512), "fused_ws"),
+    ((96, 2048, 1024), "prefill"),      # K <= 1024, N < 4096: prefill
+    ((1024, 4096, 1024), "prefill"),    # past M = 512: the tiles rule (256 tiles)
+    ((257, 2048, 4096), "prefill"),     # narrow and long weights past M = 256
+    ((256, 2048, 4096), "fused"),
+    ((1024, 1024, 8192), "prefill"),
+    ((64, 14336, 4096), "fused"),       # the fused kernel's 64-row activation tile
+    ((65, 14336, 4096), "fused_ws"),    # past it, fused_ws where its tiles cover half the SMs (112)
+    ((128, 4096, 4096), "fused"),       # few tiles (32) and long K: the fused kernel's split-K
+    ((128, 4096, 2048), "prefill"),     # few tiles, K <= 2048 and up to 8M weights: prefill
+    ((128, 8192, 2048), "fused"),       # 16M weights
+    ((256, 4096, 2048), "prefill"),
+    ((256, 1024, 4096), "prefill"),     # few tiles past M = 128, up to 2048 x 2048 weights
+    ((128, 1024, 4096), "fused"),
+    ((512, 14336, 4096), "fused_ws"),
+    ((768, 14336, 4096), "prefill"),    # 672 tiles: more than one wave
+    ((1024, 2048, 2048), "fused_ws"),   # 128 tiles: one wave
+    ((1025, 2048, 2048), "prefill"),
+]
+
+
+@needs_extension
+@pytest.mark.skipif("sm_90a" not in _extension.cuda_archs(), reason="no sm_90a kernels built")
+@pytest.mark.parametrize("mnk, path", _SM90_PATHS, ids=[f"{m}x{n}x{k}" for (m, n, k), _ in _SM90_PATHS])
+def test_gemm_sm90_path_rule(mnk, path):
+    device = jax.devices()[0]
+    if device.platform == "gpu" and device.core_count != 132:
+        pytest.skip(f"the cases are for 132 SMs; this GPU has {device.core_count}")
+    assert _extension._ext.gemm_sm90_path(*mnk) == path
 
 
 @needs_extension

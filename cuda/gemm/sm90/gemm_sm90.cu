@@ -72,13 +72,23 @@ GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
   if (weights <= kGemmSm90PrefillWeights) return GemmSm90Path::kPrefill;
   if (weights <= kGemmSm90Decode64Weights) return p.m <= 64 ? GemmSm90Path::kDecode : GemmSm90Path::kPrefill;
   if (weights <= kGemmSm90Decode32Weights && p.m <= 32) return GemmSm90Path::kDecode;
-  if (p.m <= kGemmSm90FusedMaxM) return GemmSm90Path::kFused;
   if (p.m > kGemmSm90OneWaveMaxM) return GemmSm90Path::kPrefill;
-  const int64_t tiles = sm90::fused_ws_output_tiles(p), sms = sm90::sm_count();
-  if (2 * tiles <= sms) {
-    return weights <= kGemmSm90FewTilesPrefillWeights ? GemmSm90Path::kPrefill : GemmSm90Path::kFused;
+  if (p.k <= kGemmSm90ShortKMaxK && p.m <= kGemmSm90FusedWsMaxM) {
+    return p.n >= kGemmSm90ShortKFusedWsMinN ? GemmSm90Path::kFusedWs : GemmSm90Path::kPrefill;
   }
-  return p.m <= kGemmSm90FusedWsMaxM || tiles <= sms ? GemmSm90Path::kFusedWs : GemmSm90Path::kPrefill;
+  if (p.n <= kGemmSm90NarrowMaxN && p.k >= kGemmSm90NarrowMinK && p.m > kGemmSm90NarrowFusedMaxM) {
+    return GemmSm90Path::kPrefill;
+  }
+  if (p.m <= kGemmSm90FusedMt64MaxM) return GemmSm90Path::kFused;
+  const int64_t tiles = sm90::fused_ws_output_tiles(p), sms = sm90::sm_count();
+  if (2 * tiles > sms) {
+    return p.m <= kGemmSm90FusedWsMaxM || tiles <= sms ? GemmSm90Path::kFusedWs : GemmSm90Path::kPrefill;
+  }
+  // Few tiles: the fused kernel's split-K fills the GPU, unless the weights are small enough
+  // that the prefill path's dequantization pass costs less than the split.
+  const bool prefill = (p.k <= kGemmSm90MidKMaxK && weights <= kGemmSm90Decode32Weights) ||
+                       (p.m > kGemmSm90FusedMaxM && weights <= kGemmSm90FewTilesPrefillWeights);
+  return prefill ? GemmSm90Path::kPrefill : GemmSm90Path::kFused;
 }
 
 size_t gemm_sm90_workspace_bytes(const GemmProblem& p) {

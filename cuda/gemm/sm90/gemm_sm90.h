@@ -29,17 +29,26 @@ namespace jax_nvfp4 {
 enum class GemmSm90Path : int { kDecode = 0, kPrefill = 1, kFused = 2, kFusedWs = 3 };
 
 // The path gemm_sm90 takes for M activation rows (docs/gemm_hopper.md has the measurements
-// behind the bounds): decode for M <= kGemmSm90DecodeMaxM (there the weights' bytes dominate:
+// behind every bound): decode for M <= kGemmSm90DecodeMaxM (there the weights' bytes dominate:
 // 4.5 bits of weight read per 2*M flops); fused up to kGemmSm90FusedMaxM, and beyond while the
 // 128 x 128 output tiles number at most half the SMs (its split-K fills the GPU);
 // fused_ws up to kGemmSm90FusedWsMaxM, and up to kGemmSm90OneWaveMaxM while its tiles fit one
-// wave; prefill otherwise. Small weights (N * K elements) shift the bounds, since the fused
-// kernels' fixed costs (activation staging, the cluster split) outweigh the dequantization pass
-// they save: up to kGemmSm90PrefillWeights prefill past decode's M; up to kGemmSm90Decode64Weights
-// decode to M = 64, then prefill; up to kGemmSm90Decode32Weights decode to M = 32; and up to
-// kGemmSm90FewTilesPrefillWeights prefill where the fused kernel would take its few tiles past
-// M = kGemmSm90FusedMaxM. p.path other than kAuto forces one.
+// wave; prefill otherwise. Past the fused kernel's 64-row activation tile (M > kGemmSm90FusedMt64MaxM)
+// fused_ws takes over wherever its tiles cover more than half the SMs.
+// Small weights (N * K elements) shift the bounds, since the fused kernels' fixed costs
+// (activation staging, the cluster split) outweigh the dequantization pass they save: up to
+// kGemmSm90PrefillWeights prefill past decode's M; up to kGemmSm90Decode64Weights decode to
+// M = 64, then prefill; up to kGemmSm90Decode32Weights decode to M = 32. Where the fused kernel
+// would take its few tiles past M = 64, prefill does instead on weights up to
+// kGemmSm90Decode32Weights with K <= kGemmSm90MidKMaxK, and past M = kGemmSm90FusedMaxM on
+// weights up to kGemmSm90FewTilesPrefillWeights.
+// The shape of the weights shifts them too: with K <= kGemmSm90ShortKMaxK (8 chunks of K or fewer
+// a tile) the fused kernel never leads: fused_ws does to M = kGemmSm90FusedWsMaxM where
+// N >= kGemmSm90ShortKFusedWsMinN, prefill where N is smaller; and narrow, long weights
+// (N <= kGemmSm90NarrowMaxN, K >= kGemmSm90NarrowMinK) take prefill past M = kGemmSm90NarrowFusedMaxM.
+// p.path other than kAuto forces one.
 constexpr int64_t kGemmSm90DecodeMaxM = 16;
+constexpr int64_t kGemmSm90FusedMt64MaxM = 64;
 constexpr int64_t kGemmSm90FusedMaxM = 128;
 constexpr int64_t kGemmSm90FusedWsMaxM = 512;
 constexpr int64_t kGemmSm90OneWaveMaxM = 1024;
@@ -47,6 +56,12 @@ constexpr int64_t kGemmSm90PrefillWeights = int64_t{1} << 18;          // 512 x 
 constexpr int64_t kGemmSm90Decode64Weights = int64_t{1} << 20;         // 1024 x 1024
 constexpr int64_t kGemmSm90Decode32Weights = int64_t{1} << 23;         // 2048 x 4096
 constexpr int64_t kGemmSm90FewTilesPrefillWeights = int64_t{1} << 22;  // 2048 x 2048
+constexpr int64_t kGemmSm90MidKMaxK = 2048;
+constexpr int64_t kGemmSm90ShortKMaxK = 1024;
+constexpr int64_t kGemmSm90ShortKFusedWsMinN = 4096;
+constexpr int64_t kGemmSm90NarrowMaxN = 3072;
+constexpr int64_t kGemmSm90NarrowMinK = 4096;
+constexpr int64_t kGemmSm90NarrowFusedMaxM = 256;
 GemmSm90Path gemm_sm90_path(const GemmProblem& p);
 
 // Device scratch gemm_sm90 needs for p (dequantized operands, the float32 result before NVFP4

@@ -162,6 +162,7 @@ SCHEDULE_CASES = {
     "7x7_stride2_bn256": (cc.CASES["7x7_stride2"], 256),
     "5x5_stride3_dil2": ((2, 17, 19, 16, 4, 5, 5, (3, 3), "SAME", (2, 2)), 128),
     "7x7_dil3_pad_wider": ((1, 12, 30, 16, 4, 7, 7, (1, 1), ((9, 9), (9, 9)), (3, 3)), 128),
+    "7x7_tiles_end_with_the_rows": ((32, 7, 7, 16, 4, 3, 3, (1, 1), "SAME", (1, 1)), 128),
     "width1_images": ((5, 5, 1, 16, 4, 3, 3, (2, 2), "SAME", (1, 1)), 128),
     # Taps that read phase 0 only (one phase array): dilation 2 with stride 2.
     "3x3_stride2_dil2_one_phase": ((2, 13, 15, 16, 4, 3, 3, (2, 2), "SAME", (2, 2)), 128),
@@ -184,6 +185,9 @@ def test_sm90_schedule_emulation_matches_direct_convolution(host_program, name):
     out = host_program(SCHEDULE, cutlass=True, args=args).split()
     assert out[0] == "OK", " ".join(out)
     assert int(out[1]) == outputs
+    # The GPU tests size grids with conv_cases' mirror of the virtual row width.
+    n, _, w, _, _, _, s, _, stride_w, _, pad_w, _, dil_w, p, q, bn = args
+    assert int(out[2]) == -(-(n * p * cc.virtual_row_width(q, w, s, stride_w, pad_w, dil_w)) // bn)
 
 
 # Problems the warp-specialized kernel loads with TMA im2col copies: padding on one side only,
@@ -205,6 +209,10 @@ IM2COL_CASES = {
     "7x1_same": ((2, 12, 10, 16, 4, 7, 1, (1, 1), "SAME", (1, 1)), 128),
     "1x1_valid": (cc.CASES["1x1_valid"], 128),
     "3x3_same_bn128": (cc.CASES["3x3_same"], 128),
+    # The last tile ends where the last virtual row does (Q + 1 columns a row), so the last row's
+    # last outputs read their right pad from the halo box, past the final virtual pixel.
+    "7x7_tiles_end_with_the_rows": ((32, 7, 7, 16, 4, 3, 3, (1, 1), "SAME", (1, 1)), 128),
+    "14x14_tiles_end_with_the_rows": ((16, 14, 14, 16, 4, 3, 3, (1, 1), "SAME", (1, 1)), 224),
     "3x3_same_bn256": (cc.CASES["3x3_same"], 256),
     "3x3_dilation2_explicit": (cc.CASES["3x3_dilation2_explicit"], 128),
     "many_small_images": (cc.CASES["many_small_images"], 128),

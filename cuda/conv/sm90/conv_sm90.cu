@@ -161,7 +161,7 @@ bool clusters_fit(int splits, int64_t ctas, int sms) {
 // estimated). Fitted to the kernel alone on 101 grids of batch 1 to 32 on an H100 (0.43 us rms;
 // the 3-CTA split from another run, as the 4-CTA one + 0.38 us), and against the choice before
 // (128-pixel tiles only) in the same run: bench/results/conv_pass_width_h100_2026-11-26.md.
-KernelChoice small_grid_choice(const ConvProblem& pb, int sms, int max_smem) {
+KernelChoice small_grid_choice(const ConvProblem& pb, const Geometry& base, int sms, int max_smem) {
   if (!ws_tma_supported(pb)) return kRegisterA;
   struct Width {  // a tiling and what each tap and stage of a consumer's chain costs on it
     int bn;
@@ -177,7 +177,7 @@ KernelChoice small_grid_choice(const ConvProblem& pb, int sms, int max_smem) {
   };
   constexpr Candidate kCandidates[] = {{k64, 1, 0.0},   {k64, 2, 2.21},  {k64, 4, 2.17},  {k128, 1, 0.0},
                                        {k128, 2, 2.47}, {k128, 3, 3.26}, {k128, 4, 2.88}, {k128, 8, 3.46}};
-  const int stages = pb.r * make_geometry(pb, 128).c_chunks;  // as choose_kernel counts them
+  const int stages = pb.r * base.c_chunks;  // as choose_kernel counts them
   const int consumer_stages = ceil_div(stages, 2);
   const bool short_chain = consumer_stages <= 2 || (consumer_stages <= 3 && consumer_stages * pb.s <= 9);
   KernelChoice best = kRegisterA;
@@ -185,9 +185,9 @@ KernelChoice small_grid_choice(const ConvProblem& pb, int sms, int max_smem) {
   for (const Candidate& c : kCandidates) {
     if ((short_chain && c.splits > 1) || c.splits > stages) continue;
     const Width& w = c.width;
-    const int64_t tiles = make_geometry(pb, w.bn).pixel_tiles * ceil_div(pb.k, 64);
+    const int64_t tiles = with_tile(base, w.bn).pixel_tiles * ceil_div(pb.k, 64);
     if (!clusters_fit(c.splits, tiles * c.splits, sms) ||
-        !ws_tma_stages_fit(pb, w.bn, 64, max_smem, /*stage_split=*/true)) {
+        !ws_tma_stages_fit(pb, base, w.bn, 64, max_smem, /*stage_split=*/true)) {
       continue;
     }
     const int chain = static_cast<int>(ceil_div(ceil_div(stages, c.splits), 2));  // consumer 0's stages
@@ -221,13 +221,14 @@ KernelChoice small_grid_choice(const ConvProblem& pb, int sms, int max_smem) {
 //   tiles, else 128-pixel ones.
 KernelChoice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
   if (!ws_supported(pb)) return kRegisterA;
+  const Geometry base = problem_geometry(pb);  // with_tile(base, bn) for each width weighed
   const int64_t enough = pb.s == 3 ? (3 * sms + 3) / 4 : (sms + 1) / 2;
   auto pick = [&](ConvSm90Kernel kind, int64_t ctas, int splits = 1) {
-    return ctas >= enough ? KernelChoice{kind, splits} : small_grid_choice(pb, sms, max_smem);
+    return ctas >= enough ? KernelChoice{kind, splits} : small_grid_choice(pb, base, sms, max_smem);
   };
   if (ws_tma_supported(pb) && pb.k <= 64) {
-    const int64_t tiles256 = make_geometry(pb, 256).pixel_tiles, tiles416 = make_geometry(pb, 416).pixel_tiles;
-    if (ws_tma_stages_fit(pb, 416, 64, max_smem) &&
+    const int64_t tiles256 = with_tile(base, 256).pixel_tiles, tiles416 = with_tile(base, 416).pixel_tiles;
+    if (ws_tma_stages_fit(pb, base, 416, 64, max_smem) &&
         ceil_div(tiles416, sms) * 416 <= ceil_div(tiles256, sms) * 256) {
       return pick(ConvSm90Kernel::kWs64x416, tiles416);
     }
@@ -239,7 +240,7 @@ KernelChoice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
     constexpr std::pair<int, ConvSm90Kernel> kWidths[] = {
         {64, ConvSm90Kernel::kWs128x64},   {112, ConvSm90Kernel::kWs128x112}, {128, ConvSm90Kernel::kWs128x128},
         {208, ConvSm90Kernel::kWs128x208}, {256, ConvSm90Kernel::kWs128x256}};
-    const int stages = pb.r * make_geometry(pb, 128).c_chunks;
+    const int stages = pb.r * base.c_chunks;
     KernelChoice best{};
     int64_t best_ctas = -1;
     double best_us = 0;
@@ -252,8 +253,9 @@ KernelChoice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
     };
     for (int splits = 1; splits <= 2 && splits <= stages; ++splits) {
       for (const auto& [bn, kind] : kWidths) {
-        consider({kind, splits}, make_geometry(pb, bn).pixel_tiles * k_tiles * splits,
-                 ws_estimate_us(stages, static_cast<int>(pb.s), bn, splits), ws_tma_stages_fit(pb, bn, 128, max_smem));
+        consider({kind, splits}, with_tile(base, bn).pixel_tiles * k_tiles * splits,
+                 ws_estimate_us(stages, static_cast<int>(pb.s), bn, splits),
+                 ws_tma_stages_fit(pb, base, bn, 128, max_smem));
       }
     }
     // The stage split with split-K (each consumer half of its CTA's stages): at 7x7x512 b32,
@@ -263,20 +265,20 @@ KernelChoice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
         {128, ConvSm90Kernel::kWs64x128Ks}, {224, ConvSm90Kernel::kWs64x224Ks}, {256, ConvSm90Kernel::kWs64x256Ks}};
     for (int splits = 1; splits <= 2 && 2 * splits <= stages; ++splits) {
       for (const auto& [bn, kind] : kStageSplitWidths) {
-        consider({kind, splits}, make_geometry(pb, bn).pixel_tiles * ceil_div(pb.k, 64) * splits,
+        consider({kind, splits}, with_tile(base, bn).pixel_tiles * ceil_div(pb.k, 64) * splits,
                  ws_estimate_us(ceil_div(stages, 2), static_cast<int>(pb.s), bn, splits),
-                 ws_tma_stages_fit(pb, bn, 64, max_smem, /*stage_split=*/true));
+                 ws_tma_stages_fit(pb, base, bn, 64, max_smem, /*stage_split=*/true));
       }
     }
     if (best_ctas >= 0) return pick(best.kernel, best_ctas, best.splits);
     // None fits in one wave: the widest tiling whose stages fit (the fewest waves).
     for (int i = static_cast<int>(std::size(kWidths)) - 1; i >= 0; --i) {
-      if (ws_tma_stages_fit(pb, kWidths[i].first, 128, max_smem)) return {kWidths[i].second, 1};
+      if (ws_tma_stages_fit(pb, base, kWidths[i].first, 128, max_smem)) return {kWidths[i].second, 1};
     }
     return kRegisterA;
   }
-  if (make_geometry(pb, 256).pixel_tiles * k_tiles >= enough) return {ConvSm90Kernel::kWs128x256, 1};
-  return pick(ConvSm90Kernel::kWs128x128, make_geometry(pb, 128).pixel_tiles * k_tiles);
+  if (with_tile(base, 256).pixel_tiles * k_tiles >= enough) return {ConvSm90Kernel::kWs128x256, 1};
+  return pick(ConvSm90Kernel::kWs128x128, with_tile(base, 128).pixel_tiles * k_tiles);
 }
 // Launches warp-specialized tiling `kernel` (not kAuto or kRegisterA); cudaErrorInvalidValue,
 // with nothing enqueued, when it does not take the problem.

@@ -193,8 +193,10 @@ constexpr int ws_partial_bytes(int bn) { return bn / 2 * 128 * 4; }
 // Whether the fewest stages of the warp-specialized kernel with TMA loads, two consumers and
 // `tile_n`-pixel x `bm`-channel tiles (split between the consumers by stage or not) fit in
 // `max_smem` bytes, on a grid of one tile per CTA (the stage split's partial sums in the ring).
-inline bool ws_tma_stages_fit(const ConvProblem& pb, int tile_n, int bm, int max_smem, bool stage_split = false) {
-  const Geometry g = make_geometry(pb, tile_n, /*im2col=*/true);
+// base: problem_geometry(pb).
+inline bool ws_tma_stages_fit(const ConvProblem& pb, const Geometry& base, int tile_n, int bm, int max_smem,
+                              bool stage_split = false) {
+  const Geometry g = with_tile(base, tile_n, /*im2col=*/true);
   return ws_layout(pb, g, bm, 2 * kWsEpiBytes, ws_min_stages(stage_split), /*tma=*/true,
                    stage_split ? ws_partial_bytes(tile_n) : 0, /*partials_in_ring=*/true)
              .total <= max_smem;

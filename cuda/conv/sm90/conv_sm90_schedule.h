@@ -72,44 +72,60 @@ NVFP4_HD Tap tap_at(const ConvProblem& pb, const Geometry& g, int s) {
 // as this row's (past the input's right edge) and as the next row's (before its left edge): with
 // 'SAME' padding at stride 1 one zero column then serves as one row's right pad and the next
 // row's left pad (3x3: Q + 1 columns instead of Q + 2; at 7x7 outputs, 11% fewer computed).
-NVFP4_HD int64_t virtual_row_width(const ConvProblem& pb, int halo) {
+// g: its halo and tap table.
+NVFP4_HD int64_t virtual_row_width(const ConvProblem& pb, const Geometry& g) {
   auto outside = [&](int64_t w) { return w < 0 || w >= pb.w; };
-  for (int64_t wv = pb.q > 0 ? pb.q : 1; wv < pb.q + halo; ++wv) {
-    bool shared = true;
-    for (int64_t vq = pb.q > halo ? pb.q - halo : 0; vq < pb.q; ++vq) {
-      for (int s = 0; s < pb.s; ++s) {
-        const Tap tap = tap_of(pb, s);
-        const int64_t u = vq + tap.shift;  // the slot it reads, from the row's first
-        if (u < wv) continue;
-        shared = shared && u - wv < wv && outside(u * pb.stride_w - pb.pad_w + tap.phase) &&
-                 outside((u - wv) * pb.stride_w - pb.pad_w + tap.phase);
+  // Whether, in rows of wv columns, every slot a tap reads past the row is zero both ways. The
+  // kernels size grids with this on every launch, so it stops at the first slot that is not.
+  auto shares_zero_columns = [&](int64_t wv) {
+    for (int s = 0; s < pb.s; ++s) {
+      const Tap tap = tap_at(pb, g, s);
+      for (int64_t u = wv; u < pb.q + tap.shift; ++u) {  // slots read by outputs vq = u - shift < Q
+        if (u - wv >= wv || !outside(u * pb.stride_w - pb.pad_w + tap.phase) ||
+            !outside((u - wv) * pb.stride_w - pb.pad_w + tap.phase)) {
+          return false;
+        }
       }
     }
-    if (shared) return wv;
+    return true;
+  };
+  for (int64_t wv = pb.q > 0 ? pb.q : 1; wv < pb.q + g.halo; ++wv) {
+    if (shares_zero_columns(wv)) return wv;
   }
-  return pb.q + halo;
+  return pb.q + g.halo;
 }
 
-// `im2col`: the layout of the TMA loads (below): BN + kHaloPixels slots, a multiple of 8, so
-// the halo's copy starts at a 1024-byte atom of the 128-byte swizzle the kernel loads them in.
-NVFP4_HD Geometry make_geometry(const ConvProblem& pb, int bn, bool im2col = false) {
+// The geometry without its tile width's part (slots, pixel_tiles): what a kernel choice that
+// weighs several widths computes once (with_tile adds the rest).
+NVFP4_HD Geometry problem_geometry(const ConvProblem& pb) {
   Geometry g;
   g.halo = static_cast<int>(((pb.s - 1) * pb.dil_w) / pb.stride_w);
-  g.wv = virtual_row_width(pb, g.halo);
   for (int s = 0; s < pb.s; ++s) {
     const Tap tap = tap_of(pb, s);
     if (tap.phase >= g.phases) g.phases = tap.phase + 1;
     if (s < kTapTable) g.taps[s] = tap;
   }
-  g.slots = im2col ? bn + kHaloPixels : (bn + g.halo) | 1;
+  g.wv = virtual_row_width(pb, g);
   g.virtual_pixels = pb.n * pb.p * g.wv;
-  g.pixel_tiles = ceil_div(g.virtual_pixels, bn);
   g.c_chunks = static_cast<int>(ceil_div(pb.c, kChunkC));
   if (g.virtual_pixels > 0) {  // an empty output launches nothing (and a divisor must not be 0)
     g.by_wv = FastDivide::by(static_cast<uint32_t>(g.wv));
     g.by_p = FastDivide::by(static_cast<uint32_t>(pb.p));
   }
   return g;
+}
+
+// g for tiles of bn pixels. `im2col`: the layout of the TMA loads (below): BN + kHaloPixels
+// slots, a multiple of 8, so the halo's copy starts at a 1024-byte atom of the 128-byte swizzle
+// the kernel loads them in.
+NVFP4_HD Geometry with_tile(Geometry g, int bn, bool im2col = false) {
+  g.slots = im2col ? bn + kHaloPixels : (bn + g.halo) | 1;
+  g.pixel_tiles = ceil_div(g.virtual_pixels, bn);
+  return g;
+}
+
+NVFP4_HD Geometry make_geometry(const ConvProblem& pb, int bn, bool im2col = false) {
+  return with_tile(problem_geometry(pb), bn, im2col);
 }
 
 constexpr int64_t kMaxIndex32 = (int64_t{1} << 31) - 1;

@@ -30,11 +30,10 @@ enum class GemmSm90Path : int { kDecode = 0, kPrefill = 1, kFused = 2, kFusedWs 
 
 // The path gemm_sm90 takes for M activation rows (docs/gemm_hopper.md has the measurements
 // behind every bound): decode for M <= kGemmSm90DecodeMaxM (there the weights' bytes dominate:
-// 4.5 bits of weight read per 2*M flops); fused up to kGemmSm90FusedMaxM, and beyond while the
-// 128 x 128 output tiles number at most half the SMs (its split-K fills the GPU);
-// fused_ws up to kGemmSm90FusedWsMaxM, and up to kGemmSm90OneWaveMaxM while its tiles fit one
-// wave; prefill otherwise. Past the fused kernel's 64-row activation tile (M > kGemmSm90FusedMt64MaxM)
-// fused_ws takes over wherever its tiles cover more than half the SMs.
+// 4.5 bits of weight read per 2*M flops); fused up to kGemmSm90FusedMt64MaxM (its 64-row
+// activation tile), and beyond while the 128 x 128 output tiles number at most half the SMs (its
+// split-K fills the GPU); otherwise fused_ws up to kGemmSm90FusedWsMaxM, and up to
+// kGemmSm90OneWaveMaxM while its tiles fit one wave; prefill beyond.
 // Small weights (N * K elements) shift the bounds, since the fused kernels' fixed costs
 // (activation staging, the cluster split) outweigh the dequantization pass they save: up to
 // kGemmSm90PrefillWeights prefill past decode's M; up to kGemmSm90Decode64Weights decode to
@@ -42,11 +41,11 @@ enum class GemmSm90Path : int { kDecode = 0, kPrefill = 1, kFused = 2, kFusedWs 
 // would take its few tiles past M = 64, prefill does instead on weights up to
 // kGemmSm90Decode32Weights with K <= kGemmSm90MidKMaxK, and past M = kGemmSm90FusedMaxM on
 // weights up to kGemmSm90FewTilesPrefillWeights.
-// The shape of the weights shifts them too: with K <= kGemmSm90ShortKMaxK (8 chunks of K or fewer
-// a tile) the fused kernel never leads: fused_ws does to M = kGemmSm90FusedWsMaxM where
+// The shape of the weights shifts them too: with K <= kGemmSm90ShortKMaxK (8 chunks of K or
+// fewer a tile) the fused kernel never leads: fused_ws does to M = kGemmSm90FusedWsMaxM where
 // N >= kGemmSm90ShortKFusedWsMinN, prefill where N is smaller; and narrow, long weights
-// (N <= kGemmSm90NarrowMaxN, K >= kGemmSm90NarrowMinK) take prefill past M = kGemmSm90NarrowFusedMaxM.
-// p.path other than kAuto forces one.
+// (N <= kGemmSm90NarrowMaxN, K >= kGemmSm90NarrowMinK) take prefill past
+// M = kGemmSm90NarrowFusedMaxM. p.path other than kAuto forces one.
 constexpr int64_t kGemmSm90DecodeMaxM = 16;
 constexpr int64_t kGemmSm90FusedMt64MaxM = 64;
 constexpr int64_t kGemmSm90FusedMaxM = 128;

@@ -14,9 +14,10 @@
 // tilings split-K over a cluster of that many CTAs. --custom times that one problem ('SAME'
 // padding; 3x3, stride 1 by default) instead of the list below (e.g. a sweep over C).
 // Random bf16 activations and NVFP4 weights (random codes, E4M3 scales in [2^-4, 2]), bf16
-// output. Each shape: 64 sampled outputs checked against a float64 host convolution of the same
-// operands; time per launch from CUDA events over 200 back-to-back launches, the kernels
-// round-robin, median of 7 rounds (operands warm in L2, as PyTorch's cuDNN timing loop has them);
+// output. Each shape: 68 sampled outputs (64 random, 4 at the ends of the last output row)
+// checked against a float64 host convolution of the same operands; time per launch from CUDA
+// events over 200 back-to-back launches, the kernels round-robin, median of 7 rounds (operands
+// warm in L2, as PyTorch's cuDNN timing loop has them);
 // an FNV hash of the output so two kernels or builds can be compared bit for bit.
 #include <cuda_bf16.h>
 
@@ -189,7 +190,7 @@ void run_shape(const Shape& sh, const char* label, const char* only_kernel, cons
 
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreate(&stream));
-  // Every kernel that takes the problem: checked on 64 sampled outputs, then timed round-robin
+  // Every kernel that takes the problem: checked on 68 sampled outputs, then timed round-robin
   // (7 rounds of 200 launches each, so clock drift as the GPU warms hits all alike).
   std::vector<KernelChoice> ran;
   std::vector<std::vector<double>> times;
@@ -208,9 +209,16 @@ void run_shape(const Shape& sh, const char* label, const char* only_kernel, cons
     CUDA_CHECK(cudaMemcpy(out.data(), p.out, out_elems * 2, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemset(p.out, 0xFF, out_elems * 2));  // the next kernel must write every output
     std::mt19937 pick(99);
+    // 64 random outputs, then the first and last channel of the last output row's two ends,
+    // where a tile that ends with the virtual rows reads its halo past the final pixel.
+    std::vector<int64_t> samples;
+    for (int i = 0; i < 64; ++i) samples.push_back(static_cast<int64_t>(pick() % static_cast<uint64_t>(out_elems)));
+    const int64_t last_row = (p.n * p.p - 1) * p.q * p.k;
+    for (int64_t q : {int64_t{0}, p.q - 1}) {
+      for (int64_t k : {int64_t{0}, p.k - 1}) samples.push_back(last_row + q * p.k + k);
+    }
     double worst = 0;
-    for (int i = 0; i < 64; ++i) {
-      const int64_t e = static_cast<int64_t>(pick() % static_cast<uint64_t>(out_elems));
+    for (const int64_t e : samples) {
       const int64_t k = e % p.k, q = (e / p.k) % p.q, pp = (e / (p.k * p.q)) % p.p, n = e / (p.k * p.q * p.p);
       const double want = reference_output(p, h, n, pp, q, k);
       uint32_t bits = static_cast<uint32_t>(out[e]) << 16;
@@ -262,7 +270,7 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs\n| variant | shape | us | TFLOP/s | max rel err (64 samples) | output hash |\n"
+  std::printf("device: %s, %d SMs\n| variant | shape | us | TFLOP/s | max rel err (68 samples) | output hash |\n"
               "|---|---|---|---|---|---|\n", prop.name, prop.multiProcessorCount);
   if (!custom.empty()) {
     if (custom.size() != 5 && custom.size() != 8) {

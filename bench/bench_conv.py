@@ -30,7 +30,7 @@ import numpy as np
 from jax import lax
 
 import jax_nvfp4 as jn
-from jax_nvfp4._extension import cublaslt_gemm_calls, visible_cuda_arch
+from jax_nvfp4._extension import _ext, cublaslt_gemm_calls, visible_cuda_arch
 from jax_nvfp4.primitives.conv import pointwise_as_gemm
 from _timing import TARGET_S, LoopTimer, interleaved_times  # bench/ is the script's folder
 
@@ -102,22 +102,6 @@ def ws_estimate_us(stages, taps, bn, splits):
     return 7.5 + -(-stages // splits) * per_stage + (splits - 1) * (3.0 + 0.01 * bn)
 
 
-def virtual_row_width(q, w, s, stride, pad_w):
-    """conv_sm90_schedule.h's virtual_row_width at dilation 1: Q + halo columns, less the trailing
-    ones whose slots the next row's first (zero) slots stand in for."""
-    halo = (s - 1) // stride
-
-    def zero_both_ways(u, t, wv):  # slot u of tap t: past this row's input and before the next's
-        col = u * stride - pad_w + t % stride
-        return u - wv < wv and not 0 <= col < w and not 0 <= col - wv * stride < w
-
-    for wv in range(max(q, 1), q + halo):
-        if all(zero_both_ways(vq + t // stride, t, wv) for vq in range(max(q - halo, 0), q)
-               for t in range(s) if vq + t // stride >= wv):
-            return wv
-    return q + halo
-
-
 def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
     """Activation bytes global -> shared of the sm_90a kernel (bf16), with the reuse and as an
     implicit GEMM that loads each tap's tile separately, and the kernel and its CTA tile (output
@@ -133,7 +117,7 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
     pad_w = max((q - 1) * stride + s - w, 0) // 2
     halo = (s - 1) // stride
     phases = min(stride, s)  # phase arrays the taps read (dilation 1)
-    wv = virtual_row_width(q, w, s, stride, pad_w)
+    wv = _ext.conv_sm90_virtual_row_width(q, w, s, stride, pad_w, 1)
     tiles = lambda bn: -(-(n * p * wv) // bn)  # noqa: E731
     chunks = -(-c // CHUNK_C)
     enough = -(-3 * sms // 4) if s == 3 else -(-sms // 2)

@@ -21,6 +21,9 @@
 #ifdef JAX_NVFP4_HAS_GEMM_SM90
 #include "gemm/sm90/gemm_sm90.h"
 #endif
+#ifdef JAX_NVFP4_HAS_CONV_SM90
+#include "conv/sm90/conv_sm90_schedule.h"
+#endif
 
 namespace nb = nanobind;
 
@@ -95,6 +98,24 @@ NB_MODULE(_nvfp4_cuda, m) {
       "The sm_90a kernel family (decode, fused, fused_ws or prefill) that `matmul` runs for m rows "
       "of bf16 activations times NVFP4 weights [n, k] on the current GPU (sized for 132 SMs where "
       "none is visible); JAX_NVFP4_GEMM_SM90_PATH is not consulted.");
+#endif
+#ifdef JAX_NVFP4_HAS_CONV_SM90
+  m.def(
+      "conv_sm90_virtual_row_width",
+      [](int64_t q, int64_t w, int s, int stride_w, int pad_w, int dil_w) {
+        jax_nvfp4::ConvProblem pb;
+        pb.q = q;
+        pb.w = w;
+        pb.s = s;
+        pb.stride_w = stride_w;
+        pb.pad_w = pad_w;
+        pb.dil_w = dil_w;
+        return jax_nvfp4::conv90::problem_geometry(pb).wv;
+      },
+      nb::arg("q"), nb::arg("w"), nb::arg("s"), nb::arg("stride_w"), nb::arg("pad_w"), nb::arg("dil_w"),
+      "The sm_90a conv kernels' virtual output row width (conv_sm90_schedule.h) for Q output "
+      "columns of an input W wide, S filter taps along W, that stride, leading padding and "
+      "dilation: the tests and the benchmark size the kernels' grids with it.");
 #endif
   m.def(
       "host_calls", [](const std::string& target) { return jax_nvfp4::host_calls(target).load(); },

@@ -33,24 +33,6 @@ def same_pads(size, taps, stride, dil, lower=False):
     return (total - small, small) if lower else (small, total - small)
 
 
-def virtual_row_width(q, w, s, stride_w, pad_w, dil_w):
-    """The sm_90a kernel's virtual output row width (conv_sm90_schedule.h's virtual_row_width,
-    mirrored to size its grids here): Q + halo columns, less the trailing ones whose slots the
-    next row's first slots can stand in for, zero both ways."""
-    halo = (s - 1) * dil_w // stride_w
-    taps = [(t % stride_w, t // stride_w) for t in (i * dil_w for i in range(s))]
-
-    def outside(col):
-        return col < 0 or col >= w
-
-    for wv in range(max(q, 1), q + halo):
-        reads = [(vq + shift, phase) for vq in range(max(q - halo, 0), q) for phase, shift in taps]
-        if all(u - wv < wv and outside(u * stride_w - pad_w + f) and outside((u - wv) * stride_w - pad_w + f)
-               for u, f in reads if u >= wv):
-            return wv
-    return q + halo
-
-
 def explicit_pads(x_shape, r, s, strides, padding, dilation):
     if padding == "VALID":
         return ((0, 0), (0, 0))

@@ -185,9 +185,18 @@ def test_sm90_schedule_emulation_matches_direct_convolution(host_program, name):
     out = host_program(SCHEDULE, cutlass=True, args=args).split()
     assert out[0] == "OK", " ".join(out)
     assert int(out[1]) == outputs
-    # The GPU tests size grids with conv_cases' mirror of the virtual row width.
+
+
+@pytest.mark.skipif(not hasattr(jn._extension._ext, "conv_sm90_virtual_row_width"),
+                    reason="no sm_90a conv kernels built")
+@pytest.mark.parametrize("name", sorted(SCHEDULE_CASES))
+def test_extension_virtual_row_width_sizes_the_schedule_tiles(host_program, name):
+    # The GPU tests and the benchmark size the kernels' grids with the extension's row width.
+    args, _ = schedule_args(*SCHEDULE_CASES[name])
+    out = host_program(SCHEDULE, cutlass=True, args=args).split()
     n, _, w, _, _, _, s, _, stride_w, _, pad_w, _, dil_w, p, q, bn = args
-    assert int(out[2]) == -(-(n * p * cc.virtual_row_width(q, w, s, stride_w, pad_w, dil_w)) // bn)
+    wv = jn._extension._ext.conv_sm90_virtual_row_width(q, w, s, stride_w, pad_w, dil_w)
+    assert int(out[2]) == -(-(n * p * wv) // bn)
 
 
 # Problems the warp-specialized kernel loads with TMA im2col copies: padding on one side only,

@@ -1,12 +1,9 @@
 // Times the sm_90a convolution kernel alone (no JAX) on the ResNet-50 3x3 stages, to compare
 // kernel variants and to separate the kernel's time from what a JAX call adds around it.
 //
-//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -I cuda
-//        -isystem <cutlass>/include -o conv_kernel_bench bench/conv_kernel_bench.cu
-//        cuda/conv/sm90/conv_sm90.cu
-//   (<cutlass>: the nvidia-cutlass wheel's cutlass_library/source, for CuTe's wgmma and stmatrix)
-//   ./conv_kernel_bench [--label NAME] [--shape SUBSTRING] [--kernel PREFIX] [--splits 2,3,4]
-//                       [--custom N,H,W,C,K[,R,S,stride]]
+//   bash bench/conv_kernel_bench.sh [--label NAME] [--shape SUBSTRING] [--kernel PREFIX]
+//                                   [--splits 2,3,4] [--custom N,H,W,C,K[,R,S,stride]]
+//   (builds it with cuda/conv/sm90/conv_sm90.cu and the conv_sm90_ws_s<S>.cu units, then runs it)
 //
 // Every sm_90a kernel that takes a shape runs (ConvSm90Kernel: register_a, the warp-specialized
 // ws128xBN tilings with their loads, and auto, the library's choice); --kernel keeps those whose

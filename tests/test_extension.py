@@ -145,9 +145,14 @@ _SM90_PATHS = [
     ((64, 1024, 1024), "decode"),       # up to 1024 x 1024: decode to M = 64
     ((65, 1024, 1024), "prefill"),
     ((32, 8192, 1024), "decode"),       # up to 2048 x 4096: decode to M = 32
-    ((33, 4096, 1024), "fused_ws"),     # K <= 1024, N >= 4096: fused_ws to M = 512
+    ((65, 4096, 1024), "fused_ws"),     # K <= 1024, N >= 4096: fused_ws to M = 512
+    ((33, 8192, 1024), "fused_ws"),
+    ((48, 4096, 512), "fused_ws"),
     ((512, 16384, 512), "fused_ws"),
-    ((96, 2048, 1024), "prefill"),      # K <= 1024, N < 4096: prefill
+    ((64, 4096, 1024), "decode"),       # ... but decode to M = 64 on 2M-4M weights with K > 512
+    ((33, 3072, 1024), "decode"),
+    ((48, 2048, 1024), "prefill"),      # K <= 1024, N < 4096: prefill
+    ((96, 2048, 1024), "prefill"),
     ((1024, 4096, 1024), "prefill"),    # past M = 512: the tiles rule (256 tiles)
     ((257, 2048, 4096), "prefill"),     # narrow and long weights past M = 256
     ((256, 2048, 4096), "fused"),
@@ -156,7 +161,8 @@ _SM90_PATHS = [
     ((65, 14336, 4096), "fused_ws"),    # past it, fused_ws where its tiles cover half the SMs (112)
     ((128, 4096, 4096), "fused"),       # few tiles (32) and long K: the fused kernel's split-K
     ((128, 4096, 2048), "prefill"),     # few tiles, K <= 2048 and up to 8M weights: prefill
-    ((128, 8192, 2048), "fused"),       # 16M weights
+    ((128, 8192, 2048), "fused_ws"),    # larger weights: fused_ws
+    ((72, 6144, 1536), "fused_ws"),
     ((256, 4096, 2048), "prefill"),
     ((256, 1024, 4096), "prefill"),     # few tiles past M = 128, up to 2048 x 2048 weights
     ((128, 1024, 4096), "fused"),

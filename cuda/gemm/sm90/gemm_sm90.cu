@@ -74,6 +74,10 @@ GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
   if (weights <= kGemmSm90Decode32Weights && p.m <= 32) return GemmSm90Path::kDecode;
   if (p.m > kGemmSm90OneWaveMaxM) return GemmSm90Path::kPrefill;
   if (p.k <= kGemmSm90ShortKMaxK && p.m <= kGemmSm90FusedWsMaxM) {
+    if (p.m <= kGemmSm90FusedMt64MaxM && p.k > kGemmSm90ShortKDecodeMinK && weights > kGemmSm90ShortKDecodeMinWeights &&
+        weights <= kGemmSm90ShortKDecodeMaxWeights) {
+      return GemmSm90Path::kDecode;
+    }
     return p.n >= kGemmSm90ShortKFusedWsMinN ? GemmSm90Path::kFusedWs : GemmSm90Path::kPrefill;
   }
   if (p.n <= kGemmSm90NarrowMaxN && p.k >= kGemmSm90NarrowMinK && p.m > kGemmSm90NarrowFusedMaxM) {
@@ -84,10 +88,14 @@ GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
   if (2 * tiles > sms) {
     return p.m <= kGemmSm90FusedWsMaxM || tiles <= sms ? GemmSm90Path::kFusedWs : GemmSm90Path::kPrefill;
   }
-  // Few tiles: the fused kernel's split-K fills the GPU, unless the weights are small enough
-  // that the prefill path's dequantization pass costs less than the split.
-  const bool prefill = (p.k <= kGemmSm90MidKMaxK && weights <= kGemmSm90Decode32Weights) ||
-                       (p.m > kGemmSm90FusedMaxM && weights <= kGemmSm90FewTilesPrefillWeights);
+  // Few tiles: the fused kernel's split-K fills the GPU where K is long, unless the weights are
+  // small enough that the prefill path's dequantization pass costs less than the split. With
+  // K <= kGemmSm90MidKMaxK the split has too few chunks to pay off: prefill, or fused_ws on
+  // larger weights.
+  if (p.k <= kGemmSm90MidKMaxK) {
+    return weights <= kGemmSm90Decode32Weights ? GemmSm90Path::kPrefill : GemmSm90Path::kFusedWs;
+  }
+  const bool prefill = p.m > kGemmSm90FusedMaxM && weights <= kGemmSm90FewTilesPrefillWeights;
   return prefill ? GemmSm90Path::kPrefill : GemmSm90Path::kFused;
 }
 

@@ -39,13 +39,16 @@ enum class GemmSm90Path : int { kDecode = 0, kPrefill = 1, kFused = 2, kFusedWs 
 // kGemmSm90PrefillWeights prefill past decode's M; up to kGemmSm90Decode64Weights decode to
 // M = 64, then prefill; up to kGemmSm90Decode32Weights decode to M = 32. Where the fused kernel
 // would take its few tiles past M = 64, prefill does instead on weights up to
-// kGemmSm90Decode32Weights with K <= kGemmSm90MidKMaxK, and past M = kGemmSm90FusedMaxM on
-// weights up to kGemmSm90FewTilesPrefillWeights.
+// kGemmSm90Decode32Weights with K <= kGemmSm90MidKMaxK (fused_ws on larger ones), and past
+// M = kGemmSm90FusedMaxM on weights up to kGemmSm90FewTilesPrefillWeights.
 // The shape of the weights shifts them too: with K <= kGemmSm90ShortKMaxK (8 chunks of K or
 // fewer a tile) the fused kernel never leads: fused_ws does to M = kGemmSm90FusedWsMaxM where
-// N >= kGemmSm90ShortKFusedWsMinN, prefill where N is smaller; and narrow, long weights
-// (N <= kGemmSm90NarrowMaxN, K >= kGemmSm90NarrowMinK) take prefill past
-// M = kGemmSm90NarrowFusedMaxM. p.path other than kAuto forces one.
+// N >= kGemmSm90ShortKFusedWsMinN, prefill where N is smaller, except that decode keeps
+// M <= 64 where K > kGemmSm90ShortKDecodeMinK and the weights number more than
+// kGemmSm90ShortKDecodeMinWeights and up to kGemmSm90ShortKDecodeMaxWeights (there fused_ws has
+// at most 32 tiles of long K); and narrow, long weights (N <= kGemmSm90NarrowMaxN,
+// K >= kGemmSm90NarrowMinK) take prefill past M = kGemmSm90NarrowFusedMaxM. p.path other than
+// kAuto forces one.
 constexpr int64_t kGemmSm90DecodeMaxM = 16;
 constexpr int64_t kGemmSm90FusedMt64MaxM = 64;
 constexpr int64_t kGemmSm90FusedMaxM = 128;
@@ -58,6 +61,9 @@ constexpr int64_t kGemmSm90FewTilesPrefillWeights = int64_t{1} << 22;  // 2048 x
 constexpr int64_t kGemmSm90MidKMaxK = 2048;
 constexpr int64_t kGemmSm90ShortKMaxK = 1024;
 constexpr int64_t kGemmSm90ShortKFusedWsMinN = 4096;
+constexpr int64_t kGemmSm90ShortKDecodeMinK = 512;
+constexpr int64_t kGemmSm90ShortKDecodeMinWeights = int64_t{1} << 21;  // 2048 x 1024
+constexpr int64_t kGemmSm90ShortKDecodeMaxWeights = int64_t{1} << 22;  // 4096 x 1024
 constexpr int64_t kGemmSm90NarrowMaxN = 3072;
 constexpr int64_t kGemmSm90NarrowMinK = 4096;
 constexpr int64_t kGemmSm90NarrowFusedMaxM = 256;

@@ -7,7 +7,8 @@ and PyTorch's cuDNN conv2d (channels_last, bf16, benchmark mode).
 Ours and XLA are timed on the device: many calls inside one jitted lax.fori_loop
 (_timing.LoopTimer, without rotating operand copies: all of them keep one input set warm in L2),
 CHAIN (or --chain) calls back to back per iteration, so the loop's own work per iteration (its
-counter kernel and launch gaps, ~4 us on an H100) is spread over them as PyTorch's loop has none;
+small kernels and gaps, ~7 us on an H100, and a first call that runs slower after them) is spread
+over them as PyTorch's graph replays have none;
 PyTorch with CUDA events around back-to-back eager calls, and around replays of a CUDA graph
 holding CHAIN such calls (cuDNN's kernels without host work between them). --also-chain N also
 times ours with N calls an iteration, in the same rounds: what the loop adds to a call. All are
@@ -93,7 +94,11 @@ SHAPES = [
 ]
 
 CHUNK_C = 64  # channels per pipeline stage of the sm_90a kernel
-CHAIN = 32  # calls per loop iteration (_timing.LoopTimer) and per cuDNN graph; --chain sets it
+# Calls per loop iteration (_timing.LoopTimer) and per cuDNN graph; --chain sets it. Traced on an
+# H100 (7x7x512, batch 32), the loop's GPU time ran 2.0 us a call above the conv kernels' steady
+# back-to-back time with 8 calls an iteration, 0.7 with 32 and 0.3 with 128
+# (bench/results/conv_loop_chain_h100_2026-11-26.md).
+CHAIN = 128
 
 
 def ws_estimate_us(stages, taps, bn, splits):

@@ -241,6 +241,13 @@ def test_sm90_im2col_walk_emulation_matches_direct_convolution(host_program, nam
     assert int(out[1]) == outputs
 
 
+def test_sm90_weight_decode_is_exact(host_program):
+    """The conv kernels' E2M1 -> bf16 weight decode by byte permutes (conv/sm90/conv_weight_decode.h):
+    every value of the 4 codes it reads gives their exact bf16 values, on the host."""
+    out = host_program(HERE / "host" / "conv_sm90_weight_decode.cc")
+    assert out.split() == ["checked", str(4 * 2**16)]
+
+
 def test_sm90_kernels_use_hgmma(kernel_sass):
     kernels = kernel_sass("sm_90a", r"conv_sm90_kernel")
     assert len(kernels) >= 4

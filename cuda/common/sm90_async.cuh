@@ -84,6 +84,13 @@ __device__ __forceinline__ uint64_t smem_descriptor_swizzle128(uint32_t smem_add
          (static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
 }
 
+// `desc` with its start address `bytes` (a multiple of 16) further: the start field is the low
+// word's 14 low bits in 16-byte units and shared memory ends below 256 KB, so the sum never carries
+// into the other fields. One add instead of rebuilding the descriptor for every k-step.
+__device__ __forceinline__ uint64_t advance_descriptor(uint64_t desc, uint32_t bytes) {
+  return (desc & ~uint64_t{0xFFFFFFFFu}) | (static_cast<uint32_t>(desc) + (bytes >> 4));
+}
+
 // D[64 x N] += A[64 x 16] (registers, bf16) * B[16 x N] (shared memory, bf16, K-major, described
 // by desc_b), float32 accumulators: CuTe's wgmma register-A operation for N (any multiple of 8 up
 // to 256, picked by CuTe's selector), its 64 x N / 128 accumulators of each thread passed one by one.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/byte_perm.h"
 #include "common/nvfp4_decode.cuh"
 #include "common/scale_layout.h"
 
@@ -13,20 +14,6 @@ namespace jax_nvfp4 {
 constexpr float kE2m1Max = 6.0f;
 constexpr float kE4m3Max = 448.0f;
 constexpr uint32_t kE4m3NanBits = 0x7Fu;
-
-// __byte_perm (PRMT): result byte i is byte (selector >> 4i) & 7 of the pair {b:a}.
-NVFP4_HD uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t selector) {
-#if defined(__CUDA_ARCH__)
-  return __byte_perm(a, b, selector);
-#else
-  const uint64_t pool = (static_cast<uint64_t>(b) << 32) | a;
-  uint32_t r = 0;
-  for (int i = 0; i < 4; ++i) {
-    r |= static_cast<uint32_t>((pool >> (8 * ((selector >> (4 * i)) & 7u))) & 0xFFu) << (8 * i);
-  }
-  return r;
-#endif
-}
 
 // Float bits whose low byte is the E2M1 code of |y| (0..7), rounded to nearest with ties to even
 // and saturated at 6 (the semantics of cvt.rn.satfinite.e2m1x2.f32 and of XLA's convert).

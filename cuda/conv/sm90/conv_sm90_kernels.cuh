@@ -46,6 +46,7 @@
 #include "common/stmatrix_tile.cuh"
 #include "conv/sm90/conv_sm90.h"
 #include "conv/sm90/conv_sm90_schedule.h"
+#include "conv/sm90/conv_weight_decode.h"
 
 namespace jax_nvfp4 {
 namespace conv90 {
@@ -68,31 +69,6 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t byte, float scale) {
   const float hi = __uint_as_float((((byte >> 4) & 7u) << 22) | ((byte & 0x80u) << 24)) * kTwo126;
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo * scale, hi * scale);
   return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-  return r;
-}
-
-// Four code bytes (8 E2M1 codes) -> four bf16x2 words of their values, unscaled: byte j gives
-// word j. Byte permutes look the magnitudes up in 8-entry tables of the bf16 low and high bytes
-// of 0, 0.5, 1, 1.5, 2, 3, 4, 6, then the sign bits are moved to bits 15 and 31. ~6 instructions
-// per word instead of ~15 for two float conversions.
-__device__ __forceinline__ void decode_e2m1x8(uint32_t x, uint32_t (&out)[4]) {
-  constexpr uint32_t kLo0 = 0xC0800000u, kLo1 = 0xC0804000u;  // low bytes of magnitudes 0-3, 4-7
-  constexpr uint32_t kHi0 = 0x3F3F3F00u, kHi1 = 0x40404040u;  // high bytes
-  const uint32_t m = x & 0x77777777u;                          // selector bit 3 must be clear
-  const uint32_t lo03 = prmt(kLo0, kLo1, m), hi03 = prmt(kHi0, kHi1, m);
-  const uint32_t lo47 = prmt(kLo0, kLo1, m >> 16), hi47 = prmt(kHi0, kHi1, m >> 16);
-  const uint32_t y = x << 4;  // byte j of y has the sign of code 2j in bit 7; x has code 2j+1's
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t v = prmt(j < 2 ? lo03 : lo47, j < 2 ? hi03 : hi47, (j & 1) ? 0x7362u : 0x5140u);
-    const uint32_t sign = prmt(y, x, ((4u + j) << 12) | (static_cast<uint32_t>(j) << 4));
-    out[j] = v | (sign & 0x80008000u);
-  }
 }
 
 // Four E4M3 scales (bytes of `bits`) -> four bf16 pairs (each scale twice), exactly: the hardware
@@ -405,9 +381,9 @@ struct Kernel {
     e4m3x4_scales_bf16x2(*reinterpret_cast<const uint32_t*>(scales + s * kTileBytes + (tr1 % 32) * 16 + (tr1 / 32) * 4), s1);
 #pragma unroll
     for (int kk = 0; kk < kChunkC / 16; ++kk) {
-      const uint32_t lo = prmt(w0[2 * kk], w1[2 * kk], sel), hi = prmt(w0[2 * kk + 1], w1[2 * kk + 1], sel);
       uint32_t v[4];
-      decode_e2m1x8(prmt(lo, hi, 0x5410u), v);
+      decode_e2m1x4(byte_perm(w0[2 * kk], w1[2 * kk], sel), v[0], v[1]);
+      decode_e2m1x4(byte_perm(w0[2 * kk + 1], w1[2 * kk + 1], sel), v[2], v[3]);
       frag[kk][0] = mul_bf16x2(v[0], s0[kk]);  // exact: <= 6 significant bits, in range
       frag[kk][1] = mul_bf16x2(v[1], s1[kk]);
       frag[kk][2] = mul_bf16x2(v[2], s0[kk]);
@@ -422,11 +398,10 @@ struct Kernel {
     const Tap tap = tap_at(pb, g, s);
     const uint32_t lead = g.slots * 16;  // next 8-channel column (K direction)
     const uint32_t b_tap = act + ((tap.phase * (kChunkC / 8)) * g.slots + tap.shift) * 16;
+    const uint64_t desc = smem_descriptor(b_tap, lead, 128);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kChunkC / 16; ++kk) {
-      WgmmaRS<kBN>::run(acc, frag[kk], smem_descriptor(b_tap + 2 * kk * lead, lead, 128));
-    }
+    for (int kk = 0; kk < kChunkC / 16; ++kk) WgmmaRS<kBN>::run(acc, frag[kk], advance_descriptor(desc, 2 * kk * lead));
     wgmma_commit();
   }
 
@@ -1008,11 +983,10 @@ struct WsKernel {
                                                             float (&acc)[kAcc]) {
     const Tap tap = tap_at(pb, g, s);
     const uint32_t b_tap = act + (tap.phase * g.slots + tap.shift) * (kChunkC * 2);
+    const uint64_t desc = smem_descriptor_swizzle128(b_tap, kSwizzleAtomBytes);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kChunkC / 16; ++kk) {
-      WgmmaRS<kBN>::run(acc, frag[kk], smem_descriptor_swizzle128(b_tap + kk * 32, kSwizzleAtomBytes));
-    }
+    for (int kk = 0; kk < kChunkC / 16; ++kk) WgmmaRS<kBN>::run(acc, frag[kk], advance_descriptor(desc, kk * 32));
     wgmma_commit();
   }
 
@@ -1056,8 +1030,10 @@ struct WsKernel {
     uint8_t* epi_tile = smem + L.epi_offset + w * kEpiBytes;
     float acc[kAcc];
     uint32_t frag[2][4][4];
-    int it = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      // The ring place of the tile's first stage: every tile of the CTA runs `stages` (computed,
+      // not carried across tiles: one register fewer, which the widest tilings need).
+      const int it = (tile - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) * stages;
       const TileOrigin o = tile_origin(tile, k_tiles);
       const int tr0 = static_cast<int>(o.k0 % kTileRows) + row0;  // row in the scale tile
       // The epilogue's scales and bias, brought into L1 while the tile runs: once this consumer's
@@ -1097,7 +1073,6 @@ struct WsKernel {
       fence_accumulators(acc);
       if (stages > first) Barrier::arrive(&empty[prev_buf]);  // the last stage this consumer ran
       if (stages <= first) prefetch_scales();
-      it += stages;
       const int64_t wg0 = o.g0 + pixel0, wk0 = o.k0 + channel0;
       if constexpr (kSplitK) {
         const int pass = pass_pixels(static_cast<int>(gridDim.z));

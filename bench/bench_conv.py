@@ -101,10 +101,10 @@ CHUNK_C = 64  # channels per pipeline stage of the sm_90a kernel
 CHAIN = 128
 
 
-def ws_estimate_us(stages, taps, bn, splits):
+def ws_estimate_us(stages, taps, bn, splits, stage_split):
     """conv_sm90.cu's ws_estimate_us: the fitted time of a one-wave warp-specialized launch."""
-    per_stage = (0.95 + 0.0038 * bn) * taps / 3
-    return 7.5 + -(-stages // splits) * per_stage + (splits - 1) * (3.0 + 0.01 * bn)
+    per_stage = (0.60 + 0.0044 * bn + (0.054 if stage_split else 0.0)) * taps / 3
+    return 4.0 + -(-stages // splits) * per_stage + (splits - 1) * (2.2 + 0.011 * bn)
 
 
 def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
@@ -141,26 +141,29 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
         return nbuf * stage + 2 * 64 * 72 * 2 + partials + 2 * nbuf * 8 <= max_smem  # + epilogue, barriers
 
     ws_taps = s in (1, 3, 5, 7)
+    one_wave = None  # the TMA tiling taken where the small-grid candidates do not fit in one wave
     if ws_taps and k % 8 == 0 and c % 32 == 0:  # warp-specialized, TMA loads
         if k <= 64:  # the pixel split: the width whose busiest SM has the fewest pixels
             wide = stages_fit(416, 64) and -(-tiles(416) // sms) * 416 <= -(-tiles(256) // sms) * 256
             bn = 416 if wide else 256
+            one_wave = tma(bn, 64, f"ws 64x{bn} (pixel split)")
             if tiles(bn) >= enough:
-                return tma(bn, 64, f"ws 64x{bn} (pixel split)")
+                return one_wave
         if k >= 128:  # the one-wave tiling of least ws_estimate_us, in choose_kernel's order
             k_tiles, stages = -(-k // 128), r * chunks
-            fits = [(ws_estimate_us(stages, s, bn, sp), bn, sp, 128) for sp in (1, 2) if sp <= stages
+            fits = [(ws_estimate_us(stages, s, bn, sp, False), bn, sp, 128) for sp in (1, 2) if sp <= stages
                     for bn in (64, 112, 128, 208, 256) if tiles(bn) * k_tiles * sp <= sms and stages_fit(bn, 128)]
-            fits += [(ws_estimate_us(-(-stages // 2), s, bn, sp), bn, sp, 64)
+            fits += [(ws_estimate_us(-(-stages // 2), s, bn, sp, True), bn, sp, 64)
                      for sp in (1, 2) if 2 * sp <= stages for bn in (128, 224, 256)
                      if tiles(bn) * -(-k // 64) * sp <= sms and stages_fit(bn, 64, stage_split=True)]
             widest = next((bn for bn in (256, 208, 128, 112, 64) if stages_fit(bn, 128)), None)
             # the first of the lowest (a tie keeps the earlier); none in one wave: the fewest waves
             _, bn, sp, bm = min(fits, key=lambda f: f[0]) if fits else (0, widest, 1, 128)
-            if bn is not None and (tiles(bn) * -(-k // bm) * sp >= enough or not fits):
-                if bm == 64:
-                    return tma(bn, 64, f"ws 64x{bn} (stage split" + (f", split-K {sp})" if sp > 1 else ")"))
-                return tma(bn, 128, f"ws 128x{bn}" + (f", split-K {sp}" if sp > 1 else ""))
+            if bn is not None:
+                one_wave = (tma(bn, 64, f"ws 64x{bn} (stage split" + (f", split-K {sp})" if sp > 1 else ")"))
+                            if bm == 64 else tma(bn, 128, f"ws 128x{bn}" + (f", split-K {sp}" if sp > 1 else "")))
+                if tiles(bn) * -(-k // bm) * sp >= enough or not fits:
+                    return one_wave
     elif ws_taps and k >= 128 and k % 8 == 0:  # warp-specialized, cp.async loads
         for bn in (256, 128):
             k_tiles = -(-k // 128)
@@ -194,6 +197,8 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
             _, bn, sp = min(fit)
             split = f", split-K {sp}" if sp > 1 else ""
             return tma(bn, 64, f"ws 64x{bn} (stage split{split}, small grid)")
+        if one_wave is not None:  # none of those fits in one wave: the warp-specialized tiling anyway
+            return one_wave
     slots = (bn + halo) | 1
     per_stage_reuse = phases * slots * CHUNK_C * 2
     per_stage_plain = s * bn * CHUNK_C * 2

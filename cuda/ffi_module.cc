@@ -22,6 +22,7 @@
 #include "gemm/sm90/gemm_sm90.h"
 #endif
 #ifdef JAX_NVFP4_HAS_CONV_SM90
+#include "conv/sm90/conv_sm90.h"
 #include "conv/sm90/conv_sm90_schedule.h"
 #endif
 
@@ -100,6 +101,32 @@ NB_MODULE(_nvfp4_cuda, m) {
       "none is visible); JAX_NVFP4_GEMM_SM90_PATH is not consulted.");
 #endif
 #ifdef JAX_NVFP4_HAS_CONV_SM90
+  m.def(
+      "conv_sm90_kernel_choice",
+      [](int64_t n, int64_t h, int64_t w, int64_t c, int64_t k, int r, int s, int stride, int64_t p, int64_t q,
+         int pad_h, int pad_w, int sms, int max_smem) {
+        jax_nvfp4::ConvProblem pb;  // bf16 activations and output, unit dilation
+        pb.n = n;
+        pb.h = h;
+        pb.w = w;
+        pb.c = c;
+        pb.k = k;
+        pb.r = r;
+        pb.s = s;
+        pb.stride_h = pb.stride_w = stride;
+        pb.p = p;
+        pb.q = q;
+        pb.pad_h = pad_h;
+        pb.pad_w = pad_w;
+        const jax_nvfp4::ConvSm90Choice choice = jax_nvfp4::conv_sm90_choice(pb, sms, max_smem);
+        return std::make_pair(static_cast<int>(choice.kernel), choice.splits);
+      },
+      nb::arg("n"), nb::arg("h"), nb::arg("w"), nb::arg("c"), nb::arg("k"), nb::arg("r"), nb::arg("s"),
+      nb::arg("stride"), nb::arg("p"), nb::arg("q"), nb::arg("pad_h"), nb::arg("pad_w"), nb::arg("sms") = 132,
+      nb::arg("max_smem") = 232448,
+      "The sm_90a conv kernel (ConvSm90Kernel, as the FFI attribute `kernel` numbers it) and split "
+      "that `conv` runs a bf16 problem with on a GPU of `sms` SMs and `max_smem` bytes of shared "
+      "memory a block (an H100's by default); JAX_NVFP4_CONV_SM90_KERNEL is not consulted.");
   m.def(
       "conv_sm90_virtual_row_width",
       [](int64_t q, int64_t w, int s, int stride_w, int pad_w, int dil_w) {

@@ -183,6 +183,35 @@ def test_gemm_sm90_path_rule(mnk, path):
     assert _extension._ext.gemm_sm90_path(*mnk) == path
 
 
+# 3x3 'SAME' convs, (n, hw, c, k, stride) -> conv_sm90's choice on an H100 (132 SMs, 227 KB), one
+# case per branch the ResNet-like grids take (docs/conv.md "The library's choice"; kernel-alone
+# timings: bench/results/conv_decode_prmt_h100_2026-11-27.md).
+_CONV_CHOICES = [
+    ((32, 56, 64, 64, 1), "ws64x416", 1),     # K <= 64: the pixel split
+    ((32, 28, 128, 128, 1), "ws128x208", 1),  # one wave, 128 channels
+    ((32, 14, 256, 256, 1), "ws64x224ks", 1),  # one wave, stage split
+    ((32, 7, 512, 512, 1), "ws64x224ks", 2),  # one wave, stage split over a cluster of two
+    ((32, 28, 256, 256, 2), "ws128x112", 1),  # the refitted estimate (was ws128x208/s2)
+    ((24, 28, 128, 128, 1), "ws128x208", 1),  # short of 3/4 of the SMs, too big for a small grid
+    ((8, 7, 512, 512, 1), "ws64x128ks", 3),   # a small grid (small_grid_choice)
+    ((1, 7, 512, 512, 1), "ws64x64ks", 4),
+    ((32, 28, 192, 192, 1), "ws128x256", 1),  # none in one wave: the widest tiling
+]
+
+
+@needs_extension
+@pytest.mark.skipif("sm_90a" not in _extension.cuda_archs(), reason="no sm_90a kernels built")
+@pytest.mark.parametrize("shape, kernel, splits", _CONV_CHOICES,
+                         ids=[f"b{n}_{hw}x{hw}x{c}_k{k}_s{st}" for (n, hw, c, k, st), _, _ in _CONV_CHOICES])
+def test_conv_sm90_kernel_choice(shape, kernel, splits):
+    from jax_nvfp4.primitives import conv as conv_primitive
+    n, hw, c, k, stride = shape
+    out = -(-hw // stride)
+    pad = max((out - 1) * stride + 3 - hw, 0) // 2  # 'SAME'
+    got = _extension._ext.conv_sm90_kernel_choice(n, hw, hw, c, k, 3, 3, stride, out, out, pad, pad)
+    assert got == (conv_primitive._KERNELS[kernel], splits)
+
+
 @needs_extension
 def test_quantize_workspace_only_for_the_amax_pass():
     def size(s_enc_shape):

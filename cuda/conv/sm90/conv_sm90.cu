@@ -117,28 +117,23 @@ int register_a_bn(const ConvProblem& p, int sms) {
   return 128;
 }
 
-// A kernel and, for the warp-specialized ones, the CTAs each tile's stages split over.
-struct KernelChoice {
-  ConvSm90Kernel kernel;
-  int splits;
-};
-
 // Estimated microseconds of a one-wave warp-specialized launch whose CTAs run `stages` stages of
 // `taps` taps and `bn`-pixel tiles, split over `splits` CTAs: a fixed cost, the chain of a CTA's
-// stages (a stage of wider tiles takes longer, but far less than in proportion), and the split's
-// reduction. The constants are fitted to the H200 kernel timings of 3-tap stages in docs/conv.md
-// (within ~1 us of them on the ResNet stages), a stage taken as proportional to its taps; only
-// their comparison matters. A stage-split tiling is estimated as an unsplit one whose CTAs run
-// half the stages (each consumer's chain; the exchange of partial sums through shared memory is
-// left out): within 1.5 us of the H100 timings of its 128- and 224-pixel tiles on 14x14x256 and
-// 7x7x512 (docs/conv.md).
-double ws_estimate_us(int stages, int taps, int bn, int splits) {
-  const double per_stage = (0.95 + 0.0038 * bn) * taps / 3.0;
-  const double reduce = (splits - 1) * (3.0 + 0.01 * bn);
-  return 7.5 + ceil_div(stages, splits) * per_stage + reduce;
+// stages (a stage of wider tiles takes longer, but far less than in proportion; a stage-split
+// consumer's a little longer again), and the split's reduction. A stage-split tiling passes the
+// stages of one consumer (half its CTA's). Least-squares fit, with a fixed cost per problem, to
+// the kernel alone of every one-wave candidate on 24 grids of 3x3 filters (stride 1 and 2, batch
+// 8 to 32, C and K 128 to 512) on an H100: the candidate it ranks first is the fastest on all 24
+// (the estimate before took ws128x208/s2 at 3x3/2 28x28x256 b24-b32, 11-12 % slower than
+// ws128x112). Only the comparison matters; a stage is taken as proportional to its taps.
+// bench/results/conv_decode_prmt_h100_2026-11-27.md.
+double ws_estimate_us(int stages, int taps, int bn, int splits, bool stage_split) {
+  const double per_stage = (0.60 + 0.0044 * bn + (stage_split ? 0.054 : 0.0)) * taps / 3.0;
+  const double reduce = (splits - 1) * (2.2 + 0.011 * bn);
+  return 4.0 + ceil_div(stages, splits) * per_stage + reduce;
 }
 
-constexpr KernelChoice kRegisterA{ConvSm90Kernel::kRegisterA, 1};
+constexpr ConvSm90Choice kRegisterA{ConvSm90Kernel::kRegisterA, 1};
 
 // Clusters of two run in one wave up to one CTA per SM; larger ones only up to 7/8 of the SMs (at
 // 126-128 CTAs, clusters of three, four and eight ran like two waves: H100, kernel alone,
@@ -161,7 +156,7 @@ bool clusters_fit(int splits, int64_t ctas, int sms) {
 // estimated). Fitted to the kernel alone on 101 grids of batch 1 to 32 on an H100 (0.43 us rms;
 // the 3-CTA split from another run, as the 4-CTA one + 0.38 us), and against the choice before
 // (128-pixel tiles only) in the same run: bench/results/conv_pass_width_h100_2026-11-26.md.
-KernelChoice small_grid_choice(const ConvProblem& pb, const Geometry& base, int sms, int max_smem) {
+ConvSm90Choice small_grid_choice(const ConvProblem& pb, const Geometry& base, int sms, int max_smem) {
   if (!ws_tma_supported(pb)) return kRegisterA;
   struct Width {  // a tiling and what each tap and stage of a consumer's chain costs on it
     int bn;
@@ -180,7 +175,7 @@ KernelChoice small_grid_choice(const ConvProblem& pb, const Geometry& base, int 
   const int stages = pb.r * base.c_chunks;  // as choose_kernel counts them
   const int consumer_stages = ceil_div(stages, 2);
   const bool short_chain = consumer_stages <= 2 || (consumer_stages <= 3 && consumer_stages * pb.s <= 9);
-  KernelChoice best = kRegisterA;
+  ConvSm90Choice best = kRegisterA;
   double best_us = 0;
   for (const Candidate& c : kCandidates) {
     if ((short_chain && c.splits > 1) || c.splits > stages) continue;
@@ -205,7 +200,8 @@ KernelChoice small_grid_choice(const ConvProblem& pb, const Geometry& base, int 
 // half of them (other S: there the register-A kernel runs its taps in a loop that drains after
 // each, and lost to a 68 %-full warp-specialized grid by 2.3x, 7x1 filter on an H100); otherwise
 // (small_grid_choice) the stage split on 64- or 128-pixel tiles, split-K over the cluster size,
-// whose chains and exchange are estimated shortest.
+// whose chains and exchange are estimated shortest, or, with TMA loads where none of those fits
+// in one wave, the warp-specialized tiling anyway.
 // - TMA loads, K >= 128: of the tilings whose CTAs fit in one wave and whose stages fit in shared
 //   memory (wide filters with a stride may not), 128-channel ones or 64-channel ones whose
 //   consumers split the stages, each unsplit or split-K over a cluster of two, the one with the lowest
@@ -219,12 +215,17 @@ KernelChoice small_grid_choice(const ConvProblem& pb, const Geometry& base, int 
 //   only where two of its stages fit in shared memory (not with two phase arrays).
 // - cp.async loads (C % 32 == 16, or what the im2col walk cannot take), K >= 128: 256-pixel
 //   tiles, else 128-pixel ones.
-KernelChoice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
+ConvSm90Choice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
   if (!ws_supported(pb)) return kRegisterA;
   const Geometry base = problem_geometry(pb);  // with_tile(base, bn) for each width weighed
   const int64_t enough = pb.s == 3 ? (3 * sms + 3) / 4 : (sms + 1) / 2;
   auto pick = [&](ConvSm90Kernel kind, int64_t ctas, int splits = 1) {
-    return ctas >= enough ? KernelChoice{kind, splits} : small_grid_choice(pb, base, sms, max_smem);
+    if (ctas >= enough) return ConvSm90Choice{kind, splits};
+    const ConvSm90Choice small = small_grid_choice(pb, base, sms, max_smem);
+    // A grid too large for every small-grid candidate to run in one wave, yet short of `enough`
+    // CTAs with this tiling (3x3 28x28x128 b24: ws128x208, 94 CTAs): this tiling, not the
+    // register-A kernel (14.5 against 38.5 us, H100, kernel alone).
+    return small.kernel == ConvSm90Kernel::kRegisterA && ws_tma_supported(pb) ? ConvSm90Choice{kind, splits} : small;
   };
   if (ws_tma_supported(pb) && pb.k <= 64) {
     const int64_t tiles256 = with_tile(base, 256).pixel_tiles, tiles416 = with_tile(base, 416).pixel_tiles;
@@ -241,10 +242,10 @@ KernelChoice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
         {64, ConvSm90Kernel::kWs128x64},   {112, ConvSm90Kernel::kWs128x112}, {128, ConvSm90Kernel::kWs128x128},
         {208, ConvSm90Kernel::kWs128x208}, {256, ConvSm90Kernel::kWs128x256}};
     const int stages = pb.r * base.c_chunks;
-    KernelChoice best{};
+    ConvSm90Choice best{};
     int64_t best_ctas = -1;
     double best_us = 0;
-    auto consider = [&](KernelChoice choice, int64_t ctas, double us, bool fits) {
+    auto consider = [&](ConvSm90Choice choice, int64_t ctas, double us, bool fits) {
       if (ctas <= sms && (best_ctas < 0 || us < best_us) && fits) {
         best = choice;
         best_ctas = ctas;
@@ -254,7 +255,7 @@ KernelChoice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
     for (int splits = 1; splits <= 2 && splits <= stages; ++splits) {
       for (const auto& [bn, kind] : kWidths) {
         consider({kind, splits}, with_tile(base, bn).pixel_tiles * k_tiles * splits,
-                 ws_estimate_us(stages, static_cast<int>(pb.s), bn, splits),
+                 ws_estimate_us(stages, static_cast<int>(pb.s), bn, splits, /*stage_split=*/false),
                  ws_tma_stages_fit(pb, base, bn, 128, max_smem));
       }
     }
@@ -266,7 +267,7 @@ KernelChoice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
     for (int splits = 1; splits <= 2 && 2 * splits <= stages; ++splits) {
       for (const auto& [bn, kind] : kStageSplitWidths) {
         consider({kind, splits}, with_tile(base, bn).pixel_tiles * ceil_div(pb.k, 64) * splits,
-                 ws_estimate_us(ceil_div(stages, 2), static_cast<int>(pb.s), bn, splits),
+                 ws_estimate_us(ceil_div(stages, 2), static_cast<int>(pb.s), bn, splits, /*stage_split=*/true),
                  ws_tma_stages_fit(pb, base, bn, 64, max_smem, /*stage_split=*/true));
       }
     }
@@ -303,6 +304,10 @@ int device_attribute(cudaDeviceAttr attr) {
 }  // namespace
 }  // namespace conv90
 
+ConvSm90Choice conv_sm90_choice(const ConvProblem& p, int sms, int max_smem) {
+  return conv90::choose_kernel(p, sms, max_smem);
+}
+
 cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream, ConvSm90Kernel kernel, int splits) {
   using namespace conv90;
   if (p.n * p.p * p.q == 0 || p.k == 0) return cudaSuccess;
@@ -311,7 +316,7 @@ cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream, ConvSm90Kernel 
   const bool ws = kernel != ConvSm90Kernel::kAuto && kernel != ConvSm90Kernel::kRegisterA;
   if ((ws && !ws_supported(p)) || (!ws && splits > 1)) return cudaErrorInvalidValue;
   if (kernel == ConvSm90Kernel::kAuto) {
-    const KernelChoice choice = choose_kernel(p, sms, max_smem);
+    const ConvSm90Choice choice = choose_kernel(p, sms, max_smem);
     if (choice.kernel != ConvSm90Kernel::kRegisterA) {
       const cudaError_t err = launch_warp_specialized(p, stream, choice.kernel, max_smem, sms, choice.splits);
       // What choose_kernel does not check may still not fit (a split's partial sums in its stage

@@ -34,6 +34,18 @@ enum class ConvSm90Kernel {
   kWs64x64Ks = 14,  // the same, 64 pixels (small grids: small_grid_choice)
 };
 
+// A tiling and, for the warp-specialized ones, the CTAs each tile's stages split over.
+struct ConvSm90Choice {
+  ConvSm90Kernel kernel;
+  int splits;
+};
+
+// The kernel conv_sm90 runs `p` with under kAuto, on a GPU of `sms` SMs whose blocks may take
+// `max_smem` bytes of shared memory (host only: nothing is launched). Where a warp-specialized
+// choice then finds its stages do not fit after all (what this does not check), the launcher runs
+// the register-A kernel instead.
+ConvSm90Choice conv_sm90_choice(const ConvProblem& p, int sms, int max_smem);
+
 // Runs `p` on `stream`. Activations bf16/f16/f32 or NVFP4 (x_q: codes [N*H*W, C/2], scales one
 // tiled [W, C/16] matrix per (n, h) image row, as an NVFP4Array [N, H, W, C] stores them).
 // Returns cudaErrorInvalidValue for a problem it cannot take (shared memory over the limit, or a

@@ -126,6 +126,7 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
     tiles = lambda bn: -(-(n * p * wv) // bn)  # noqa: E731
     chunks = -(-c // CHUNK_C)
     enough = -(-3 * sms // 4) if s == 3 else -(-sms // 2)
+    one_wave_enough = min(enough, -(-2 * sms // 3))  # the one-wave tilings, TMA loads, K >= 128
 
     def tma(bn, k_rows, label):  # TMA loads: per phase, bn slots and an 8-pixel halo box a stage
         stages = tiles(bn) * -(-k // k_rows) * r * chunks
@@ -162,7 +163,7 @@ def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
             if bn is not None:
                 one_wave = (tma(bn, 64, f"ws 64x{bn} (stage split" + (f", split-K {sp})" if sp > 1 else ")"))
                             if bm == 64 else tma(bn, 128, f"ws 128x{bn}" + (f", split-K {sp}" if sp > 1 else "")))
-                if tiles(bn) * -(-k // bm) * sp >= enough or not fits:
+                if tiles(bn) * -(-k // bm) * sp >= one_wave_enough or not fits:
                     return one_wave
     elif ws_taps and k >= 128 and k % 8 == 0:  # warp-specialized, cp.async loads
         for bn in (256, 128):

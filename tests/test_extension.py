@@ -192,7 +192,8 @@ _CONV_CHOICES = [
     ((32, 14, 256, 256, 1), "ws64x224ks", 1),  # one wave, stage split
     ((32, 7, 512, 512, 1), "ws64x224ks", 2),  # one wave, stage split over a cluster of two
     ((32, 28, 256, 256, 2), "ws128x112", 1),  # the refitted estimate (was ws128x208/s2)
-    ((24, 28, 128, 128, 1), "ws128x208", 1),  # short of 3/4 of the SMs, too big for a small grid
+    ((22, 28, 128, 128, 1), "ws128x208", 1),  # short of 2/3 of the SMs (86 CTAs), too big for a small grid
+    ((24, 7, 512, 512, 1), "ws64x224ks", 2),  # one wave from 2/3 of the SMs on (96 CTAs)
     ((8, 7, 512, 512, 1), "ws64x128ks", 3),   # a small grid (small_grid_choice)
     ((1, 7, 512, 512, 1), "ws64x64ks", 4),
     ((32, 28, 192, 192, 1), "ws128x256", 1),  # none in one wave: the widest tiling

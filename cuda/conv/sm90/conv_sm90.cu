@@ -196,9 +196,10 @@ ConvSm90Choice small_grid_choice(const ConvProblem& pb, const Geometry& base, in
 }
 
 // The library's choice (H200 and H100 kernel timings, docs/conv.md). The warp-specialized kernel
-// where it takes the problem and its CTAs give at least three quarters of the SMs work (S = 3), or
-// half of them (other S: there the register-A kernel runs its taps in a loop that drains after
-// each, and lost to a 68 %-full warp-specialized grid by 2.3x, 7x1 filter on an H100); otherwise
+// where it takes the problem and its CTAs give at least three quarters of the SMs work (S = 3; two
+// thirds for the one-wave tilings with TMA loads and K >= 128), or half of them (other S: there
+// the register-A kernel runs its taps in a loop that drains after each, and lost to a 68 %-full
+// warp-specialized grid by 2.3x, 7x1 filter on an H100); otherwise
 // (small_grid_choice) the stage split on 64- or 128-pixel tiles, split-K over the cluster size,
 // whose chains and exchange are estimated shortest, or, with TMA loads where none of those fits
 // in one wave, the warp-specialized tiling anyway.
@@ -219,8 +220,12 @@ ConvSm90Choice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
   if (!ws_supported(pb)) return kRegisterA;
   const Geometry base = problem_geometry(pb);  // with_tile(base, bn) for each width weighed
   const int64_t enough = pb.s == 3 ? (3 * sms + 3) / 4 : (sms + 1) / 2;
-  auto pick = [&](ConvSm90Kernel kind, int64_t ctas, int splits = 1) {
-    if (ctas >= enough) return ConvSm90Choice{kind, splits};
+  // The one-wave tilings below (TMA loads, K >= 128) from two thirds of the SMs on: at 3x3 b24
+  // their 88-96 CTAs ran as fast as small_grid_choice's tiling or faster (7x7x512: ws64x224ks/s2
+  // 17.0 against 18.5 us, H100, kernel alone).
+  const int64_t one_wave_enough = std::min(enough, int64_t{(2 * sms + 2) / 3});
+  auto pick = [&](ConvSm90Kernel kind, int64_t ctas, int splits = 1, int64_t need = 0) {
+    if (ctas >= (need > 0 ? need : enough)) return ConvSm90Choice{kind, splits};
     const ConvSm90Choice small = small_grid_choice(pb, base, sms, max_smem);
     // A grid too large for every small-grid candidate to run in one wave, yet short of `enough`
     // CTAs with this tiling (3x3 28x28x128 b24: ws128x208, 94 CTAs): this tiling, not the
@@ -271,7 +276,7 @@ ConvSm90Choice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
                  ws_tma_stages_fit(pb, base, bn, 64, max_smem, /*stage_split=*/true));
       }
     }
-    if (best_ctas >= 0) return pick(best.kernel, best_ctas, best.splits);
+    if (best_ctas >= 0) return pick(best.kernel, best_ctas, best.splits, one_wave_enough);
     // None fits in one wave: the widest tiling whose stages fit (the fewest waves).
     for (int i = static_cast<int>(std::size(kWidths)) - 1; i >= 0; --i) {
       if (ws_tma_stages_fit(pb, base, kWidths[i].first, 128, max_smem)) return {kWidths[i].second, 1};

@@ -227,9 +227,9 @@ ConvSm90Choice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
   auto pick = [&](ConvSm90Kernel kind, int64_t ctas, int splits = 1, int64_t need = 0) {
     if (ctas >= (need > 0 ? need : enough)) return ConvSm90Choice{kind, splits};
     const ConvSm90Choice small = small_grid_choice(pb, base, sms, max_smem);
-    // A grid too large for every small-grid candidate to run in one wave, yet short of `enough`
-    // CTAs with this tiling (3x3 28x28x128 b24: ws128x208, 94 CTAs): this tiling, not the
-    // register-A kernel (14.5 against 38.5 us, H100, kernel alone).
+    // A grid too large for every small-grid candidate to run in one wave, yet short of the CTAs
+    // wanted with this tiling (3x3 28x28x128 b22: ws128x208, 86 CTAs): this tiling, not the
+    // register-A kernel (at b24 with the 3/4 threshold: 14.5 against 38.5 us, H100, kernel alone).
     return small.kernel == ConvSm90Kernel::kRegisterA && ws_tma_supported(pb) ? ConvSm90Choice{kind, splits} : small;
   };
   if (ws_tma_supported(pb) && pb.k <= 64) {

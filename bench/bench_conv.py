@@ -32,6 +32,7 @@ from jax import lax
 
 import jax_nvfp4 as jn
 from jax_nvfp4._extension import _ext, cublaslt_gemm_calls, visible_cuda_arch
+from jax_nvfp4.primitives import conv as conv_primitive
 from jax_nvfp4.primitives.conv import pointwise_as_gemm
 from _timing import TARGET_S, LoopTimer, interleaved_times  # bench/ is the script's folder
 
@@ -45,6 +46,12 @@ SHAPES = [
     ("resnet28x28x128 b32", (32, 28, 28, 128, 128, 3, 3, 1, "SAME")),
     ("resnet14x14x256 b32", (32, 14, 14, 256, 256, 3, 3, 1, "SAME")),
     ("resnet7x7x512 b32", (32, 7, 7, 512, 512, 3, 3, 1, "SAME")),
+    # Batch 128: grids of more tiles than SMs (persistent CTAs; choose_kernel's multi-wave estimate).
+    ("resnet56x56x64 b128", (128, 56, 56, 64, 64, 3, 3, 1, "SAME")),
+    ("resnet28x28x128 b128", (128, 28, 28, 128, 128, 3, 3, 1, "SAME")),
+    ("resnet14x14x256 b128", (128, 14, 14, 256, 256, 3, 3, 1, "SAME")),
+    ("resnet7x7x512 b128", (128, 7, 7, 512, 512, 3, 3, 1, "SAME")),
+    ("resnet 3x3/2 28x28x256 b128", (128, 28, 28, 256, 256, 3, 3, 2, "SAME")),
     ("wide 1x7 17x17x192 b32", (32, 17, 17, 192, 192, 1, 7, 1, "SAME")),
     ("wide 7x7 28x28x128 b32", (32, 28, 28, 128, 128, 7, 7, 1, "SAME")),
     ("wide 7x1 17x17x192 b32", (32, 17, 17, 192, 192, 7, 1, 1, "SAME")),
@@ -101,110 +108,34 @@ CHUNK_C = 64  # channels per pipeline stage of the sm_90a kernel
 CHAIN = 128
 
 
-def ws_estimate_us(stages, taps, bn, splits, stage_split):
-    """conv_sm90.cu's ws_estimate_us: the fitted time of a one-wave warp-specialized launch."""
-    per_stage = (0.60 + 0.0044 * bn + (0.054 if stage_split else 0.0)) * taps / 3
-    return 4.0 + -(-stages // splits) * per_stage + (splits - 1) * (2.2 + 0.011 * bn)
-
-
-def activation_bytes(n, h, w, c, k, r, s, stride, sms=132):
+def activation_bytes(n, h, w, c, k, r, s, stride, sms):
     """Activation bytes global -> shared of the sm_90a kernel (bf16), with the reuse and as an
     implicit GEMM that loads each tap's tile separately, and the kernel and its CTA tile (output
-    channels x pixels). Mirrors conv_sm90.cu's choice (choose_kernel, then the register-A tiles)
-    for the SAME, dilation-1 shapes benchmarked here; a pointwise conv that runs as the NVFP4
-    GEMM loads the activations of its output pixels once."""
+    channels x pixels): the library's choice on a GPU of `sms` SMs (conv_sm90_kernel_choice), for
+    the SAME, dilation-1 shapes benchmarked here; a pointwise conv that runs as the NVFP4 GEMM
+    loads the activations of its output pixels once."""
     if pointwise_as_gemm((n, h, w, c), jnp.bfloat16, False, (r, s), (stride, stride),
                          ((0, 0), (0, 0)), jnp.bfloat16, arch=visible_cuda_arch(),
                          cublaslt=cublaslt_gemm_calls() is not None, forced=False):
         gemm_bytes = n * -(-h // stride) * -(-w // stride) * c * 2
         return gemm_bytes, gemm_bytes, "GEMM (prefill path)"
     q, p = -(-w // stride), -(-h // stride)  # SAME
-    pad_w = max((q - 1) * stride + s - w, 0) // 2
+    pad_h, pad_w = max((p - 1) * stride + r - h, 0) // 2, max((q - 1) * stride + s - w, 0) // 2
+    kernel, splits, bm, bn = _ext.conv_sm90_kernel_choice(n, h, w, c, k, r, s, stride, p, q, pad_h, pad_w, sms)
+    name = next(key for key, value in conv_primitive._KERNELS.items() if value == kernel and key)
     halo = (s - 1) // stride
     phases = min(stride, s)  # phase arrays the taps read (dilation 1)
     wv = _ext.conv_sm90_virtual_row_width(q, w, s, stride, pad_w, 1)
-    tiles = lambda bn: -(-(n * p * wv) // bn)  # noqa: E731
-    chunks = -(-c // CHUNK_C)
-    enough = -(-3 * sms // 4) if s == 3 else -(-sms // 2)
-    one_wave_enough = min(enough, -(-2 * sms // 3))  # the one-wave tilings, TMA loads, K >= 128
-
-    def tma(bn, k_rows, label):  # TMA loads: per phase, bn slots and an 8-pixel halo box a stage
-        stages = tiles(bn) * -(-k // k_rows) * r * chunks
-        box = 8 if halo else 0  # no halo box where no tap reads past the tile (1x1)
-        return stages * phases * (bn + box) * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2, label
-
-    def stages_fit(bn, bm, stage_split=False, max_smem=227 * 1024):  # ws_tma_stages_fit
-        stage = phases * (bn + 8) * CHUNK_C * 2 + s * bm * 32 + s * 512  # slots, codes, scales
-        stage += -stage % 1024  # whole swizzle atoms
-        nbuf = 4 if stage_split else 2
-        # The stage split's partial sums share the ring (one tile per CTA), where they fit.
-        partials = bn // 2 * 128 * 4 if stage_split and bn // 2 * 128 * 4 > nbuf * stage else 0
-        return nbuf * stage + 2 * 64 * 72 * 2 + partials + 2 * nbuf * 8 <= max_smem  # + epilogue, barriers
-
-    ws_taps = s in (1, 3, 5, 7)
-    one_wave = None  # the TMA tiling taken where the small-grid candidates do not fit in one wave
-    if ws_taps and k % 8 == 0 and c % 32 == 0:  # warp-specialized, TMA loads
-        if k <= 64:  # the pixel split: the width whose busiest SM has the fewest pixels
-            wide = stages_fit(416, 64) and -(-tiles(416) // sms) * 416 <= -(-tiles(256) // sms) * 256
-            bn = 416 if wide else 256
-            one_wave = tma(bn, 64, f"ws 64x{bn} (pixel split)")
-            if tiles(bn) >= enough:
-                return one_wave
-        if k >= 128:  # the one-wave tiling of least ws_estimate_us, in choose_kernel's order
-            k_tiles, stages = -(-k // 128), r * chunks
-            fits = [(ws_estimate_us(stages, s, bn, sp, False), bn, sp, 128) for sp in (1, 2) if sp <= stages
-                    for bn in (64, 112, 128, 208, 256) if tiles(bn) * k_tiles * sp <= sms and stages_fit(bn, 128)]
-            fits += [(ws_estimate_us(-(-stages // 2), s, bn, sp, True), bn, sp, 64)
-                     for sp in (1, 2) if 2 * sp <= stages for bn in (128, 224, 256)
-                     if tiles(bn) * -(-k // 64) * sp <= sms and stages_fit(bn, 64, stage_split=True)]
-            widest = next((bn for bn in (256, 208, 128, 112, 64) if stages_fit(bn, 128)), None)
-            # the first of the lowest (a tie keeps the earlier); none in one wave: the fewest waves
-            _, bn, sp, bm = min(fits, key=lambda f: f[0]) if fits else (0, widest, 1, 128)
-            if bn is not None:
-                one_wave = (tma(bn, 64, f"ws 64x{bn} (stage split" + (f", split-K {sp})" if sp > 1 else ")"))
-                            if bm == 64 else tma(bn, 128, f"ws 128x{bn}" + (f", split-K {sp}" if sp > 1 else "")))
-                if tiles(bn) * -(-k // bm) * sp >= one_wave_enough or not fits:
-                    return one_wave
-    elif ws_taps and k >= 128 and k % 8 == 0:  # warp-specialized, cp.async loads
-        for bn in (256, 128):
-            k_tiles = -(-k // 128)
-            if tiles(bn) * k_tiles >= enough:
-                stages = tiles(bn) * k_tiles * r * chunks
-                slots = (bn + halo) | 1
-                return (stages * phases * slots * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2,
-                        f"ws 128x{bn}")
-    narrow = k <= 64 or tiles(128) * -(-k // 128) < 2 * sms  # register_a_narrow, register_a_bn
-    k_tiles = -(-k // (64 if narrow else 128))
-    if narrow and 2 * tiles(128) * k_tiles <= sms:
-        bn = 64
-    else:
-        bn = 256 if tiles(256) * k_tiles >= 2 * sms else 128
-    # small_grid_choice: the stage split on 64- or 128-pixel tiles, unsplit or split-K, the one
-    # of least estimated time; unsplit only where each consumer runs at most two stages, or three
-    # of at most three taps
-    if ws_taps and k % 8 == 0 and c % 32 == 0 and (k <= 64 or k >= 128):
-        stages = r * chunks
-        # consumer 0's stages over a cluster of sp: ceil(ceil(stages / sp) / 2)
-        chain = lambda sp: -(-(-(-stages // sp)) // 2)  # noqa: E731
-        short = chain(1) <= 2 or (chain(1) <= 3 and chain(1) * s <= 9)
-        per = {64: (0.311, 0.267), 128: (0.402, 0.230)}  # a tap, a stage of the chain
-        candidates = ((64, 1, 0.0), (64, 2, 2.21), (64, 4, 2.17), (128, 1, 0.0), (128, 2, 2.47),
-                      (128, 3, 3.26), (128, 4, 2.88), (128, 8, 3.46))
-        fit = [(3.18 + chain(sp) * (per[bn][0] * s + per[bn][1]) + cost, bn, sp)
-               for bn, sp, cost in candidates
-               if not (short and sp > 1) and sp <= stages and stages_fit(bn, 64, stage_split=True)
-               and (tiles(bn) * -(-k // 64) * sp <= sms if sp <= 2 else 8 * tiles(bn) * -(-k // 64) * sp <= 7 * sms)]
-        if fit:
-            _, bn, sp = min(fit)
-            split = f", split-K {sp}" if sp > 1 else ""
-            return tma(bn, 64, f"ws 64x{bn} (stage split{split}, small grid)")
-        if one_wave is not None:  # none of those fits in one wave: the warp-specialized tiling anyway
-            return one_wave
-    slots = (bn + halo) | 1
-    per_stage_reuse = phases * slots * CHUNK_C * 2
-    per_stage_plain = s * bn * CHUNK_C * 2
-    stages = tiles(bn) * k_tiles * r * chunks
-    return stages * per_stage_reuse, stages * per_stage_plain, f"register-A {64 if narrow else 128}x{bn}"
+    stages = -(-(n * p * wv) // bn) * -(-k // bm) * r * -(-c // CHUNK_C)
+    if name.startswith("ws") and "cpasync" not in name and c % 32 == 0:
+        # TMA loads: per phase, bn slots and an 8-pixel halo box (none where no tap reads past the
+        # tile: 1x1)
+        slots = bn + (8 if halo else 0)
+    else:  # cp.async loads: the slot table's slots
+        slots = (bn + halo) | 1
+    split = f"/s{splits}" if splits > 1 else ""
+    return (stages * phases * slots * CHUNK_C * 2, stages * s * bn * CHUNK_C * 2,
+            f"{name}{split}, {bm}x{bn}")
 
 
 def xla_dequantized(x, wq, stride, padding):
@@ -303,7 +234,7 @@ def main():
         t_ours, t_xla, t_deq, t_torch, t_graph = t["ours"], t["xla"], t["dequant"], t.get("cudnn"), t.get("cudnn_graph")
         out = jn.conv(x, wq, window_strides=(stride, stride), padding=padding)
         flops = 2.0 * out.shape[0] * out.shape[1] * out.shape[2] * k * r * s * c
-        reuse, plain, bn = activation_bytes(n, h, w, c, k, r, s, stride)
+        reuse, plain, bn = activation_bytes(n, h, w, c, k, r, s, stride, sms=dev.core_count)
         forced = {kernel: t[kernel] for kernel in args.forced + (("also_chain",) if args.also_chain else ())}
         rows.append((name, t_ours, t_xla, t_deq, t_torch, t_graph, flops, reuse, plain, bn, forced))
         print(f"{name:26s} ours {t_ours*1e6:8.1f} us  xla {t_xla*1e6:8.1f} us  dequant+xla {t_deq*1e6:8.1f} us  "

@@ -5,11 +5,13 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -119,14 +121,16 @@ NB_MODULE(_nvfp4_cuda, m) {
         pb.pad_h = pad_h;
         pb.pad_w = pad_w;
         const jax_nvfp4::ConvSm90Choice choice = jax_nvfp4::conv_sm90_choice(pb, sms, max_smem);
-        return std::make_pair(static_cast<int>(choice.kernel), choice.splits);
+        const jax_nvfp4::ConvSm90Tile tile = jax_nvfp4::conv_sm90_tile(pb, choice.kernel, sms);
+        return std::make_tuple(static_cast<int>(choice.kernel), choice.splits, tile.channels, tile.pixels);
       },
       nb::arg("n"), nb::arg("h"), nb::arg("w"), nb::arg("c"), nb::arg("k"), nb::arg("r"), nb::arg("s"),
       nb::arg("stride"), nb::arg("p"), nb::arg("q"), nb::arg("pad_h"), nb::arg("pad_w"), nb::arg("sms") = 132,
       nb::arg("max_smem") = 232448,
-      "The sm_90a conv kernel (ConvSm90Kernel, as the FFI attribute `kernel` numbers it) and split "
-      "that `conv` runs a bf16 problem with on a GPU of `sms` SMs and `max_smem` bytes of shared "
-      "memory a block (an H100's by default); JAX_NVFP4_CONV_SM90_KERNEL is not consulted.");
+      "The sm_90a conv kernel (ConvSm90Kernel, as the FFI attribute `kernel` numbers it), split, "
+      "and CTA tile (output channels, pixels) that `conv` runs a bf16 problem with on a GPU of "
+      "`sms` SMs and `max_smem` bytes of shared memory a block (an H100's by default); "
+      "JAX_NVFP4_CONV_SM90_KERNEL is not consulted.");
   m.def(
       "conv_sm90_virtual_row_width",
       [](int64_t q, int64_t w, int s, int stride_w, int pad_w, int dil_w) {

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import jax_nvfp4 as jn
+from jax_nvfp4.primitives import conv as conv_primitive
 
 HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("conv_cases", HERE / "conv_cases.py")
@@ -342,6 +343,33 @@ def test_library_picks_the_stage_split_tilings(gpu, monkeypatch, name, kernel):
     assert cc.rel_err(outs[""], cc.oracle(x, w, case)) < 1e-2  # the bf16 output rounding
     np.testing.assert_array_equal(outs[""], outs[kernel])
     assert not np.array_equal(outs[kernel], outs["register_a"])
+
+
+# Grids of more tiles than SMs, where choose_kernel weighs every tiling by its busiest SM's
+# stages and tiles: 28x28x192 at batch 64 (H100: the pixel split, 64-channel tiles, as K = 192
+# would leave a 128-channel tile half empty) and 14x14x384 at batch 64 (the stage split on
+# persistent CTAs, its partial sums beside the ring).
+@pytest.mark.parametrize("case", [(64, 28, 28, 192, 192, 3, 3, (1, 1), "SAME", (1, 1)),
+                                  (64, 14, 14, 384, 384, 3, 3, (1, 1), "SAME", (1, 1))],
+                         ids=["28x28x192_b64", "14x14x384_b64"])
+def test_library_choice_past_one_wave(gpu, monkeypatch, case):
+    """The library's choice on this GPU (conv_sm90_kernel_choice with its SM count) gives the
+    bits of that tiling forced, and matches float64."""
+    n, h, w_, c, k, r, s, *_ = case
+    kernel, splits, *_ = jn._extension._ext.conv_sm90_kernel_choice(
+        n, h, w_, c, k, r, s, 1, h, w_, 1, 1, sms=jax.devices()[0].core_count)
+    name = next(key for key, value in conv_primitive._KERNELS.items() if value == kernel and key)
+    x, w = operands(case, seed=n + c)
+    outs = {}
+    for forced in ("", name + (f"/s{splits}" if splits > 1 else "")):
+        monkeypatch.setenv("JAX_NVFP4_CONV_SM90_KERNEL", forced)
+        jax.clear_caches()
+        outs[forced] = np.asarray(conv_fn(case)(x, w).astype(jnp.float32))
+    jax.clear_caches()
+    auto, forced_out = outs.values()
+    assert name.startswith("ws")
+    np.testing.assert_array_equal(auto, forced_out)
+    assert cc.rel_err(auto, cc.oracle(x, w, case)) < 1e-2  # the bf16 output rounding
 
 
 @pytest.mark.parametrize("forced_kernel", ["ws128x128/s4"], indirect=True)

@@ -196,7 +196,11 @@ _CONV_CHOICES = [
     ((24, 7, 512, 512, 1), "ws64x224ks", 2),  # one wave from 2/3 of the SMs on (96 CTAs)
     ((8, 7, 512, 512, 1), "ws64x128ks", 3),   # a small grid (small_grid_choice)
     ((1, 7, 512, 512, 1), "ws64x64ks", 4),
-    ((32, 28, 192, 192, 1), "ws128x256", 1),  # none in one wave: the widest tiling
+    ((32, 28, 192, 192, 1), "ws64x224ks", 1),  # none in one wave: the least busiest-SM work
+    ((48, 28, 128, 128, 1), "ws64x224ks", 1),
+    ((128, 28, 128, 128, 1), "ws128x208", 1),
+    ((64, 28, 192, 192, 1), "ws64x416", 1),    # past one wave, K = 192: the pixel split (no K tile half empty)
+    ((128, 7, 512, 512, 1), "ws128x256", 1),   # one wave of 112 CTAs against two of ws64x224ks
 ]
 
 
@@ -210,7 +214,9 @@ def test_conv_sm90_kernel_choice(shape, kernel, splits):
     out = -(-hw // stride)
     pad = max((out - 1) * stride + 3 - hw, 0) // 2  # 'SAME'
     got = _extension._ext.conv_sm90_kernel_choice(n, hw, hw, c, k, 3, 3, stride, out, out, pad, pad)
-    assert got == (conv_primitive._KERNELS[kernel], splits)
+    assert got[:2] == (conv_primitive._KERNELS[kernel], splits)
+    channels, pixels = (int(v) for v in kernel[2:].removesuffix("ks").split("x"))
+    assert got[2:] == (channels, pixels)  # the kernel's CTA tile
 
 
 @needs_extension

@@ -117,20 +117,33 @@ int register_a_bn(const ConvProblem& p, int sms) {
   return 128;
 }
 
-// Estimated microseconds of a one-wave warp-specialized launch whose CTAs run `stages` stages of
-// `taps` taps and `bn`-pixel tiles, split over `splits` CTAs: a fixed cost, the chain of a CTA's
-// stages (a stage of wider tiles takes longer, but far less than in proportion; a stage-split
-// consumer's a little longer again), and the split's reduction. A stage-split tiling passes the
-// stages of one consumer (half its CTA's). Least-squares fit, with a fixed cost per problem, to
-// the kernel alone of every one-wave candidate on 24 grids of 3x3 filters (stride 1 and 2, batch
-// 8 to 32, C and K 128 to 512) on an H100: the candidate it ranks first is the fastest on all 24
-// (the estimate before took ws128x208/s2 at 3x3/2 28x28x256 b24-b32, 11-12 % slower than
-// ws128x112). Only the comparison matters; a stage is taken as proportional to its taps.
-// bench/results/conv_decode_prmt_h100_2026-11-27.md.
-double ws_estimate_us(int stages, int taps, int bn, int splits, bool stage_split) {
-  const double per_stage = (0.60 + 0.0044 * bn + (stage_split ? 0.054 : 0.0)) * taps / 3.0;
-  const double reduce = (splits - 1) * (2.2 + 0.011 * bn);
-  return 4.0 + ceil_div(stages, splits) * per_stage + reduce;
+// How the two consumer warpgroups of a warp-specialized tile share it: 64 of its 128 output
+// channels each (ws128xBN), alternate stages (ws64xBNks), or half its pixels each (ws64x256,
+// ws64x416).
+enum class ConsumerShare { kChannels, kStages, kPixels };
+
+// Estimated microseconds of a warp-specialized launch whose tiles of `tile_pixels` pixels run
+// `stages` stages of `taps` taps, split over clusters of `splits` CTAs, in `waves` rounds of
+// tiles per SM (persistent CTAs; split-K runs one wave): a fixed cost, each consumer's serial
+// chain of stages per tile (a stage of a wider wgmma takes longer, but far less than in
+// proportion; a stage-split or pixel-split consumer's a little longer again), a persistent CTA's
+// switch to its next tile, and the split's reduction. Only the comparison matters; a stage is
+// taken as proportional to its taps. Fitted to the kernel alone on an H100, with a fixed cost per
+// grid: the one-wave terms on every one-wave candidate of 24 grids of 3x3 filters (stride 1 and 2,
+// batch 8 to 32, C and K 128 to 512), ranking the fastest first on all 24
+// (bench/results/conv_decode_prmt_h100_2026-11-27.md); the pixel-split and next-tile terms, with
+// those kept, on every tiling of 35 grids (batch 12 to 128, 3x3, 5x5 and 7x7 filters, C and K 64
+// to 512, 25 of them over one wave): its choice is within 0.2 % of the fastest on all 35, where the
+// widest tiling, taken before wherever nothing fit one wave, ran up to 1.42x slower
+// (bench/results/conv_multi_wave_h100_2026-11-27.md).
+double ws_estimate_us(int stages, int taps, int tile_pixels, int splits, ConsumerShare share, int64_t waves) {
+  const int64_t chain = ceil_div(stages, splits * (share == ConsumerShare::kStages ? 2 : 1));  // a consumer's, a tile
+  const int width = share == ConsumerShare::kPixels ? tile_pixels / 2 : tile_pixels;     // a consumer's wgmma N
+  const double share_cost = share == ConsumerShare::kStages ? 0.054 : share == ConsumerShare::kPixels ? 0.0665 : 0.0;
+  const double per_stage = (0.60 + 0.0044 * width + share_cost) * taps / 3.0;
+  const double next_tile = 0.70 + 0.0066 * width;
+  const double reduce = (splits - 1) * (2.2 + 0.011 * width);
+  return 4.0 + static_cast<double>(waves * chain) * per_stage + static_cast<double>(waves - 1) * next_tile + reduce;
 }
 
 constexpr ConvSm90Choice kRegisterA{ConvSm90Kernel::kRegisterA, 1};
@@ -197,21 +210,20 @@ ConvSm90Choice small_grid_choice(const ConvProblem& pb, const Geometry& base, in
 
 // The library's choice (H200 and H100 kernel timings, docs/conv.md). The warp-specialized kernel
 // where it takes the problem and its CTAs give at least three quarters of the SMs work (S = 3; two
-// thirds for the one-wave tilings with TMA loads and K >= 128), or half of them (other S: there
-// the register-A kernel runs its taps in a loop that drains after each, and lost to a 68 %-full
-// warp-specialized grid by 2.3x, 7x1 filter on an H100); otherwise
-// (small_grid_choice) the stage split on 64- or 128-pixel tiles, split-K over the cluster size,
-// whose chains and exchange are estimated shortest, or, with TMA loads where none of those fits
-// in one wave, the warp-specialized tiling anyway.
-// - TMA loads, K >= 128: of the tilings whose CTAs fit in one wave and whose stages fit in shared
-//   memory (wide filters with a stride may not), 128-channel ones or 64-channel ones whose
-//   consumers split the stages, each unsplit or split-K over a cluster of two, the one with the lowest
-//   ws_estimate_us (the kernel is bound by each consumer's serial chain of decodes and wgmmas, so
-//   more CTAs with less work each win, and a second, partial wave loses); on a tie the
-//   128-channel one. When none fits in one wave, the widest 128-channel tiling whose stages fit
-//   (the fewest waves). Clusters of three and four lost to two on the H200 (128 CTAs in clusters
-//   of four timed like two waves).
-// - TMA loads, K <= 64: the pixel-split kernel (64 channels x 256 or 416 pixels), the width whose
+// thirds for the tilings with TMA loads and K >= 128), or half of them (other S: there the
+// register-A kernel runs its taps in a loop that drains after each, and lost to a 68 %-full
+// warp-specialized grid by 2.3x, 7x1 filter on an H100); otherwise (small_grid_choice) the stage
+// split on 64- or 128-pixel tiles, split-K over the cluster size, whose chains and exchange are
+// estimated shortest, or, with TMA loads where none of those fits in one wave, the
+// warp-specialized tiling anyway.
+// - TMA loads, K >= 128: of the tilings whose stages fit in shared memory (wide filters with a
+//   stride may not), the one of least ws_estimate_us: 128-channel ones, 64-channel ones whose
+//   consumers split the stages, each unsplit or split-K over a cluster of two (in one wave), and
+//   the pixel split unsplit. The kernel is bound by each consumer's serial chain of decodes and
+//   wgmmas, so more CTAs with less work each win while they fit in a wave, and past one wave the
+//   tiling whose busiest SM has the least work. On a tie the earlier in that order. Clusters of
+//   three and four lost to two on the H200 (128 CTAs in clusters of four timed like two waves).
+// - TMA loads, K <= 64: the pixel split (64 channels x 256 or 416 pixels), the width whose
 //   busiest SM has the fewest pixels (waves times width; the wider on a tie: fewer tiles), 416
 //   only where two of its stages fit in shared memory (not with two phase arrays).
 // - cp.async loads (C % 32 == 16, or what the im2col walk cannot take), K >= 128: 256-pixel
@@ -220,9 +232,9 @@ ConvSm90Choice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
   if (!ws_supported(pb)) return kRegisterA;
   const Geometry base = problem_geometry(pb);  // with_tile(base, bn) for each width weighed
   const int64_t enough = pb.s == 3 ? (3 * sms + 3) / 4 : (sms + 1) / 2;
-  // The one-wave tilings below (TMA loads, K >= 128) from two thirds of the SMs on: at 3x3 b24
-  // their 88-96 CTAs ran as fast as small_grid_choice's tiling or faster (7x7x512: ws64x224ks/s2
-  // 17.0 against 18.5 us, H100, kernel alone).
+  // The tilings below with TMA loads and K >= 128 from two thirds of the SMs on: at 3x3 b24 their
+  // 88-96 CTAs ran as fast as small_grid_choice's tiling or faster (7x7x512: ws64x224ks/s2 17.0
+  // against 18.5 us, H100, kernel alone).
   const int64_t one_wave_enough = std::min(enough, int64_t{(2 * sms + 2) / 3});
   auto pick = [&](ConvSm90Kernel kind, int64_t ctas, int splits = 1, int64_t need = 0) {
     if (ctas >= (need > 0 ? need : enough)) return ConvSm90Choice{kind, splits};
@@ -241,48 +253,48 @@ ConvSm90Choice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
     return pick(ConvSm90Kernel::kWs64x256, tiles256);
   }
   if (pb.k < 128) return kRegisterA;
-  const int64_t k_tiles = ceil_div(pb.k, 128);
   if (ws_tma_supported(pb)) {
-    constexpr std::pair<int, ConvSm90Kernel> kWidths[] = {
-        {64, ConvSm90Kernel::kWs128x64},   {112, ConvSm90Kernel::kWs128x112}, {128, ConvSm90Kernel::kWs128x128},
-        {208, ConvSm90Kernel::kWs128x208}, {256, ConvSm90Kernel::kWs128x256}};
-    const int stages = pb.r * base.c_chunks;
-    ConvSm90Choice best{};
-    int64_t best_ctas = -1;
-    double best_us = 0;
-    auto consider = [&](ConvSm90Choice choice, int64_t ctas, double us, bool fits) {
-      if (ctas <= sms && (best_ctas < 0 || us < best_us) && fits) {
-        best = choice;
-        best_ctas = ctas;
-        best_us = us;
-      }
+    struct Tiling {
+      ConvSm90Kernel kernel;
+      int pixels, channels;
+      ConsumerShare share;
     };
-    for (int splits = 1; splits <= 2 && splits <= stages; ++splits) {
-      for (const auto& [bn, kind] : kWidths) {
-        consider({kind, splits}, with_tile(base, bn).pixel_tiles * k_tiles * splits,
-                 ws_estimate_us(stages, static_cast<int>(pb.s), bn, splits, /*stage_split=*/false),
-                 ws_tma_stages_fit(pb, base, bn, 128, max_smem));
+    constexpr ConsumerShare kChannels = ConsumerShare::kChannels, kStages = ConsumerShare::kStages,
+                            kPixels = ConsumerShare::kPixels;
+    constexpr Tiling kTilings[] = {
+        {ConvSm90Kernel::kWs128x64, 64, 128, kChannels},   {ConvSm90Kernel::kWs128x112, 112, 128, kChannels},
+        {ConvSm90Kernel::kWs128x128, 128, 128, kChannels}, {ConvSm90Kernel::kWs128x208, 208, 128, kChannels},
+        {ConvSm90Kernel::kWs128x256, 256, 128, kChannels}, {ConvSm90Kernel::kWs64x128Ks, 128, 64, kStages},
+        {ConvSm90Kernel::kWs64x224Ks, 224, 64, kStages},   {ConvSm90Kernel::kWs64x256Ks, 256, 64, kStages},
+        {ConvSm90Kernel::kWs64x256, 256, 64, kPixels},     {ConvSm90Kernel::kWs64x416, 416, 64, kPixels}};
+    const int stages = pb.r * base.c_chunks;
+    ConvSm90Choice best = kRegisterA;
+    int64_t best_ctas = 0;
+    double best_us = 0;
+    for (const Tiling& t : kTilings) {
+      // Split-K (a cluster per tile, in one wave) for the 128-channel and the stage-split tilings.
+      const int max_splits = t.share == kPixels ? 1 : 2;
+      for (int splits = 1; splits <= max_splits && splits * (t.share == kStages ? 2 : 1) <= stages; ++splits) {
+        const int64_t tiles = with_tile(base, t.pixels).pixel_tiles * ceil_div(pb.k, t.channels);
+        const int64_t ctas = tiles * splits;
+        if ((splits > 1 && ctas > sms) ||
+            !ws_tma_stages_fit(pb, base, t.pixels, t.channels, max_smem, t.share == kStages,
+                               /*one_tile_per_cta=*/ctas <= sms)) {
+          continue;
+        }
+        const double us = ws_estimate_us(stages, static_cast<int>(pb.s), t.pixels, splits, t.share,
+                                         ceil_div(ctas, int64_t{sms}));
+        if (best.kernel == ConvSm90Kernel::kRegisterA || us < best_us) {
+          best = {t.kernel, splits};
+          best_ctas = ctas;
+          best_us = us;
+        }
       }
     }
-    // The stage split with split-K (each consumer half of its CTA's stages): at 7x7x512 b32,
-    // ws64x256ks/s2 19.2 against 20.3 us unsplit on 128-pixel tiles; b24, ws64x224ks/s2 17.8
-    // against 20.2 (H100, kernel alone).
-    constexpr std::pair<int, ConvSm90Kernel> kStageSplitWidths[] = {
-        {128, ConvSm90Kernel::kWs64x128Ks}, {224, ConvSm90Kernel::kWs64x224Ks}, {256, ConvSm90Kernel::kWs64x256Ks}};
-    for (int splits = 1; splits <= 2 && 2 * splits <= stages; ++splits) {
-      for (const auto& [bn, kind] : kStageSplitWidths) {
-        consider({kind, splits}, with_tile(base, bn).pixel_tiles * ceil_div(pb.k, 64) * splits,
-                 ws_estimate_us(ceil_div(stages, 2), static_cast<int>(pb.s), bn, splits, /*stage_split=*/true),
-                 ws_tma_stages_fit(pb, base, bn, 64, max_smem, /*stage_split=*/true));
-      }
-    }
-    if (best_ctas >= 0) return pick(best.kernel, best_ctas, best.splits, one_wave_enough);
-    // None fits in one wave: the widest tiling whose stages fit (the fewest waves).
-    for (int i = static_cast<int>(std::size(kWidths)) - 1; i >= 0; --i) {
-      if (ws_tma_stages_fit(pb, base, kWidths[i].first, 128, max_smem)) return {kWidths[i].second, 1};
-    }
-    return kRegisterA;
+    if (best.kernel == ConvSm90Kernel::kRegisterA) return best;
+    return pick(best.kernel, best_ctas, best.splits, one_wave_enough);
   }
+  const int64_t k_tiles = ceil_div(pb.k, 128);
   if (with_tile(base, 256).pixel_tiles * k_tiles >= enough) return {ConvSm90Kernel::kWs128x256, 1};
   return pick(ConvSm90Kernel::kWs128x128, with_tile(base, 128).pixel_tiles * k_tiles);
 }
@@ -311,6 +323,25 @@ int device_attribute(cudaDeviceAttr attr) {
 
 ConvSm90Choice conv_sm90_choice(const ConvProblem& p, int sms, int max_smem) {
   return conv90::choose_kernel(p, sms, max_smem);
+}
+
+ConvSm90Tile conv_sm90_tile(const ConvProblem& p, ConvSm90Kernel kernel, int sms) {
+  switch (kernel) {
+    case ConvSm90Kernel::kWs128x64: return {128, 64};
+    case ConvSm90Kernel::kWs128x112: return {128, 112};
+    case ConvSm90Kernel::kWs128x128:
+    case ConvSm90Kernel::kWs128x128CpAsync: return {128, 128};
+    case ConvSm90Kernel::kWs128x208: return {128, 208};
+    case ConvSm90Kernel::kWs128x256:
+    case ConvSm90Kernel::kWs128x256CpAsync: return {128, 256};
+    case ConvSm90Kernel::kWs64x256: return {64, 256};
+    case ConvSm90Kernel::kWs64x416: return {64, 416};
+    case ConvSm90Kernel::kWs64x64Ks: return {64, 64};
+    case ConvSm90Kernel::kWs64x128Ks: return {64, 128};
+    case ConvSm90Kernel::kWs64x224Ks: return {64, 224};
+    case ConvSm90Kernel::kWs64x256Ks: return {64, 256};
+    default: return {conv90::register_a_narrow(p, sms) ? 64 : 128, conv90::register_a_bn(p, sms)};
+  }
 }
 
 cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream, ConvSm90Kernel kernel, int splits) {

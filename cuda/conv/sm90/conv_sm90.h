@@ -46,6 +46,15 @@ struct ConvSm90Choice {
 // the register-A kernel instead.
 ConvSm90Choice conv_sm90_choice(const ConvProblem& p, int sms, int max_smem);
 
+// A CTA's tile: output channels x (virtual) pixels.
+struct ConvSm90Tile {
+  int channels, pixels;
+};
+
+// The tile `kernel` (not kAuto) runs `p` with on a GPU of `sms` SMs: the register-A kernel's as
+// its launcher sizes it for bf16 activations whose stages fit in shared memory.
+ConvSm90Tile conv_sm90_tile(const ConvProblem& p, ConvSm90Kernel kernel, int sms);
+
 // Runs `p` on `stream`. Activations bf16/f16/f32 or NVFP4 (x_q: codes [N*H*W, C/2], scales one
 // tiled [W, C/16] matrix per (n, h) image row, as an NVFP4Array [N, H, W, C] stores them).
 // Returns cudaErrorInvalidValue for a problem it cannot take (shared memory over the limit, or a

@@ -168,13 +168,14 @@ constexpr int ws_partial_bytes(int bn) { return bn / 2 * 128 * 4; }
 
 // Whether the fewest stages of the warp-specialized kernel with TMA loads, two consumers and
 // `tile_n`-pixel x `bm`-channel tiles (split between the consumers by stage or not) fit in
-// `max_smem` bytes, on a grid of one tile per CTA (the stage split's partial sums in the ring).
-// base: problem_geometry(pb).
+// `max_smem` bytes. `one_tile_per_cta`: the grid runs each CTA's single tile (one wave, or
+// split-K), so the stage split's partial sums may share the ring; a persistent CTA that loops over
+// tiles keeps them beside it (launch_ws_kernel). base: problem_geometry(pb).
 inline bool ws_tma_stages_fit(const ConvProblem& pb, const Geometry& base, int tile_n, int bm, int max_smem,
-                              bool stage_split = false) {
+                              bool stage_split = false, bool one_tile_per_cta = true) {
   const Geometry g = with_tile(base, tile_n, /*im2col=*/true);
   return ws_layout(pb, g, bm, 2 * kWsEpiBytes, ws_min_stages(stage_split), /*tma=*/true,
-                   stage_split ? ws_partial_bytes(tile_n) : 0, /*partials_in_ring=*/true)
+                   stage_split ? ws_partial_bytes(tile_n) : 0, /*partials_in_ring=*/one_tile_per_cta)
              .total <= max_smem;
 }
 

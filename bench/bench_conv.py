@@ -10,7 +10,10 @@ CHAIN (or --chain) calls back to back per iteration, so the loop's own work per 
 small kernels and gaps, ~7 us on an H100, and a first call that runs slower after them) is spread
 over them as PyTorch's graph replays have none;
 PyTorch with CUDA events around back-to-back eager calls, and around replays of a CUDA graph
-holding CHAIN such calls (cuDNN's kernels without host work between them). --also-chain N also
+holding CHAIN such calls (cuDNN's kernels without host work between them), twice: with each
+output dropped at once (the graph's pool then gives every call the same buffer, warm in L2) and
+with every output kept ("fresh outputs": a buffer each, as every call of our chain writes; XLA
+keeps them all live to the end of the iteration). --also-chain N also
 times ours with N calls an iteration, in the same rounds: what the loop adds to a call. All are
 timed round-robin (each once per round, 7 rounds, median), so they see the same GPU clock. Also
 reports the activation bytes the sm_90a kernel loads from global memory into shared memory with
@@ -152,7 +155,10 @@ def torch_timers(n, h, w, c, k, r, s, stride, graph_calls):
     - "cudnn": CUDA events around back-to-back eager calls, what a PyTorch program sees. Its
       host dispatch can rival a 20 us kernel, so its readings move with the host.
     - "cudnn_graph": `graph_calls` calls captured once in a CUDA graph and replayed, so no host
-      work runs between them: cuDNN's kernels back to back, the stronger anchor."""
+      work runs between them: cuDNN's kernels back to back, the stronger anchor. Each output is
+      dropped at once, so all calls write one buffer, which stays in L2.
+    - "cudnn_graph_fresh": the same with every output kept, each in a buffer of its own, as the
+      outputs of our chained calls in the JAX loop are (and a network's layers' are)."""
     try:
         import torch
     except ImportError:
@@ -185,12 +191,17 @@ def torch_timers(n, h, w, c, k, r, s, stride, graph_calls):
             conv()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph):  # each output freed at once: the pool gives every call one buffer
         for _ in range(graph_calls):
             conv()
+    fresh = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(fresh):  # every output kept: a buffer of its own, as our JAX loop writes
+        outputs = [conv() for _ in range(graph_calls)]
+    del outputs  # the graph keeps its pool's memory
     graph_iters = int(min(200, max(5, TARGET_S / (per_call(graph.replay, 5, graph_calls) * graph_calls))))
     return {"cudnn": lambda: per_call(conv, eager_iters),
-            "cudnn_graph": lambda: per_call(graph.replay, graph_iters, graph_calls)}
+            "cudnn_graph": lambda: per_call(graph.replay, graph_iters, graph_calls),
+            "cudnn_graph_fresh": lambda: per_call(fresh.replay, graph_iters, graph_calls)}
 
 
 def main():
@@ -232,14 +243,16 @@ def main():
         timers.update(torch_timers(n, h, w, c, k, r, s, stride, chain))
         t = interleaved_times(timers)
         t_ours, t_xla, t_deq, t_torch, t_graph = t["ours"], t["xla"], t["dequant"], t.get("cudnn"), t.get("cudnn_graph")
+        t_fresh = t.get("cudnn_graph_fresh")
         out = jn.conv(x, wq, window_strides=(stride, stride), padding=padding)
         flops = 2.0 * out.shape[0] * out.shape[1] * out.shape[2] * k * r * s * c
         reuse, plain, bn = activation_bytes(n, h, w, c, k, r, s, stride, sms=dev.core_count)
         forced = {kernel: t[kernel] for kernel in args.forced + (("also_chain",) if args.also_chain else ())}
-        rows.append((name, t_ours, t_xla, t_deq, t_torch, t_graph, flops, reuse, plain, bn, forced))
+        rows.append((name, t_ours, t_xla, t_deq, t_torch, t_graph, t_fresh, flops, reuse, plain, bn, forced))
         print(f"{name:26s} ours {t_ours*1e6:8.1f} us  xla {t_xla*1e6:8.1f} us  dequant+xla {t_deq*1e6:8.1f} us  "
               f"cudnn {t_torch*1e6 if t_torch else float('nan'):8.1f} us  "
               f"cudnn graph {t_graph*1e6 if t_graph else float('nan'):8.1f} us  "
+              f"fresh outputs {t_fresh*1e6 if t_fresh else float('nan'):8.1f} us  "
               + "  ".join(f"{kernel} {v*1e6:8.1f} us" for kernel, v in forced.items()), flush=True)
 
     date = datetime.date.today().isoformat()
@@ -249,20 +262,24 @@ def main():
              "in one jit): "
              f"a jitted fori_loop of {chain} back-to-back calls an iteration; cuDNN: PyTorch conv2d "
              "channels_last bf16, benchmark=True, eager calls back to back (CUDA events) and "
-             f"{chain} of them replayed from a CUDA graph (no host work between them). "
+             f"{chain} of them replayed from a CUDA graph (no host work between them): each output dropped at once "
+             "(every call writes one buffer, which stays in L2), and, 'fresh outputs', every output kept "
+             "(a buffer each, as each of our chained calls writes). "
              "Timed round-robin, medians of 7 rounds. "
              "Activation MB: global->shared bytes of our kernel with "
              "the shifted-operand reuse / without it (each tap loading its own tile).", "",
-             "| shape | ours µs | TFLOP/s | XLA bf16 µs | dequant + XLA µs | cuDNN bf16 µs | cuDNN graph µs | vs XLA | "
-             "vs dequant + XLA | vs cuDNN | vs cuDNN graph | act. MB reuse / no reuse | kernel, tile |"
+             "| shape | ours µs | TFLOP/s | XLA bf16 µs | dequant + XLA µs | cuDNN bf16 µs | cuDNN graph µs | "
+             "cuDNN graph, fresh outputs µs | vs XLA | vs dequant + XLA | vs cuDNN | vs cuDNN graph | "
+             "vs cuDNN graph, fresh outputs | act. MB reuse / no reuse | kernel, tile |"
              + "".join(f" ours, {kernel} forced µs |" for kernel in args.forced)
              + (f" ours, {args.also_chain} calls an iteration µs |" if args.also_chain else ""),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(forced)]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(forced)]
     us = lambda t: f"{t*1e6:.1f}" if t else "n/a"  # noqa: E731
-    for name, t_o, t_x, t_d, t_t, t_g, flops, reuse, plain, bn, forced in rows:
+    for name, t_o, t_x, t_d, t_t, t_g, t_f, flops, reuse, plain, bn, forced in rows:
         vs = lambda t, t_o=t_o: f"{t/t_o:.2f}x" if t else "n/a"  # noqa: E731
         lines.append(f"| {name} | {t_o*1e6:.1f} | {flops/t_o/1e12:.0f} | {t_x*1e6:.1f} | {t_d*1e6:.1f} | "
-                     f"{us(t_t)} | {us(t_g)} | {t_x/t_o:.2f}x | {t_d/t_o:.2f}x | {vs(t_t)} | {vs(t_g)} | "
+                     f"{us(t_t)} | {us(t_g)} | {us(t_f)} | {t_x/t_o:.2f}x | {t_d/t_o:.2f}x | {vs(t_t)} | {vs(t_g)} | "
+                     f"{vs(t_f)} | "
                      f"{reuse/1e6:.2f} / {plain/1e6:.2f} | {bn} |"
                      + "".join(f" {v*1e6:.1f} |" for v in forced.values()))
     table = "\n".join(lines) + "\n"

@@ -4,7 +4,6 @@
 // warp-specialized launches in conv_sm90_ws_launch.cuh.
 #include <algorithm>
 #include <cstdint>
-#include <iterator>
 
 #include "conv/sm90/conv_sm90.h"
 #include "conv/sm90/conv_sm90_kernels.cuh"

@@ -220,6 +220,20 @@ def test_conv_sm90_kernel_choice(shape, kernel, splits):
 
 
 @needs_extension
+@pytest.mark.skipif("sm_90a" not in _extension.cuda_archs(), reason="no sm_90a kernels built")
+@pytest.mark.parametrize("n, c, tile", [(32, 128, (64, 128)), (1, 512, (64, 64)), (160, 128, (128, 256))])
+def test_conv_sm90_kernel_choice_reports_the_register_a_tile(n, c, tile):
+    """K = 96 (neither the pixel split's K <= 64 nor the 128-channel tiles): the register-A
+    kernel, one warpgroup (64 channels) while its 128-channel tiles would not give every SM two
+    CTAs, 64-pixel tiles where 128-pixel ones fill at most half the SMs, 256 where those still
+    give every SM two."""
+    from jax_nvfp4.primitives import conv as conv_primitive
+    hw = 7 if c == 512 else 28
+    got = _extension._ext.conv_sm90_kernel_choice(n, hw, hw, c, 96, 3, 3, 1, hw, hw, 1, 1)
+    assert got == (conv_primitive._KERNELS["register_a"], 1, *tile)
+
+
+@needs_extension
 def test_quantize_workspace_only_for_the_amax_pass():
     def size(s_enc_shape):
         return _extension._ext.workspace_bytes(

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-TARGET_S = 0.02  # wall time of one timed loop
+TARGET_S = 0.02  # wall time of the shorter of the two runs a reading takes (LoopTimer)
 # Operand sets a rotating loop calls fn on per iteration: 8 x 9.4 MB (the smallest NVFP4 weight
 # benchmarked) exceed the L2 (H200 60 MB, H100 50 MB); fewer only where 8 would pass COPIES_BYTES.
 COPIES = 8
@@ -35,6 +35,13 @@ class LoopTimer:
     only the sum of one element of each is carried to the next iteration: the loop state holds no
     whole output that XLA might copy into it every iteration, and that sum is one small kernel an
     iteration (a slice of each output carried on its own was one kernel per call, ~1-2 us each).
+
+    A reading is the steady time of a call: runs of n and 2n iterations are timed back to back
+    and the difference is divided by the n more iterations' calls. What a run costs once (its
+    dispatch, the wait for its result, XLA's set-up of the loop) drops out of it: 0.4-1 ms a run on
+    an H100 for loops of 128 chained convs, which read 0.15-0.35 us a call (1-2 %) high over runs
+    of 16 iterations (bench/results/loop_fixed_cost_h100_2026-11-27.md). PyTorch's CUDA-graph timer
+    (bench_conv.py) carries no such cost either: its events bracket the GPU work alone.
 
     fn is traced and compiled here, so anything read at lowering time (an environment variable
     that picks a kernel) takes effect for the lifetime of the timer."""
@@ -70,14 +77,18 @@ class LoopTimer:
         calls = copies * chain  # per iteration
         per_call = (time.perf_counter() - t0) / (8 * calls)
         n = int(min(1000, max(16, TARGET_S / max(per_call * calls, 1e-7))))
-        self._run, self._calls = make(n), n * calls
-        jax.block_until_ready(self._run(self._sets))
+        self._runs, self._calls = (make(n), make(2 * n)), n * calls
+        for run in self._runs:
+            jax.block_until_ready(run(self._sets))
 
     def __call__(self) -> float:
-        """Seconds per call, from one timed run of the loop."""
-        t0 = time.perf_counter()
-        jax.block_until_ready(self._run(self._sets))
-        return (time.perf_counter() - t0) / self._calls
+        """Seconds per call: two timed runs of the loop, n and 2n iterations, their difference."""
+        seconds = []
+        for run in self._runs:
+            t0 = time.perf_counter()
+            jax.block_until_ready(run(self._sets))
+            seconds.append(time.perf_counter() - t0)
+        return (seconds[1] - seconds[0]) / self._calls
 
 
 def loop_time(fn, args, rotate: bool = True, reps: int = 3) -> float:

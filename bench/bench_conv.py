@@ -5,7 +5,8 @@ and PyTorch's cuDNN conv2d (channels_last, bf16, benchmark mode).
     python bench/bench_conv.py --out DIR [--chain N] [--also-chain 8] [--forced register_a,...] [--only wide]
 
 Ours and XLA are timed on the device: many calls inside one jitted lax.fori_loop
-(_timing.LoopTimer, without rotating operand copies: all of them keep one input set warm in L2),
+(_timing.LoopTimer, without rotating operand copies: all of them keep one input set warm in L2;
+the steady time of a call, what a run costs once taken out),
 CHAIN (or --chain) calls back to back per iteration, so the loop's own work per iteration (its
 small kernels and gaps, ~7 us on an H100, and a first call that runs slower after them) is spread
 over them as PyTorch's graph replays have none;
@@ -260,7 +261,8 @@ def main():
              "NVFP4 weights, bf16 activations and output; ours and XLA (lax.conv_general_dilated bf16; "
              "dequant + XLA: the NVFP4 weights dequantized to bf16 by jax_nvfp4.dequantize and that conv, "
              "in one jit): "
-             f"a jitted fori_loop of {chain} back-to-back calls an iteration; cuDNN: PyTorch conv2d "
+             f"a jitted fori_loop of {chain} back-to-back calls an iteration, the steady time of a call (runs of n and 2n "
+             "iterations, their difference); cuDNN: PyTorch conv2d "
              "channels_last bf16, benchmark=True, eager calls back to back (CUDA events) and "
              f"{chain} of them replayed from a CUDA graph (no host work between them): each output dropped at once "
              "(every call writes one buffer, which stays in L2), and, 'fresh outputs', every output kept "

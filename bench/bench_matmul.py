@@ -111,7 +111,7 @@ def write_report(rows, out, device, bw):
     date = datetime.date.today().isoformat()
     lines = [f"# jax_nvfp4.matmul on {device} ({date}, jax {jax.__version__})", "",
              "Times in us per call (median of 7 rounds, every op of a shape timed once per round, in turn; "
-             f"jitted fori_loop). HBM read+write {bw / 1e12:.2f} TB/s; "
+             f"jitted fori_loop, the steady time of a call: runs of n and 2n iterations, their difference). HBM read+write {bw / 1e12:.2f} TB/s; "
              f"{ceiling}. "
              "%HBM: (NVFP4 weight + bf16 x/out bytes) / time / HBM; %MMA: flops / time / MMA ceiling.",
              "", "| M | N | K | ours W4A16 | ours W4A4 | bf16 dot | fp8 dot | scaled_matmul nvfp4 | "

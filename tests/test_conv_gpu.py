@@ -208,7 +208,7 @@ STAGE_SPLIT_KERNELS = ["ws64x64ks", "ws64x128ks", "ws64x224ks", "ws64x256ks"]
 
 def stage_split_takes(kernel, name, sms, max_smem=227 * 1024):
     """Whether stage-split tiling `kernel` takes GPU_CASES[name]: a mirror of its launcher's
-    shared-memory check (ws_layout, ws_min_stages and ws_partial_bytes in conv_sm90_kernels.cuh).
+    shared-memory check (ws_layout, ws_min_stages and ws_partial_bytes in conv_sm90_ws_kernel.cuh).
     Four stages of TMA loads (per phase array, the tile's slots and an 8-pixel halo box; the codes
     and scale tiles of S taps), two epilogue tiles, and the partial sums, which share the stage
     ring where every CTA runs one tile."""

@@ -1,12 +1,14 @@
 // sm_90a shifted-operand convolution with NVFP4 weights (DESIGN.md §4, docs/conv.md): the
 // launches of the register-A kernel, the choice between it and the warp-specialized kernel
-// (choose_kernel), and the entry point conv_sm90. The kernels are in conv_sm90_kernels.cuh, the
+// (choose_kernel), and the entry point conv_sm90. The kernels are in conv_sm90_register_a.cuh and
+// conv_sm90_ws_kernel.cuh (what they share in conv_sm90_stage.cuh), the
 // warp-specialized launches in conv_sm90_ws_launch.cuh.
 #include <algorithm>
 #include <cstdint>
 
 #include "conv/sm90/conv_sm90.h"
-#include "conv/sm90/conv_sm90_kernels.cuh"
+#include "conv/sm90/conv_sm90_register_a.cuh"
+#include "conv/sm90/conv_sm90_ws_kernel.cuh"
 #include "conv/sm90/conv_sm90_ws.h"
 
 namespace jax_nvfp4 {

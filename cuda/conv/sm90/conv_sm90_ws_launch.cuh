@@ -2,7 +2,7 @@
 // by conv_sm90_ws_s<S>.cu, which instantiates launch_ws_taps<S> (conv_sm90_ws.h).
 #pragma once
 
-#include "conv/sm90/conv_sm90_kernels.cuh"
+#include "conv/sm90/conv_sm90_ws_kernel.cuh"
 #include "conv/sm90/conv_sm90_ws.h"
 
 namespace jax_nvfp4 {

@@ -29,6 +29,10 @@ constexpr int kMaxWsSplits = 8;
 struct WsLayout {
   StageLayout stage;
   int nbuf = 0, epi_offset = 0, partial_offset = 0, table_offset = 0, barrier_offset = 0, total = 0;
+  // Split-K over two CTAs with the stage split, where the launcher found room: the inbox into
+  // which the other CTA pushes its sums (WsKernel::push_sums); 0 where the owners read them
+  // through the cluster window instead.
+  int inbox_offset = 0;
 };
 
 inline WsLayout ws_layout(const ConvProblem& pb, const Geometry& g, int bm, int epi_bytes, int nbuf, bool tma,
@@ -57,6 +61,10 @@ constexpr int ws_min_stages(bool stage_split) { return stage_split ? 4 : 2; }
 
 // Shared memory where the stage-split consumers exchange partial sums: kBN / 2 floats a thread.
 constexpr int ws_partial_bytes(int bn) { return bn / 2 * 128 * 4; }
+
+// One consumer's inbox for split-K over two CTAs with the stage split: the floats a thread owns
+// in its epilogue passes (pass p is owner p % 4's; `pass` pixels a pass, 4 floats per 8 pixels).
+constexpr int ws_inbox_bytes(int bn, int pass) { return (bn + 4 * pass - 1) / (4 * pass) * (pass / 2) * 128 * 4; }
 
 // Whether the fewest stages of the warp-specialized kernel with TMA loads, two consumers and
 // `tile_n`-pixel x `bm`-channel tiles (split between the consumers by stage or not) fit in
@@ -176,9 +184,13 @@ struct WsKernel {
   // accumulators in its own (by then idle) shared memory, entry i of `thread` at
   // partial[i * stride + thread], and the owner of a pass adds the partials of all `splits` CTAs in
   // rank order (deterministic, and the same sum whichever CTA computes it).
+  // With an inbox (two CTAs, the stage split: push_sums), the owner adds the other CTA's sums
+  // from its own shared memory, [float4 slot][thread], once `inbox_full` has counted their bytes.
   struct SplitSum {
     float* partial;
     int splits, owners, owner, thread, stride;
+    const float4* inbox = nullptr;
+    uint64_t* inbox_full = nullptr;
   };
 
   // Split-K over 128-channel tiles: CTA z finishes the passes p with p % splits == z.
@@ -200,7 +212,7 @@ struct WsKernel {
   // issued a predicated store, load and add for every accumulator: about twice the instructions
   // on the path that ends the kernel).
   template <int kW, int kPass>
-  static __device__ __forceinline__ void exchange_partials(float (&acc)[kAcc], float* partial, int ct) {
+  static __device__ __forceinline__ void exchange_partials(float (&acc)[kAcc], float* partial, int ct, bool push) {
     constexpr int kConsumersBarrier = kConsumerBarrier0 + kConsumers;  // both consumer warpgroups
     // acc[i] belongs to pixel 8 * (i / 4), so to epilogue pass 8 * (i / 4) / kPass.
     auto mine = [](int i) { return (i / 4) * 8 / kPass % kConsumers == kW; };
@@ -215,7 +227,7 @@ struct WsKernel {
       if (mine(i)) {
         acc[i] += partial[i * 128 + ct];
         // Split-K: the CTA's sum, for the cluster, where the other consumer no longer looks.
-        if constexpr (kSplitK) partial[i * 128 + ct] = acc[i];
+        if (kSplitK && !push) partial[i * 128 + ct] = acc[i];
       }
     }
   }
@@ -223,16 +235,70 @@ struct WsKernel {
   // kStageSplit: consumer w finishes the passes p with p % 2 == w; with split-K as well, those
   // with p / 2 % splits == z in CTA z, over the CTAs' sums that exchange_partials left.
   template <int kPass>
-  static __device__ SplitSum add_other_partials(float (&acc)[kAcc], uint8_t* region, int w, int ct) {
-    float* partial = reinterpret_cast<float*>(region);
-    if (w == 0) exchange_partials<0, kPass>(acc, partial, ct);
-    else exchange_partials<1, kPass>(acc, partial, ct);
+  static __device__ SplitSum add_other_partials(float (&acc)[kAcc], uint8_t* smem, const WsLayout& L, int w,
+                                                int ct) {
+    float* partial = reinterpret_cast<float*>(smem + L.partial_offset);
+    const bool push = pushes_sums(L);
+    if (w == 0) exchange_partials<0, kPass>(acc, partial, ct, push);
+    else exchange_partials<1, kPass>(acc, partial, ct, push);
     if constexpr (!kSplitK) {
       return {nullptr, 1, kConsumers, w, ct, 128};
     } else {
-      cg::this_cluster().sync();  // every CTA's sums are in place
       const int splits = static_cast<int>(gridDim.z), rank = static_cast<int>(blockIdx.z);
-      return {partial, splits, kConsumers * splits, w + kConsumers * rank, ct, 128};
+      const int owner = w + kConsumers * rank;
+      if (!push) {
+        cg::this_cluster().sync();  // every CTA's sums are in place
+        return {partial, splits, kConsumers * splits, owner, ct, 128};
+      }
+      if (w == 0) push_sums<0, kPass>(acc, smem, L, ct);
+      else push_sums<1, kPass>(acc, smem, L, ct);
+      uint8_t* inbox = smem + L.inbox_offset;
+      auto* full = reinterpret_cast<uint64_t*>(inbox + kConsumers * ws_inbox_bytes(kBN, kPass)) + w;
+      if (ct == 0) TxBarrier::arrive_and_expect_tx(full, owned_floats<kPass>(owner) * 128 * 4);
+      return {nullptr, splits, kConsumers * splits, owner, ct, 128,
+              reinterpret_cast<const float4*>(inbox + w * ws_inbox_bytes(kBN, kPass)), full};
+    }
+  }
+
+  // Split-K over two CTAs with the stage split, where the launcher gave an inbox
+  // (WsLayout::inbox_offset): after the exchange within the CTA, consumer w pushes the CTA's sums
+  // of the passes the other CTA owns straight into that CTA's inbox (st.async, each store counted
+  // on the owner's mbarrier), so no cluster barrier waits for the slower CTA and no owner reads
+  // through the cluster window (H100, kernel alone, 7x7x512 b32 17.1 -> 15.8 us). The owner adds
+  // them to its own: two terms, so the bits of the rank-order sum either way.
+  static __device__ __forceinline__ bool pushes_sums(const WsLayout& L) {
+    return kSplitK && kStageSplit && L.inbox_offset != 0;
+  }
+  template <int kPass>
+  static __device__ __forceinline__ int owned_floats(int owner) {  // a thread's, passes p % 4 == owner
+    int floats = 0;
+#pragma unroll
+    for (int first = 0; first < kBN; first += kPass) {
+      if ((first / kPass) % 4 == owner) floats += min(kPass, kBN - first) / 8 * 4;
+    }
+    return floats;
+  }
+  template <int kW, int kPass>
+  static __device__ __forceinline__ void push_sums(const float (&acc)[kAcc], uint8_t* smem, const WsLayout& L,
+                                                   int ct) {
+    const int rank = static_cast<int>(blockIdx.z);
+    const uint32_t other = 1u - static_cast<uint32_t>(rank);
+    const uint32_t inbox = smem_addr(smem + L.inbox_offset);
+    uint32_t box, full;  // the other CTA's: consumer kW's inbox and its barrier
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(box) : "r"(inbox + kW * ws_inbox_bytes(kBN, kPass)), "r"(other));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(full) : "r"(inbox + kConsumers * ws_inbox_bytes(kBN, kPass) + 8 * kW), "r"(other));
+    cute::cluster_wait();  // the other CTA's inbox barriers are initialized (run)
+    // The owner's passes p, p + 4, ... fill its inbox in order, kPass / 8 float4 slots each.
+    int slot = 0;
+#pragma unroll
+    for (int j = 0; j < kAcc / 4; ++j) {  // acc[4j .. 4j + 3]: pixels 8j .. 8j + 7
+      const int p = j * 8 / kPass;
+      if (p % kConsumers != kW || (p / kConsumers) % 2 == rank) continue;  // the other consumer's, or ours
+      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+                   ::"r"(box + (slot * 128 + ct) * 16), "f"(acc[4 * j]), "f"(acc[4 * j + 1]), "f"(acc[4 * j + 2]),
+                   "f"(acc[4 * j + 3]), "r"(full) : "memory");
+      ++slot;
     }
   }
 
@@ -390,7 +456,18 @@ struct WsKernel {
       if constexpr (kSplitK || kStageSplit) {
         if ((first / kPass) % split.owners != split.owner) return;
       }
-      if constexpr (kSplitK) {
+      if (kSplitK && split.inbox != nullptr) {
+        TxBarrier::wait(split.inbox_full, 0);
+        const float4* box = split.inbox + (first / kPass) / 4 * (kPass / 8) * 128 + split.thread;
+#pragma unroll
+        for (int j = first / 8; j < (first + kPixels) / 8; ++j) {
+          const float4 v = box[(j - first / 8) * 128];
+          acc[4 * j] += v.x;
+          acc[4 * j + 1] += v.y;
+          acc[4 * j + 2] += v.z;
+          acc[4 * j + 3] += v.w;
+        }
+      } else if constexpr (kSplitK) {
         cg::cluster_group cluster = cg::this_cluster();
         for (int r = 0; r < split.splits; ++r) {
           const float* part = cluster.map_shared_rank(split.partial, r) + split.thread;
@@ -437,7 +514,7 @@ struct WsKernel {
   // (the 256-pixel stage-split kernels spilled 8 bytes with 32-pixel ones; 208-224 pixels were not
   // tried below 32).
   static constexpr int kMinPass = kBN >= 256 ? 64 : kBN >= 208 ? 32 : 16;
-  static __device__ __forceinline__ int pass_pixels(int splits) {
+  static constexpr int pass_pixels(int splits) {
     const int owners = kStageSplit ? kConsumers * splits : splits;
     for (int pass = kWsEpiPixels; pass > kMinPass; pass /= 2) {
       if ((kBN + pass - 1) / pass >= owners) return pass;
@@ -451,7 +528,7 @@ struct WsKernel {
                                                      int64_t wg0, int64_t wk0, float (&acc)[kAcc], uint8_t* smem,
                                                      uint8_t* epi_tile, int w, int ct) {
     SplitSum split{};
-    if constexpr (kStageSplit) split = add_other_partials<kPass>(acc, smem + L.partial_offset, w, ct);
+    if constexpr (kStageSplit) split = add_other_partials<kPass>(acc, smem, L, w, ct);
     else if constexpr (kSplitK) split = leave_partials(acc, smem, 128 * w + ct);
     const int barrier = kConsumerBarrier0 + w;
     if (pb.out_dtype == DType::kF16) {
@@ -571,7 +648,7 @@ struct WsKernel {
           if (pass == 32) finish_tile<32>(pb, g, L, wg0, wk0, acc, smem, epi_tile, w, ct);
           else if constexpr (kMinPass == 16) finish_tile<16>(pb, g, L, wg0, wk0, acc, smem, epi_tile, w, ct);
         }
-        cg::this_cluster().sync();  // the cluster has read this CTA's partials
+        if (!pushes_sums(L)) cg::this_cluster().sync();  // the cluster has read this CTA's partials
       } else {
         finish_tile<kWsEpiPixels>(pb, g, L, wg0, wk0, acc, smem, epi_tile, w, ct);
       }
@@ -593,9 +670,16 @@ struct WsKernel {
         Barrier::init(&full[i], kTma ? 1 : kLoaders);
         Barrier::init(&empty[i], kReleaseThreads);  // each consumer thread that used it, its wgmmas retired
       }
+      if (pushes_sums(L)) {  // the inboxes' barriers: the owner's expected bytes, then the stores'
+        auto* inbox_full = reinterpret_cast<uint64_t*>(smem + L.inbox_offset +
+                                                       kConsumers * ws_inbox_bytes(kBN, pass_pixels(2)));
+        for (int w = 0; w < kConsumers; ++w) TxBarrier::init(&inbox_full[w], 1);
+      }
       cutlass::arch::fence_barrier_init();
     }
     __syncthreads();
+    // Pushed sums: the other CTA stores into this one's inboxes once it has seen this arrival.
+    if (pushes_sums(L)) cute::cluster_arrive_relaxed();
     // Programmatic dependent launch (launch_ex): this grid may start while the one before it in
     // the stream finishes. Each role runs wait_for_prior_grids, which returns once that grid has
     // completed and its writes are visible, after its set-up and before its first global memory
@@ -610,10 +694,14 @@ struct WsKernel {
       } else {
         produce(pb, g, L, k_tiles, smem, full, empty);
       }
-      if constexpr (kSplitK) {  // the consumers' two cluster barriers (one tile per cluster)
+      if constexpr (kSplitK) {  // the consumers' cluster barriers (one tile per cluster)
         __syncwarp();
-        cg::this_cluster().sync();
-        cg::this_cluster().sync();
+        if (pushes_sums(L)) {
+          cute::cluster_wait();
+        } else {
+          cg::this_cluster().sync();
+          cg::this_cluster().sync();
+        }
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();

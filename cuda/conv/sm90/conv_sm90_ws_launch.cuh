@@ -71,6 +71,14 @@ cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsT
         partial_bytes > int64_t{L.nbuf} * L.stage.total()) {
       return cudaErrorInvalidValue;
     }
+    if (kStageSplit && splits == 2) {  // an inbox for the other CTA's pushed sums, where it fits
+      const int inbox = (L.total + 15) / 16 * 16;
+      const int total = inbox + K::kConsumers * ws_inbox_bytes(kBN, K::pass_pixels(2)) + K::kConsumers * 8;
+      if (total <= max_smem) {
+        L.inbox_offset = inbox;
+        L.total = total;
+      }
+    }
     return launch_ex(conv_sm90_ws_kernel<kBN, kTma, kBM, true, kS, kStageSplit>,
                      dim3(static_cast<unsigned>(tiles), 1, static_cast<unsigned>(splits)), K::kThreads, L.total, stream,
                      /*cluster_z=*/true, /*pdl=*/true, pb, g, L, by_k_tiles, maps);

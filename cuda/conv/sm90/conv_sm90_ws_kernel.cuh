@@ -266,9 +266,10 @@ struct WsKernel {
   // on the owner's mbarrier), so no cluster barrier waits for the slower CTA and no owner reads
   // through the cluster window (H100, kernel alone, 7x7x512 b32 17.1 -> 15.8 us). The owner adds
   // them to its own: two terms, so the bits of the rank-order sum either way.
-  static __device__ __forceinline__ bool pushes_sums(const WsLayout& L) {
-    return kSplitK && kStageSplit && L.inbox_offset != 0;
-  }
+  // Not the 256-pixel tiles of 1-wide filters: ptxas spilled their registers with it (4 local-memory
+  // instructions), so they keep the cluster reads.
+  static constexpr bool kPushes = kSplitK && kStageSplit && !(kBN == 256 && kS == 1);
+  static __device__ __forceinline__ bool pushes_sums(const WsLayout& L) { return kPushes && L.inbox_offset != 0; }
   template <int kPass>
   static __device__ __forceinline__ int owned_floats(int owner) {  // a thread's, passes p % 4 == owner
     int floats = 0;

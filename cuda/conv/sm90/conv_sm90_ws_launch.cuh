@@ -71,7 +71,7 @@ cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsT
         partial_bytes > int64_t{L.nbuf} * L.stage.total()) {
       return cudaErrorInvalidValue;
     }
-    if (kStageSplit && splits == 2) {  // an inbox for the other CTA's pushed sums, where it fits
+    if (K::kPushes && splits == 2) {  // an inbox for the other CTA's pushed sums, where it fits
       const int inbox = (L.total + 15) / 16 * 16;
       const int total = inbox + K::kConsumers * ws_inbox_bytes(kBN, K::pass_pixels(2)) + K::kConsumers * 8;
       if (total <= max_smem) {

@@ -66,6 +66,12 @@ constexpr int ws_partial_bytes(int bn) { return bn / 2 * 128 * 4; }
 // in its epilogue passes (pass p is owner p % 4's; `pass` pixels a pass, 4 floats per 8 pixels).
 constexpr int ws_inbox_bytes(int bn, int pass) { return (bn + 4 * pass - 1) / (4 * pass) * (pass / 2) * 128 * 4; }
 
+// Whether split-K over two CTAs with the stage split pushes its sums into an inbox
+// (WsKernel::push_sums) on tiles of `bn` pixels for filters `s` taps wide: not the 256-pixel tiles
+// of 1-wide filters, whose registers spilled with it (4 local-memory instructions); they keep the
+// cluster reads. The launcher asks this too, before it gives the split kernel an inbox.
+constexpr bool ws_stage_split_pushes(int bn, int s) { return !(bn == 256 && s == 1); }
+
 // Whether the fewest stages of the warp-specialized kernel with TMA loads, two consumers and
 // `tile_n`-pixel x `bm`-channel tiles (split between the consumers by stage or not) fit in
 // `max_smem` bytes. `one_tile_per_cta`: the grid runs each CTA's single tile (one wave, or
@@ -266,9 +272,7 @@ struct WsKernel {
   // on the owner's mbarrier), so no cluster barrier waits for the slower CTA and no owner reads
   // through the cluster window (H100, kernel alone, 7x7x512 b32 17.1 -> 15.8 us). The owner adds
   // them to its own: two terms, so the bits of the rank-order sum either way.
-  // Not the 256-pixel tiles of 1-wide filters: ptxas spilled their registers with it (4 local-memory
-  // instructions), so they keep the cluster reads.
-  static constexpr bool kPushes = kSplitK && kStageSplit && !(kBN == 256 && kS == 1);
+  static constexpr bool kPushes = kSplitK && kStageSplit && ws_stage_split_pushes(kBN, kS);
   static __device__ __forceinline__ bool pushes_sums(const WsLayout& L) { return kPushes && L.inbox_offset != 0; }
   template <int kPass>
   static __device__ __forceinline__ int owned_floats(int owner) {  // a thread's, passes p % 4 == owner

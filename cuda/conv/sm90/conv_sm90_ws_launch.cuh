@@ -71,7 +71,9 @@ cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsT
         partial_bytes > int64_t{L.nbuf} * L.stage.total()) {
       return cudaErrorInvalidValue;
     }
-    if (K::kPushes && splits == 2) {  // an inbox for the other CTA's pushed sums, where it fits
+    // An inbox for the other CTA's pushed sums, where it fits (K is the unsplit kernel: its kPushes
+    // is false).
+    if (kStageSplit && ws_stage_split_pushes(kBN, kS) && splits == 2) {
       const int inbox = (L.total + 15) / 16 * 16;
       const int total = inbox + K::kConsumers * ws_inbox_bytes(kBN, K::pass_pixels(2)) + K::kConsumers * 8;
       if (total <= max_smem) {

@@ -51,6 +51,28 @@ std::vector<jax_nvfp4::ArgShape> arg_shapes(const std::vector<Shape>& shapes) {
   return out;
 }
 
+#ifdef JAX_NVFP4_HAS_CONV_SM90
+// A conv problem with bf16 activations and output and unit dilation, for the host-side queries
+// of the sm_90a launcher (no operand is set).
+jax_nvfp4::ConvProblem bf16_conv_problem(int64_t n, int64_t h, int64_t w, int64_t c, int64_t k, int r, int s,
+                                         int stride, int64_t p, int64_t q, int pad_h, int pad_w) {
+  jax_nvfp4::ConvProblem pb;
+  pb.n = n;
+  pb.h = h;
+  pb.w = w;
+  pb.c = c;
+  pb.k = k;
+  pb.r = r;
+  pb.s = s;
+  pb.stride_h = pb.stride_w = stride;
+  pb.p = p;
+  pb.q = q;
+  pb.pad_h = pad_h;
+  pb.pad_w = pad_w;
+  return pb;
+}
+#endif
+
 }  // namespace
 
 NB_MODULE(_nvfp4_cuda, m) {
@@ -107,19 +129,7 @@ NB_MODULE(_nvfp4_cuda, m) {
       "conv_sm90_kernel_choice",
       [](int64_t n, int64_t h, int64_t w, int64_t c, int64_t k, int r, int s, int stride, int64_t p, int64_t q,
          int pad_h, int pad_w, int sms, int max_smem) {
-        jax_nvfp4::ConvProblem pb;  // bf16 activations and output, unit dilation
-        pb.n = n;
-        pb.h = h;
-        pb.w = w;
-        pb.c = c;
-        pb.k = k;
-        pb.r = r;
-        pb.s = s;
-        pb.stride_h = pb.stride_w = stride;
-        pb.p = p;
-        pb.q = q;
-        pb.pad_h = pad_h;
-        pb.pad_w = pad_w;
+        const jax_nvfp4::ConvProblem pb = bf16_conv_problem(n, h, w, c, k, r, s, stride, p, q, pad_h, pad_w);
         const jax_nvfp4::ConvSm90Choice choice = jax_nvfp4::conv_sm90_choice(pb, sms, max_smem);
         const jax_nvfp4::ConvSm90Tile tile = jax_nvfp4::conv_sm90_tile(pb, choice.kernel, sms);
         return std::make_tuple(static_cast<int>(choice.kernel), choice.splits, tile.channels, tile.pixels);
@@ -131,6 +141,30 @@ NB_MODULE(_nvfp4_cuda, m) {
       "and CTA tile (output channels, pixels) that `conv` runs a bf16 problem with on a GPU of "
       "`sms` SMs and `max_smem` bytes of shared memory a block (an H100's by default); "
       "JAX_NVFP4_CONV_SM90_KERNEL is not consulted.");
+  m.def(
+      "conv_sm90_ws_plan",
+      [](int64_t n, int64_t h, int64_t w, int64_t c, int64_t k, int r, int s, int stride, int64_t p, int64_t q,
+         int pad_h, int pad_w, int kernel, int splits) {
+        jax_nvfp4::ConvProblem pb = bf16_conv_problem(n, h, w, c, k, r, s, stride, p, q, pad_h, pad_w);
+        // Nothing is read: the TMA maps need only 16-byte-aligned operand addresses.
+        alignas(16) static unsigned char nothing[16];
+        pb.x = pb.out = nothing;
+        pb.wgt.codes = pb.wgt.scales = nothing;
+        jax_nvfp4::ConvSm90WsPlan plan;
+        if (jax_nvfp4::conv_sm90_ws_plan(pb, static_cast<jax_nvfp4::ConvSm90Kernel>(kernel), splits, &plan) !=
+            cudaSuccess) {
+          throw std::invalid_argument("jax_nvfp4: the forced sm_90a conv kernel does not take this problem");
+        }
+        return std::make_tuple(plan.smem_bytes, plan.stages, plan.pushes_sums);
+      },
+      nb::arg("n"), nb::arg("h"), nb::arg("w"), nb::arg("c"), nb::arg("k"), nb::arg("r"), nb::arg("s"),
+      nb::arg("stride"), nb::arg("p"), nb::arg("q"), nb::arg("pad_h"), nb::arg("pad_w"), nb::arg("kernel"),
+      nb::arg("splits"),
+      "What the warp-specialized sm_90a conv kernel `kernel` (ConvSm90Kernel) over clusters of "
+      "`splits` CTAs would run a bf16 problem with on the current GPU, without launching it: "
+      "(dynamic shared memory bytes, stages in its ring, whether split-K's CTAs push their sums into "
+      "the owner's shared memory). ValueError where it does not take the problem. Needs a GPU (the "
+      "TMA maps are encoded by the driver).");
   m.def(
       "conv_sm90_virtual_row_width",
       [](int64_t q, int64_t w, int s, int stride_w, int pad_w, int dil_w) {

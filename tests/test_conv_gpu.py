@@ -372,6 +372,35 @@ def test_library_choice_past_one_wave(gpu, monkeypatch, case):
     assert cc.rel_err(auto, cc.oracle(x, w, case)) < 1e-2  # the bf16 output rounding
 
 
+# (N, H = W, C, K, R = S) with 'SAME' padding, a forced tiling, and whether its launch pushes.
+_PUSH_PLANS = [
+    ((32, 7, 512, 512, 3), "ws64x224ks/s2", True),  # ResNet 7x7x512 b32: the library's choice
+    ((32, 7, 512, 512, 3), "ws64x128ks/s2", True),
+    ((32, 7, 512, 512, 3), "ws64x224ks", False),  # unsplit
+    ((32, 7, 512, 512, 3), "ws64x224ks/s4", False),  # over four CTAs: the cluster reads
+    ((32, 7, 512, 512, 3), "ws128x128/s2", False),  # 128-channel split-K: the cluster reads
+    ((8, 7, 512, 512, 1), "ws64x224ks/s2", True),  # a 1x1 filter
+    ((8, 7, 512, 512, 1), "ws64x256ks/s2", False),  # 1-wide, 256 pixels: compiled out (it spilled)
+]
+
+
+@pytest.mark.parametrize("shape, kernel, pushes", _PUSH_PLANS,
+                         ids=[f"{k}_{r}x{r}" for (*_, r), k, _ in _PUSH_PLANS])
+def test_split_k_pushes_sums_where_the_inbox_fits(gpu, shape, kernel, pushes):
+    """Split over two CTAs with the stage split, each CTA pushes its sums into the owner's
+    shared memory where the launcher finds room for the inbox; elsewhere the owners read them
+    through the cluster window. Both give the same bits, so the launcher's plan is what tells
+    them apart (from 48bb566 to a569deb no launch got an inbox)."""
+    n, hw, c, k, r = shape
+    name, _, splits = kernel.partition("/s")
+    smem, stages, pushed = jn._extension._ext.conv_sm90_ws_plan(
+        n, hw, hw, c, k, r, r, 1, hw, hw, (r - 1) // 2, (r - 1) // 2, conv_primitive._KERNELS[name],
+        int(splits or 1))
+    assert pushed == pushes
+    assert stages == 4  # four stages fit at every tiling here
+    assert 0 < smem <= 232448  # an H100's or H200's opt-in shared memory a block
+
+
 @pytest.mark.parametrize("forced_kernel", ["ws128x128/s4"], indirect=True)
 def test_split_k_rejects_more_ctas_than_stages(gpu, forced_kernel):
     case = GPU_CASES["wide_tiles_k64"]  # 3 filter rows x 1 channel chunk

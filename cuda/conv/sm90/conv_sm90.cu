@@ -300,14 +300,14 @@ ConvSm90Choice choose_kernel(const ConvProblem& pb, int sms, int max_smem) {
   return pick(ConvSm90Kernel::kWs128x128, with_tile(base, 128).pixel_tiles * k_tiles);
 }
 // Launches warp-specialized tiling `kernel` (not kAuto or kRegisterA); cudaErrorInvalidValue,
-// with nothing enqueued, when it does not take the problem.
+// with nothing enqueued, when it does not take the problem. With `plan`, fills it instead.
 cudaError_t launch_warp_specialized(const ConvProblem& p, cudaStream_t stream, ConvSm90Kernel kernel, int max_smem,
-                                    int sms, int splits) {
+                                    int sms, int splits, ConvSm90WsPlan* plan = nullptr) {
   switch (p.s) {
-    case 1: return launch_ws_taps<1>(p, stream, kernel, max_smem, sms, splits);
-    case 3: return launch_ws_taps<3>(p, stream, kernel, max_smem, sms, splits);
-    case 5: return launch_ws_taps<5>(p, stream, kernel, max_smem, sms, splits);
-    case 7: return launch_ws_taps<7>(p, stream, kernel, max_smem, sms, splits);
+    case 1: return launch_ws_taps<1>(p, stream, kernel, max_smem, sms, splits, plan);
+    case 3: return launch_ws_taps<3>(p, stream, kernel, max_smem, sms, splits, plan);
+    case 5: return launch_ws_taps<5>(p, stream, kernel, max_smem, sms, splits, plan);
+    case 7: return launch_ws_taps<7>(p, stream, kernel, max_smem, sms, splits, plan);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -343,6 +343,15 @@ ConvSm90Tile conv_sm90_tile(const ConvProblem& p, ConvSm90Kernel kernel, int sms
     case ConvSm90Kernel::kWs64x256Ks: return {64, 256};
     default: return {conv90::register_a_narrow(p, sms) ? 64 : 128, conv90::register_a_bn(p, sms)};
   }
+}
+
+cudaError_t conv_sm90_ws_plan(const ConvProblem& p, ConvSm90Kernel kernel, int splits, ConvSm90WsPlan* plan) {
+  using namespace conv90;
+  if (kernel == ConvSm90Kernel::kAuto || kernel == ConvSm90Kernel::kRegisterA || !ws_supported(p)) {
+    return cudaErrorInvalidValue;
+  }
+  return launch_warp_specialized(p, nullptr, kernel, device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin),
+                                 device_attribute(cudaDevAttrMultiProcessorCount), std::max(splits, 1), plan);
 }
 
 cudaError_t conv_sm90(const ConvProblem& p, cudaStream_t stream, ConvSm90Kernel kernel, int splits) {

@@ -55,6 +55,20 @@ struct ConvSm90Tile {
 // its launcher sizes it for bf16 activations whose stages fit in shared memory.
 ConvSm90Tile conv_sm90_tile(const ConvProblem& p, ConvSm90Kernel kernel, int sms);
 
+// What a warp-specialized launch of `kernel` (not kAuto or kRegisterA) over clusters of `splits`
+// CTAs would run with on the current GPU: its dynamic shared memory, its ring of stages, and
+// whether split-K's CTAs push their sums into the owner's inbox (conv_sm90_ws_kernel.cuh,
+// push_sums) instead of reading them through the cluster window. Nothing is launched. The outputs
+// are the same bits either way, so the tests ask this to tell the two paths apart.
+struct ConvSm90WsPlan {
+  int smem_bytes = 0, stages = 0;
+  bool pushes_sums = false;
+};
+
+// Fills `plan` for `kernel` on `p` (whose pointers need only be 16-byte aligned: none is read);
+// cudaErrorInvalidValue where that launch would not take the problem.
+cudaError_t conv_sm90_ws_plan(const ConvProblem& p, ConvSm90Kernel kernel, int splits, ConvSm90WsPlan* plan);
+
 // Runs `p` on `stream`. Activations bf16/f16/f32 or NVFP4 (x_q: codes [N*H*W, C/2], scales one
 // tiled [W, C/16] matrix per (n, h) image row, as an NVFP4Array [N, H, W, C] stores them).
 // Returns cudaErrorInvalidValue for a problem it cannot take (shared memory over the limit, or a

@@ -16,10 +16,11 @@ namespace conv90 {
 constexpr bool ws_has_taps(int64_t s) { return s == 1 || s == 3 || s == 5 || s == 7; }
 
 // Launches warp-specialized tiling `kernel` (one of the kWs* values) on `pb`, whose S is kS;
-// cudaErrorInvalidValue, with nothing enqueued, when the tiling does not take the problem.
+// cudaErrorInvalidValue, with nothing enqueued, when the tiling does not take the problem. With
+// `plan`, fills it instead of launching (conv_sm90_ws_plan).
 template <int kS>
 cudaError_t launch_ws_taps(const ConvProblem& pb, cudaStream_t stream, ConvSm90Kernel kernel, int max_smem, int sms,
-                           int splits);
+                           int splits, ConvSm90WsPlan* plan = nullptr);
 
 }  // namespace conv90
 }  // namespace jax_nvfp4

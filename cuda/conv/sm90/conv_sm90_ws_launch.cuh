@@ -45,9 +45,10 @@ bool encode_ws_maps(const ConvProblem& pb, const Geometry& g, int bn, int bm, Ws
 // tiles (the stage split's partial sums in the ring where that is one tile per CTA). Split-K over
 // `splits` CTAs: one cluster per tile, whose partial sums need the stage ring to hold a CTA's
 // accumulators (the stage split's: its partial-sum region), and each CTA at least one stage.
+// With `plan`, fills it from the layout instead of launching.
 template <int kBN, bool kTma, int kBM, int kS, bool kStageSplit = false>
 cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsTmaMaps& maps, cudaStream_t stream,
-                             int max_smem, int sms, int splits) {
+                             int max_smem, int sms, int splits, ConvSm90WsPlan* plan) {
   using K = WsKernel<kBN, kTma, kBM, false, kS, kStageSplit>;
   const int64_t k_tiles = ceil_div(pb.k, kBM);
   const int64_t tiles = g.pixel_tiles * k_tiles;
@@ -60,7 +61,12 @@ cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsT
     if (L.total <= max_smem) break;
   }
   if (L.total > max_smem) return cudaErrorInvalidValue;
+  auto planned = [&] {
+    *plan = {L.total, L.nbuf, L.inbox_offset != 0};
+    return cudaSuccess;
+  };
   if (splits == 1) {
+    if (plan != nullptr) return planned();
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, sms)));
     return launch_ex(conv_sm90_ws_kernel<kBN, kTma, kBM, false, kS, kStageSplit>, grid, K::kThreads, L.total,
                      stream, /*cluster_z=*/false, /*pdl=*/true, pb, g, L, by_k_tiles, maps);
@@ -81,6 +87,7 @@ cudaError_t launch_ws_kernel(const ConvProblem& pb, const Geometry& g, const WsT
         L.total = total;
       }
     }
+    if (plan != nullptr) return planned();
     return launch_ex(conv_sm90_ws_kernel<kBN, kTma, kBM, true, kS, kStageSplit>,
                      dim3(static_cast<unsigned>(tiles), 1, static_cast<unsigned>(splits)), K::kThreads, L.total, stream,
                      /*cluster_z=*/true, /*pdl=*/true, pb, g, L, by_k_tiles, maps);
@@ -95,14 +102,16 @@ constexpr bool ws_has_cp_async(int bn) { return bn == 128 || bn == 256; }
 // TMA loads where encode_ws_maps allows them and `tma` asks for them, else cp.async (where the
 // width has them; cudaErrorInvalidValue otherwise).
 template <int kBN, int kS>
-cudaError_t launch_ws(const ConvProblem& pb, cudaStream_t stream, int max_smem, int sms, bool tma, int splits) {
+cudaError_t launch_ws(const ConvProblem& pb, cudaStream_t stream, int max_smem, int sms, bool tma, int splits,
+                      ConvSm90WsPlan* plan) {
   WsTmaMaps maps{};
   const Geometry g_tma = make_geometry(pb, kBN, /*im2col=*/true);
   if (tma && encode_ws_maps(pb, g_tma, kBN, 128, &maps)) {
-    return launch_ws_kernel<kBN, true, 128, kS>(pb, g_tma, maps, stream, max_smem, sms, splits);
+    return launch_ws_kernel<kBN, true, 128, kS>(pb, g_tma, maps, stream, max_smem, sms, splits, plan);
   }
   if constexpr (ws_has_cp_async(kBN)) {
-    return launch_ws_kernel<kBN, false, 128, kS>(pb, make_geometry(pb, kBN), maps, stream, max_smem, sms, splits);
+    return launch_ws_kernel<kBN, false, 128, kS>(pb, make_geometry(pb, kBN), maps, stream, max_smem, sms, splits,
+                                                  plan);
   }
   return cudaErrorInvalidValue;
 }
@@ -111,33 +120,34 @@ cudaError_t launch_ws(const ConvProblem& pb, cudaStream_t stream, int max_smem, 
 // for K <= 64) or the stage split (64 channels x kBN pixels, the stages alternating between the
 // consumers).
 template <int kBN, int kS, bool kStageSplit>
-cudaError_t launch_ws_64(const ConvProblem& pb, cudaStream_t stream, int max_smem, int sms, int splits) {
+cudaError_t launch_ws_64(const ConvProblem& pb, cudaStream_t stream, int max_smem, int sms, int splits,
+                         ConvSm90WsPlan* plan) {
   using K = WsKernel<kBN, true, 64, false, kS, kStageSplit>;
   WsTmaMaps maps{};
   const Geometry g = make_geometry(pb, K::kTileN, /*im2col=*/true);
   if (!encode_ws_maps(pb, g, K::kTileN, 64, &maps)) return cudaErrorInvalidValue;
-  return launch_ws_kernel<kBN, true, 64, kS, kStageSplit>(pb, g, maps, stream, max_smem, sms, splits);
+  return launch_ws_kernel<kBN, true, 64, kS, kStageSplit>(pb, g, maps, stream, max_smem, sms, splits, plan);
 }
 
 }  // namespace
 
 template <int kS>
 cudaError_t launch_ws_taps(const ConvProblem& pb, cudaStream_t stream, ConvSm90Kernel kernel, int max_smem, int sms,
-                           int splits) {
+                           int splits, ConvSm90WsPlan* plan) {
   switch (kernel) {
-    case ConvSm90Kernel::kWs128x64: return launch_ws<64, kS>(pb, stream, max_smem, sms, true, splits);
-    case ConvSm90Kernel::kWs128x112: return launch_ws<112, kS>(pb, stream, max_smem, sms, true, splits);
-    case ConvSm90Kernel::kWs128x128: return launch_ws<128, kS>(pb, stream, max_smem, sms, true, splits);
-    case ConvSm90Kernel::kWs128x208: return launch_ws<208, kS>(pb, stream, max_smem, sms, true, splits);
-    case ConvSm90Kernel::kWs128x256: return launch_ws<256, kS>(pb, stream, max_smem, sms, true, splits);
-    case ConvSm90Kernel::kWs128x128CpAsync: return launch_ws<128, kS>(pb, stream, max_smem, sms, false, splits);
-    case ConvSm90Kernel::kWs128x256CpAsync: return launch_ws<256, kS>(pb, stream, max_smem, sms, false, splits);
-    case ConvSm90Kernel::kWs64x256: return launch_ws_64<128, kS, false>(pb, stream, max_smem, sms, splits);
-    case ConvSm90Kernel::kWs64x416: return launch_ws_64<208, kS, false>(pb, stream, max_smem, sms, splits);
-    case ConvSm90Kernel::kWs64x64Ks: return launch_ws_64<64, kS, true>(pb, stream, max_smem, sms, splits);
-    case ConvSm90Kernel::kWs64x128Ks: return launch_ws_64<128, kS, true>(pb, stream, max_smem, sms, splits);
-    case ConvSm90Kernel::kWs64x224Ks: return launch_ws_64<224, kS, true>(pb, stream, max_smem, sms, splits);
-    case ConvSm90Kernel::kWs64x256Ks: return launch_ws_64<256, kS, true>(pb, stream, max_smem, sms, splits);
+    case ConvSm90Kernel::kWs128x64: return launch_ws<64, kS>(pb, stream, max_smem, sms, true, splits, plan);
+    case ConvSm90Kernel::kWs128x112: return launch_ws<112, kS>(pb, stream, max_smem, sms, true, splits, plan);
+    case ConvSm90Kernel::kWs128x128: return launch_ws<128, kS>(pb, stream, max_smem, sms, true, splits, plan);
+    case ConvSm90Kernel::kWs128x208: return launch_ws<208, kS>(pb, stream, max_smem, sms, true, splits, plan);
+    case ConvSm90Kernel::kWs128x256: return launch_ws<256, kS>(pb, stream, max_smem, sms, true, splits, plan);
+    case ConvSm90Kernel::kWs128x128CpAsync: return launch_ws<128, kS>(pb, stream, max_smem, sms, false, splits, plan);
+    case ConvSm90Kernel::kWs128x256CpAsync: return launch_ws<256, kS>(pb, stream, max_smem, sms, false, splits, plan);
+    case ConvSm90Kernel::kWs64x256: return launch_ws_64<128, kS, false>(pb, stream, max_smem, sms, splits, plan);
+    case ConvSm90Kernel::kWs64x416: return launch_ws_64<208, kS, false>(pb, stream, max_smem, sms, splits, plan);
+    case ConvSm90Kernel::kWs64x64Ks: return launch_ws_64<64, kS, true>(pb, stream, max_smem, sms, splits, plan);
+    case ConvSm90Kernel::kWs64x128Ks: return launch_ws_64<128, kS, true>(pb, stream, max_smem, sms, splits, plan);
+    case ConvSm90Kernel::kWs64x224Ks: return launch_ws_64<224, kS, true>(pb, stream, max_smem, sms, splits, plan);
+    case ConvSm90Kernel::kWs64x256Ks: return launch_ws_64<256, kS, true>(pb, stream, max_smem, sms, splits, plan);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -4,7 +4,8 @@
 namespace jax_nvfp4 {
 namespace conv90 {
 
-template cudaError_t launch_ws_taps<3>(const ConvProblem&, cudaStream_t, ConvSm90Kernel, int, int, int);
+template cudaError_t launch_ws_taps<3>(const ConvProblem&, cudaStream_t, ConvSm90Kernel, int, int, int,
+                                          ConvSm90WsPlan*);
 
 }  // namespace conv90
 }  // namespace jax_nvfp4

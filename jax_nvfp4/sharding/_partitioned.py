@@ -2,8 +2,11 @@
 
 The inner primitives (jax_nvfp4.primitives) know nothing of meshes. Each op here supplies
   rule(avals, params)                   its Shardy sharding rule,
-  plan(mesh, dims, avals, params)       from the operands' shardings (as per-dimension axis
-                                        tuples): the shardings it honours and the per-shard body,
+  plan(mesh, dims, avals, params, result_dims=None)
+                                        from the operands' shardings (as per-dimension axis
+                                        tuples) and, when the partitioner has chosen them, the
+                                        results' (an op may give them instead of the shardings it
+                                        would pick): the shardings it honours and the per-shard body,
   operands_from_results(dims, avals, params)   operand shardings that give these results (for
                                         GSPMD's propagation from users),
 and this module wires them into `custom_partitioning` (Shardy rule plus the GSPMD callbacks).
@@ -55,20 +58,20 @@ def _partitioned(inner, op, avals_key, params_key):
     def shardings(mesh, dims_list):
         return tuple(named(mesh, d) for d in dims_list)
 
-    def plan_from(mesh, arg_shapes):
-        dims = [spec_axes(s.sharding, len(s.shape), mesh) for s in arg_shapes]
-        return op.plan(mesh, dims, avals, params)
+    def dims_of(mesh, shapes):
+        return [spec_axes(s.sharding, len(s.shape), mesh) for s in shapes]
 
     def partition(mesh, arg_shapes, result_shape):
-        plan = plan_from(mesh, arg_shapes)
+        plan = op.plan(mesh, dims_of(mesh, arg_shapes), avals, params,
+                       result_dims=dims_of(mesh, result_shape))
         return (mesh, _per_device(plan.body), shardings(mesh, plan.results),
                 shardings(mesh, plan.operands))
 
     def infer_sharding_from_operands(mesh, arg_shapes, result_shape):
-        return shardings(mesh, plan_from(mesh, arg_shapes).results)
+        return shardings(mesh, op.plan(mesh, dims_of(mesh, arg_shapes), avals, params).results)
 
     def propagate_user_sharding(mesh, user_shape):
-        dims = [spec_axes(s.sharding, len(s.shape), mesh) for s in user_shape]
+        dims = dims_of(mesh, user_shape)
         plan = op.plan(mesh, op.operands_from_results(dims, avals, params), avals, params)
         return shardings(mesh, plan.results)
 

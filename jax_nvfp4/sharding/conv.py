@@ -45,7 +45,7 @@ class _ConvOp:
         return b.build()
 
     @staticmethod
-    def plan(mesh, dims, avals, params):
+    def plan(mesh, dims, avals, params, result_dims=None):  # results follow the operands
         n_x, k = _ConvOp._layout(avals, params)
         k_ax = row_axes(mesh, dims[n_x][2], k)
         n_ax = without(even_split(mesh, dims[0][0], avals[0].shape[0]), k_ax)

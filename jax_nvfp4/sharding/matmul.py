@@ -6,7 +6,9 @@ Shardings honoured (and combined on meshes of several axes):
   K (row-parallel)     w's and x's K by whole 64-element scale tiles: each shard multiplies its
                        K slice in float32 (alpha = s_dec_x * s_dec_w applies to every partial
                        sum, which is linear), the partial sums are all-reduced (psum), and the
-                       bias and the cast (or the NVFP4 output quantization) follow, once.
+                       bias and the cast (or the NVFP4 output quantization) follow, once. Where
+                       the partitioner asks for y's rows split over the K axes too (after x's
+                       row axes), they are reduce-scattered (psum_scatter) instead.
 The weight's sharding wins: x is resharded to match w's K split (a weight replicated along K is
 sliced locally to x's split instead), so no weight is gathered. A split that is not whole scale tiles, or that reuses a mesh axis already
 taken by another dimension, is dropped (that operand is resharded explicitly)."""
@@ -80,7 +82,7 @@ class _MatmulOp:
         return b.build()
 
     @staticmethod
-    def plan(mesh, dims, avals, params):
+    def plan(mesh, dims, avals, params, result_dims=None):
         a_nvfp4, has_bias, out_nvfp4 = params["a_nvfp4"], params["has_bias"], params["out_nvfp4"]
         names = _operand_names(a_nvfp4, has_bias, out_nvfp4)
         a_dims, b_dims = dims[0], dims[names.index("b_codes")]
@@ -102,10 +104,18 @@ class _MatmulOp:
             "bias": [n_ax],
             "out_s_enc": [],
         }
-        results = [[m_ax, n_ax]]
+        # Row-parallel with y's rows asked split further over the K axes (sequence-parallel
+        # layers): reduce-scatter the partial sums instead of all-reducing them.
+        scatter = bool(k_ax) and result_dims is not None and _scatters_rows(
+            mesh, result_dims[0][0], m_ax, k_ax, m, out_nvfp4)
+        y_m_ax = m_ax + k_ax if scatter else m_ax
+        results = [[y_m_ax, n_ax]]
         if out_nvfp4:
-            results += [scale_dims([], m_ax, n_ax), []]
-        body = _row_parallel_body(names, params, k_ax) if k_ax else _local_body(params)
+            results += [scale_dims([], y_m_ax, n_ax), []]
+        if k_ax:
+            body = _row_parallel_body(names, params, k_ax, scatter)
+        else:
+            body = _local_body(params)
         return Plan([operand_dims[name] for name in names], results, body)
 
     @staticmethod
@@ -114,6 +124,16 @@ class _MatmulOp:
         m_ax, n_ax = dims[0]
         given = {"a": [m_ax, REPLICATED], "b_codes": [n_ax, REPLICATED]}
         return [given.get(name, []) for name in names]
+
+
+def _scatters_rows(mesh, wanted, m_ax, k_ax, m, out_nvfp4):
+    """Whether y's rows, split over m_ax, can take the further split over k_ax that `wanted`
+    (the partitioner's choice for y's rows) asks for: whole 128-row tiles where y is NVFP4."""
+    if tuple(wanted) != m_ax + k_ax:
+        return False
+    if out_nvfp4:
+        return row_axes(mesh, wanted, m) == tuple(wanted)
+    return even_split(mesh, wanted, m) == tuple(wanted)
 
 
 def _local_body(params):
@@ -125,8 +145,9 @@ def _local_body(params):
     return body
 
 
-def _row_parallel_body(names, params, k_ax):
-    """Row-parallel shard: float32 partial product of this K slice, psum over `k_ax`, then the
+def _row_parallel_body(names, params, k_ax, scatter):
+    """Row-parallel shard: float32 partial product of this K slice, summed over `k_ax` (psum,
+    or with `scatter` psum_scatter, which leaves each shard its slice of the rows), then the
     bias and the output conversion exactly once."""
 
     def body(*operands):
@@ -134,7 +155,10 @@ def _row_parallel_body(names, params, k_ax):
         gemm_operands = [ops[n] for n in names if n not in ("bias", "out_s_enc")]
         (partial,) = matmul_p.bind(*gemm_operands, a_nvfp4=params["a_nvfp4"], has_bias=False,
                                    out_nvfp4=False, out_dtype=jnp.dtype(jnp.float32))
-        y = lax.psum(partial, k_ax)
+        if scatter:
+            y = lax.psum_scatter(partial, k_ax, scatter_dimension=0, tiled=True)
+        else:
+            y = lax.psum(partial, k_ax)
         if "bias" in ops:
             y = y + ops["bias"].astype(jnp.float32)
         if params["out_nvfp4"]:

@@ -64,7 +64,7 @@ class _QuantizeOp:
         return b.build()
 
     @staticmethod
-    def plan(mesh, dims, avals, params):
+    def plan(mesh, dims, avals, params, result_dims=None):  # results follow the operands
         codes, scales = _tensor_dims(mesh, dims[0], avals[0].shape)
         has_s_enc = len(avals) == 2
         group = codes[: avals[1].ndim] if has_s_enc else []
@@ -98,7 +98,7 @@ class _DequantizeOp:
         return b.build()
 
     @staticmethod
-    def plan(mesh, dims, avals, params):
+    def plan(mesh, dims, avals, params, result_dims=None):  # results follow the operands
         codes, scales = _tensor_dims(mesh, dims[0], avals[0].shape)
         group = codes[: avals[2].ndim]
 

@@ -1,0 +1,109 @@
+"""Row-parallel NVFP4 matmul over every local GPU: all-reduce against reduce-scatter, beside the
+same bf16 dot sharded the same way, in one run.
+
+    python bench/bench_sharded_matmul.py --out DIR
+
+The weight [N, K] and x [M, K] are split along K over a 1-D mesh "tp" (the o and down
+projections of a tensor-parallel layer). Each op is timed twice: with y replicated (partial sums
+all-reduced) and with y's rows asked split over "tp" (sequence-parallel layers: reduce-scattered).
+Times are medians of LoopTimer readings taken round-robin (bench/_timing.py), us per call. The
+communication floor is what the collective must move per device over the GPU-to-GPU links:
+all-reduce 2 (n-1)/n and reduce-scatter (n-1)/n of y's bytes (float32 partials for NVFP4, bf16
+for the bf16 dot, as XLA sums in the dot's output type). Results: DIR/sharded_matmul_<device>.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import jax_nvfp4 as nv
+from jax_nvfp4.sharding import shard_nvfp4
+
+from _timing import LoopTimer, interleaved_times
+
+SHAPES = [(4096, 4096), (4096, 14336)]  # (N, K): o and down projections of Llama-3-8B
+MS = [2048, 8192]
+
+
+def _ops(mesh):
+    """name -> fn(x, w) for each op and output layout."""
+    rows = {"all-reduce": P(None, None), "reduce-scatter": P("tp", None)}
+
+    def constrained(f, spec):
+        return lambda x, w: jax.lax.with_sharding_constraint(f(x, w), NamedSharding(mesh, spec))
+
+    def nvfp4(x, w):
+        return nv.matmul(x, w)
+
+    def bf16(x, w):
+        return jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+
+    return {f"{model}, {coll}": (model, constrained(f, spec))
+            for model, f in (("nvfp4", nvfp4), ("bf16", bf16)) for coll, spec in rows.items()}
+
+
+def run(out_dir: Path, rounds: int):
+    devices = jax.devices()
+    mesh = Mesh(np.array(devices), ("tp",))
+    n_dev = len(devices)
+    name = devices[0].device_kind
+    lines = [f"# Row-parallel matmul over {n_dev} x {name}: all-reduce vs reduce-scatter", "",
+             f"{datetime.date.today()} · jax {jax.__version__} · mesh tp={n_dev}, weight and x "
+             "split along K · us per call (median of round-robin LoopTimer readings) · bf16 "
+             "activations and output", "",
+             "| M | N x K | NVFP4 all-reduce | NVFP4 reduce-scatter | bf16 all-reduce | "
+             "bf16 reduce-scatter | NVFP4 RS vs AR | NVFP4 RS vs bf16 RS |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for n, k in SHAPES:
+        keys = jax.random.split(jax.random.key(n + k), 2)
+        w16 = (jax.random.normal(keys[0], (n, k), jnp.float32) / np.sqrt(k)).astype(jnp.bfloat16)
+        weights = {"nvfp4": shard_nvfp4(nv.quantize(w16), mesh, P(None, "tp")),
+                   "bf16": jax.device_put(w16, NamedSharding(mesh, P(None, "tp")))}
+        for m in MS:
+            x = jax.device_put(jax.random.normal(keys[1], (m, k), jnp.bfloat16),
+                               NamedSharding(mesh, P(None, "tp")))
+            # One operand set (no rotating copies): these GEMMs are compute-bound, and x alone
+            # (M x K/n bf16) outgrows the L2 at M = 8192.
+            timers = {op: LoopTimer(fn, (x, weights[model]), rotate=False)
+                      for op, (model, fn) in _ops(mesh).items()}
+            us = {op: t * 1e6 for op, t in interleaved_times(timers, rounds).items()}
+            lines.append(
+                f"| {m} | {n} x {k} | {us['nvfp4, all-reduce']:.1f} | "
+                f"{us['nvfp4, reduce-scatter']:.1f} | {us['bf16, all-reduce']:.1f} | "
+                f"{us['bf16, reduce-scatter']:.1f} | "
+                f"{us['nvfp4, all-reduce'] / us['nvfp4, reduce-scatter']:.2f}x | "
+                f"{us['bf16, reduce-scatter'] / us['nvfp4, reduce-scatter']:.2f}x |")
+            print(lines[-1], flush=True)
+    floor = ["", "Collective floor per device, MB moved over the links (y float32 for NVFP4, "
+             "bf16 for bf16): all-reduce 2 (n-1)/n, reduce-scatter (n-1)/n of y."]
+    for m in MS:
+        y32 = m * SHAPES[0][0] * 4 / 1e6
+        floor.append(f"- M = {m}, N = {SHAPES[0][0]}: NVFP4 {2 * (n_dev - 1) / n_dev * y32:.1f} / "
+                     f"{(n_dev - 1) / n_dev * y32:.1f} MB, bf16 half of that.")
+    text = "\n".join(lines + floor) + "\n"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"sharded_matmul_{name.replace(' ', '_')}.md"
+    path.write_text(text)
+    print(text)
+    print(f"wrote {path}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    if len(jax.devices()) < 2:
+        raise SystemExit(f"needs 2 or more devices, found {len(jax.devices())}")
+    run(args.out, args.rounds)
+
+
+if __name__ == "__main__":
+    main()

@@ -208,7 +208,7 @@ def test_matmul_bias_added_once_row_parallel(mesh, operands):
 
 
 @multidevice
-@pytest.mark.parametrize("out", ["float32", "nvfp4"])
+@pytest.mark.parametrize("out", ["float32", "nvfp4", "w4a4-float32"])
 @pytest.mark.parametrize("pattern", ["row", "data+row"])
 def test_row_parallel_reduce_scatters_rows_asked_split(mesh, operands, pattern, out):
     """y's rows asked split over the K axes as well (sequence-parallel layers): the partial sums
@@ -216,6 +216,8 @@ def test_row_parallel_reduce_scatters_rows_asked_split(mesh, operands, pattern, 
     if mesh.shape["y"] < 2:
         pytest.skip("needs a K split")
     x, w, bias = operands
+    if out == "w4a4-float32":
+        x = nv.quantize(x)
     y_rows = PATTERNS[pattern][0][0]
     y_rows = ("y",) if y_rows is None else (y_rows, "y")
 
@@ -227,13 +229,13 @@ def test_row_parallel_reduce_scatters_rows_asked_split(mesh, operands, pattern, 
         y = nv.matmul(a, b, bias=c, out_s_enc=jnp.float32(64.0))
         return jax.lax.with_sharding_constraint(y, nvfp4_sharding(mesh, P(y_rows, None), y.shape))
 
-    f = jax.jit(float_rows_split if out == "float32" else nvfp4_rows_split)
+    f = jax.jit(nvfp4_rows_split if out == "nvfp4" else float_rows_split)
     args = _place(mesh, x, w, bias, pattern)
     got = f(*args)
     text = hlo(f, *args)
     assert "reduce-scatter" in text
     assert "all-reduce" not in text and "all-gather" not in text
-    if out == "float32":
+    if out != "nvfp4":
         assert got.sharding.spec[0] == (y_rows[0] if len(y_rows) == 1 else y_rows)
         np.testing.assert_allclose(np.asarray(got), np.asarray(f(x, w, bias)), rtol=1e-5,
                                    atol=1e-4)

@@ -4,9 +4,9 @@ The inner primitives (jax_nvfp4.primitives) know nothing of meshes. Each op here
   rule(avals, params)                   its Shardy sharding rule,
   plan(mesh, dims, avals, params, result_dims=None)
                                         from the operands' shardings (as per-dimension axis
-                                        tuples) and, when the partitioner has chosen them, the
-                                        results' (an op may give them instead of the shardings it
-                                        would pick): the shardings it honours and the per-shard body,
+                                        tuples), and in `partition` the results' as the
+                                        partitioner chose them (which an op may honour): the
+                                        shardings it honours and the per-shard body,
   operands_from_results(dims, avals, params)   operand shardings that give these results (for
                                         GSPMD's propagation from users),
 and this module wires them into `custom_partitioning` (Shardy rule plus the GSPMD callbacks).

@@ -5,7 +5,7 @@ and PyTorch's cuDNN conv2d (channels_last, bf16, benchmark mode).
     python bench/bench_conv.py --out DIR [--chain N] [--also-chain 8] [--forced register_a,...] [--only wide]
 
 Ours and XLA are timed on the device: many calls inside one jitted lax.fori_loop
-(_timing.LoopTimer, without rotating operand copies: all of them keep one input set warm in L2;
+(jax_nvfp4.timing.LoopTimer, without rotating operand copies: all of them keep one input set warm in L2;
 the steady time of a call, what a run costs once taken out),
 CHAIN (or --chain) calls back to back per iteration, so the loop's own work per iteration (its
 small kernels and gaps, ~7 us on an H100, and a first call that runs slower after them) is spread
@@ -38,7 +38,7 @@ import jax_nvfp4 as jn
 from jax_nvfp4._extension import _ext, cublaslt_gemm_calls, visible_cuda_arch
 from jax_nvfp4.primitives import conv as conv_primitive
 from jax_nvfp4.primitives.conv import pointwise_as_gemm
-from _timing import TARGET_S, LoopTimer, interleaved_times  # bench/ is the script's folder
+from jax_nvfp4.timing import TARGET_S, LoopTimer, interleaved_times
 
 # name: (N, H, W, C, K, R, S, stride, padding)
 SHAPES = [
@@ -105,7 +105,7 @@ SHAPES = [
 ]
 
 CHUNK_C = 64  # channels per pipeline stage of the sm_90a kernel
-# Calls per loop iteration (_timing.LoopTimer) and per cuDNN graph; --chain sets it. Traced on an
+# Calls per loop iteration (jax_nvfp4.timing.LoopTimer) and per cuDNN graph; --chain sets it. Traced on an
 # H100 (7x7x512, batch 32), the loop's GPU time ran 2.0 us a call above the conv kernels' steady
 # back-to-back time with 8 calls an iteration, 0.7 with 32 and 0.3 with 128
 # (bench/results/conv_loop_chain_h100_2026-11-26.md).

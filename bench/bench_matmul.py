@@ -24,7 +24,7 @@ import numpy as np
 from jax import lax
 
 import jax_nvfp4 as jn
-from _timing import LoopTimer, interleaved_times, loop_time  # bench/ is the script's folder
+from jax_nvfp4.timing import LoopTimer, interleaved_times, loop_time
 
 SHAPES_NK = [(14336, 4096), (4096, 4096), (6144, 4096), (4096, 14336)]
 MS = [1, 4, 16, 64, 256, 1024, 4096, 8192]

@@ -6,10 +6,11 @@ same bf16 dot sharded the same way, in one run.
 The weight [N, K] and x [M, K] are split along K over a 1-D mesh "tp" (the o and down
 projections of a tensor-parallel layer). Each op is timed twice: with y replicated (partial sums
 all-reduced) and with y's rows asked split over "tp" (sequence-parallel layers: reduce-scattered).
-Times are medians of LoopTimer readings taken round-robin (bench/_timing.py), us per call. The
-communication floor is what the collective must move per device over the GPU-to-GPU links:
-all-reduce 2 (n-1)/n and reduce-scatter (n-1)/n of y's bytes (float32 partials for NVFP4, bf16
-for the bf16 dot, as XLA sums in the dot's output type). Results: DIR/sharded_matmul_<device>.md.
+Times are medians of LoopTimer readings taken round-robin (jax_nvfp4/timing.py), us per call. The
+bf16 dot accumulates in float32 and casts after the sum, like the matmul, so both sum float32
+partials. The communication floor is what the collective must move per device over the
+GPU-to-GPU links: all-reduce 2 (n-1)/n and reduce-scatter (n-1)/n of y's float32 bytes.
+Results: DIR/sharded_matmul_<device>.md.
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_nvfp4 as nv
 from jax_nvfp4.sharding import shard_nvfp4
-
-from _timing import LoopTimer, interleaved_times
+from jax_nvfp4.timing import LoopTimer, interleaved_times
 
 SHAPES = [(4096, 4096), (4096, 14336)]  # (N, K): o and down projections of Llama-3-8B
 MS = [2048, 8192]
@@ -81,12 +81,13 @@ def run(out_dir: Path, rounds: int):
                 f"{us['nvfp4, all-reduce'] / us['nvfp4, reduce-scatter']:.2f}x | "
                 f"{us['bf16, reduce-scatter'] / us['nvfp4, reduce-scatter']:.2f}x |")
             print(lines[-1], flush=True)
-    floor = ["", "Collective floor per device, MB moved over the links (y float32 for NVFP4, "
-             "bf16 for bf16): all-reduce 2 (n-1)/n, reduce-scatter (n-1)/n of y."]
+    floor = ["", "Collective floor per device, MB of float32 partial sums moved over the links "
+             "(both ops): all-reduce 2 (n-1)/n, reduce-scatter (n-1)/n of y."]
     for m in MS:
         y32 = m * SHAPES[0][0] * 4 / 1e6
-        floor.append(f"- M = {m}, N = {SHAPES[0][0]}: NVFP4 {2 * (n_dev - 1) / n_dev * y32:.1f} / "
-                     f"{(n_dev - 1) / n_dev * y32:.1f} MB, bf16 half of that.")
+        floor.append(f"- M = {m}, N = {SHAPES[0][0]}: all-reduce "
+                     f"{2 * (n_dev - 1) / n_dev * y32:.1f} MB, reduce-scatter "
+                     f"{(n_dev - 1) / n_dev * y32:.1f} MB.")
     text = "\n".join(lines + floor) + "\n"
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"sharded_matmul_{name.replace(' ', '_')}.md"

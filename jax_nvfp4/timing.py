@@ -1,4 +1,5 @@
-"""Timing of jitted JAX calls on the device, shared by the benchmarks."""
+"""Timing of jitted JAX calls on the device: the benchmarks (bench/) and the demo read GPU
+time with it, not the host's dispatch of each call."""
 
 from __future__ import annotations
 

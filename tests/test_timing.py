@@ -1,0 +1,34 @@
+"""jax_nvfp4.timing: the device-side timer of the demo and the benchmarks (CPU)."""
+
+import itertools
+
+import jax.numpy as jnp
+import pytest
+
+from jax_nvfp4.timing import LoopTimer, interleaved_times, loop_time
+
+
+@pytest.mark.parametrize("rotate,chain", [(True, 1), (False, 3)])
+def test_loop_timer_reads_a_positive_time_per_call(rotate, chain):
+    x = jnp.arange(4096, dtype=jnp.float32).reshape(64, 64)
+    timer = LoopTimer(lambda a: a @ a + 1.0, (x,), rotate=rotate, chain=chain)
+    readings = [timer() for _ in range(3)]
+    assert all(0.0 < t < 0.1 for t in readings), readings
+
+
+def test_loop_time_of_more_work_is_longer():
+    small = jnp.ones((32, 32), jnp.float32)
+    big = jnp.ones((512, 512), jnp.float32)
+    assert loop_time(lambda a: a @ a, (big,)) > loop_time(lambda a: a @ a, (small,))
+
+
+def test_interleaved_times_takes_each_timers_median_round_robin():
+    calls = []
+
+    def fake(name, values):
+        values = itertools.cycle(values)
+        return lambda: calls.append(name) or next(values)
+
+    got = interleaved_times({"a": fake("a", [3.0, 1.0, 2.0]), "b": fake("b", [5.0])}, rounds=3)
+    assert got == {"a": 2.0, "b": 5.0}
+    assert calls == ["a", "b"] * 3

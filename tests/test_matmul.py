@@ -215,7 +215,10 @@ def test_sm90_fused_ws_kernel_is_warp_specialized(kernel_sass):
 
 
 def test_sm90_decode_kernel_uses_tensor_cores(kernel_sass):
+    """mma.sync on bf16, no local memory, and the weight stream's loads bypass L1 and fill
+    whole 128-byte L2 lines (gemm_decode.cu, ld_stream16)."""
     kernels = kernel_sass("sm_90a", r"decode_kernel")
     for name, sass in kernels.items():
         assert "HMMA.16816.F32.BF16" in sass, f"{name} has no bf16 mma.sync"
         assert "LDL" not in sass and "STL" not in sass, f"{name} spills to local memory"
+        assert "LDG.E.NA.LTC128B.128.CONSTANT" in sass, f"{name}: weight loads lost their hints"

@@ -74,15 +74,26 @@ struct ActRaw {
   uint32_t scales;  // NVFP4 x only
 };
 
+// Weight streams bypass L1 (no other warp reads them). A quad reads 64 bytes of a row per chunk
+// and its next chunk the other half of the same 128-byte line, so the L2 fills whole lines
+// (.L2::128B): with the scale loads also kept out of L1, 0-5% less time at M = 1, 4% less to 1%
+// more at M = 16 (kernel level, H100, bench/results/decode_l2_hints_h100_2026-11-27.md);
+// 256-byte fills were 10-15% slower at M = 1.
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+  asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
 __device__ __forceinline__ uint2 ld_stream8(const void* p) {
   uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v2.u32 {%0,%1}, [%2];"
+               : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_stream_u16(const void* p) {
+  unsigned short v;
+  asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
   return v;
 }
 
@@ -321,7 +332,7 @@ struct Cursor {
       if constexpr (IL) {
         w.scales[r] = static_cast<uint32_t>(scales[r][0]) | static_cast<uint32_t>(scales[r][kTileBytes]) << 8;
       } else {
-        w.scales[r] = *reinterpret_cast<const uint16_t*>(scales[r]);
+        w.scales[r] = ld_stream_u16(scales[r]);
       }
       codes[r] += kChunk / 2;
       scales[r] += kScaleStep;

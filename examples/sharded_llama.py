@@ -13,8 +13,11 @@ stacks its parts device by device ([q_0 k_0 v_0 q_1 k_1 v_1 ...] for tp devices)
 device's slice of the output holds its own heads of q, k and v (split_fused). The same model in bfloat16, sharded the same way, is the
 baseline. The script checks that the sharded NVFP4 model matches a one-device run of itself,
 then times a decode step (batch 1 and 16, against a KV cache) and a prefill, and writes a
-markdown table; --profile adds where the GPU time of a batch-1 decode step goes, kernel by
-kernel (jax.profiler). --small shrinks the model so it runs on forced CPU devices
+markdown table. The prefill is timed twice: as above, and sequence-parallel (Megatron's: between
+blocks the tokens are split over the devices, the norms run on each device's tokens, the
+column-parallel GEMMs take the all-gathered tokens, and the row-parallel ones reduce-scatter their
+sums instead of all-reducing them). --profile adds where the GPU time of a batch-1 decode step
+goes, kernel by kernel (jax.profiler). --small shrinks the model so it runs on forced CPU devices
 (XLA_FLAGS=--xla_force_host_platform_device_count=8).
 """
 
@@ -120,26 +123,45 @@ def split_fused(y, sizes, tp):
     return parts
 
 
-def block(x, layer, cache, cfg: Config, linear, tp):
-    """One decoder block. cache: (k, v) [B, T, Hkv, D] of earlier tokens, or None (prefill)."""
+@dataclasses.dataclass(frozen=True)
+class SequenceParallel:
+    """Sharding constraints of sequence parallelism on a 1-D mesh "tp": activations [B, S, H]
+    between the blocks' GEMMs split by tokens (`shard`) or whole on every device (`gather`)."""
+
+    mesh: Mesh
+
+    def shard(self, a):
+        return jax.lax.with_sharding_constraint(a, NamedSharding(self.mesh, P(None, "tp", None)))
+
+    def gather(self, a):
+        return jax.lax.with_sharding_constraint(a, NamedSharding(self.mesh, P()))
+
+
+def block(x, layer, cache, cfg: Config, linear, tp, sp: SequenceParallel | None = None):
+    """One decoder block. cache: (k, v) [B, T, Hkv, D] of earlier tokens, or None (prefill).
+    With `sp`, x and the block's output are split by tokens: each norm runs on its device's
+    tokens, the column-parallel GEMMs take them gathered, the row-parallel outputs are asked
+    split by tokens (so the matmul reduce-scatters instead of all-reducing)."""
     b, s, _ = x.shape
     parts = fused_parts(cfg)
-    h = rms_norm(x, layer["attn_norm"], cfg.eps)
+    gather = sp.gather if sp else (lambda a: a)
+    shard = sp.shard if sp else (lambda a: a)
+    h = gather(rms_norm(x, layer["attn_norm"], cfg.eps))
     q, k, v = split_fused(linear(h, layer["wqkv"]), parts["wqkv"], tp)
     q = q.reshape(b, s, cfg.heads, cfg.head_dim)
     k = k.reshape(b, s, cfg.kv_heads, cfg.head_dim)
     v = v.reshape(b, s, cfg.kv_heads, cfg.head_dim)
     chunks = [(k, v)] if cache is None else [cache, (k, v)]
-    x = x + linear(attention(q, chunks, cfg), layer["wo"])
-    h = rms_norm(x, layer["mlp_norm"], cfg.eps)
+    x = x + shard(linear(attention(q, chunks, cfg), layer["wo"]))
+    h = gather(rms_norm(x, layer["mlp_norm"], cfg.eps))
     gate, up = split_fused(linear(h, layer["wgu"]), parts["wgu"], tp)
     act = jax.nn.silu(gate.astype(jnp.float32)) * up
-    return x + linear(act.astype(x.dtype), layer["wd"])
+    return x + shard(linear(act.astype(x.dtype), layer["wd"]))
 
 
-def forward(x, params, caches, cfg: Config, linear, tp):
+def forward(x, params, caches, cfg: Config, linear, tp, sp: SequenceParallel | None = None):
     for i, layer in enumerate(params):
-        x = block(x, layer, None if caches is None else caches[i], cfg, linear, tp)
+        x = block(x, layer, None if caches is None else caches[i], cfg, linear, tp, sp)
     return x
 
 
@@ -244,7 +266,8 @@ def check_against_one_device(cfg, mesh, params, key) -> float:
 
 
 def measure(cfg: Config, mesh: Mesh, models, steps: int, repeats: int):
-    """[(label, {model: ms})]: decode steps per batch size, then the prefill."""
+    """[(label, {model: ms})]: decode steps per batch size, then the prefill, without and with
+    sequence parallelism."""
     replicated = NamedSharding(mesh, P())
     key = jax.random.key(3)
     tp = mesh.shape["tp"]
@@ -256,13 +279,19 @@ def measure(cfg: Config, mesh: Mesh, models, steps: int, repeats: int):
         ms = {name: time_ms(decode_steps(cfg, lin, tp, steps), x, params, caches,
                             repeats=repeats) / steps for name, lin, params in models}
         rows.append((f"decode step, batch {batch}, context {cfg.context}", ms))
-    x = jax.device_put(jax.random.normal(key, (1, cfg.prefill, cfg.hidden), jnp.bfloat16),
-                       replicated)
-    ms = {name: time_ms(jax.jit(functools.partial(forward, caches=None, cfg=cfg, linear=lin,
-                                                  tp=tp)),
-                        x, params, repeats=repeats) for name, lin, params in models}
-    rows.append((f"prefill, {cfg.prefill} tokens", ms))
+    x = jax.random.normal(key, (1, cfg.prefill, cfg.hidden), jnp.bfloat16)
+    for label, sp, spec in ((f"prefill, {cfg.prefill} tokens", None, P()),
+                            (f"prefill, {cfg.prefill} tokens, sequence-parallel",
+                             SequenceParallel(mesh), P(None, "tp", None))):
+        xs = jax.device_put(x, NamedSharding(mesh, spec))
+        ms = {name: time_ms(prefill(cfg, lin, tp, sp), xs, params, repeats=repeats)
+              for name, lin, params in models}
+        rows.append((label, ms))
     return rows
+
+
+def prefill(cfg: Config, linear, tp: int, sp: SequenceParallel | None = None):
+    return jax.jit(functools.partial(forward, caches=None, cfg=cfg, linear=linear, tp=tp, sp=sp))
 
 
 def kernel_times(trace_dir) -> tuple[dict[str, tuple[float, int]], float]:

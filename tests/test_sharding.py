@@ -9,6 +9,7 @@ import gzip
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -385,6 +386,28 @@ def test_sharded_llama_example_small(example, tmp_path, capsys):
     for op in ("all-gather", "all-to-all", "collective-permute"):
         assert op not in hlo, op
     assert hlo.count("all-reduce-start") + hlo.count(" all-reduce(") == 2 * cfg.layers
+
+
+@multidevice
+def test_sharded_llama_sequence_parallel_prefill(example):
+    """Sequence parallelism in the example: the prefill's output is the same, split by tokens,
+    and each block reduce-scatters its two row-parallel sums and all-gathers its two norms'
+    outputs, with no all-reduce."""
+    cfg = example.SMALL
+    mesh = Mesh(np.array(jax.devices()), ("tp",))
+    tp = mesh.shape["tp"]
+    _, params = example.make_params(cfg, mesh, jax.random.key(0))
+    x = jax.random.normal(jax.random.key(4), (1, cfg.prefill, cfg.hidden), jnp.bfloat16)
+    tokens_split = jax.device_put(x, NamedSharding(mesh, P(None, "tp", None)))
+    sp = example.prefill(cfg, example.nvfp4_linear, tp, example.SequenceParallel(mesh))
+    got = sp(tokens_split, params)
+    want = example.prefill(cfg, example.nvfp4_linear, tp)(put(x, mesh, P()), params)
+    assert got.sharding.is_equivalent_to(NamedSharding(mesh, P(None, "tp", None)), 3)
+    assert example.relative_error(got, want) < 1e-2  # sums of other orders, bf16 activations
+    hlo = sp.lower(tokens_split, params).compile().as_text()
+    count = lambda op: len(re.findall(rf"\b{op}(-start)?\(", hlo))  # noqa: E731
+    assert count("reduce-scatter") == 2 * cfg.layers and count("all-gather") == 2 * cfg.layers
+    assert count("all-reduce") == 0
 
 
 # ------------------------------------------------------------------------------ explicit axes

@@ -395,7 +395,7 @@ def test_cli_demo_and_selftest(capsys):
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_kernel_sass(kernel_sass, arch):
     """sm_100a rounds with the FP4 convert; sm_90a has none and rounds in software; both move
-    16-byte vectors."""
+    16-byte vectors, and dequantize loads its codes in words of 8 (bf16/f16 out) or 4 (f32)."""
     from jax_nvfp4 import _extension
 
     if _extension.extension_path() is not None and arch not in _extension.cuda_archs():
@@ -405,6 +405,7 @@ def test_kernel_sass(kernel_sass, arch):
         assert ("F2FP.SATFINITE.E2M1.F32" in sass) == (arch == "sm_100a"), name
     for name, sass in kernel_sass(arch, r"17dequantize_kernel").items():
         assert "STG.E.128" in sass, name
+        assert ("LDG.E.U16" in sass) == ("kernelIf" in name), name
 
 
 def test_fast_divide_matches_integer_division(host_program):

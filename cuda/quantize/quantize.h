@@ -43,7 +43,10 @@ struct DequantizeProblem {
 // workspace, which the quantize pass's CTAs reduce.
 constexpr int kMaxAmaxBlocks = 1024;
 
-size_t quantize_workspace_bytes(const QuantizeProblem& p);
+// The amax pass leaves one float per CTA in the workspace.
+inline size_t quantize_workspace_bytes(const QuantizeProblem& p) {
+  return p.s_enc == nullptr ? kMaxAmaxBlocks * sizeof(float) : 0;
+}
 
 cudaError_t quantize_sm90(const QuantizeProblem& p, cudaStream_t stream);
 cudaError_t dequantize_sm90(const DequantizeProblem& p, cudaStream_t stream);

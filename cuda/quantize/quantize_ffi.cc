@@ -148,11 +148,6 @@ size_t quantize_call_workspace(const WorkspaceQuery& q) {
 
 }  // namespace
 
-// The amax pass leaves one float per CTA in the workspace.
-size_t quantize_workspace_bytes(const QuantizeProblem& p) {
-  return p.s_enc == nullptr ? kMaxAmaxBlocks * sizeof(float) : 0;
-}
-
 JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_quantize", quantize_call_workspace);
 
 }  // namespace jax_nvfp4

@@ -267,7 +267,8 @@ def check_against_one_device(cfg, mesh, params, key) -> float:
 
 def measure(cfg: Config, mesh: Mesh, models, steps: int, repeats: int):
     """[(label, {model: ms})]: decode steps per batch size, then the prefill, without and with
-    sequence parallelism."""
+    sequence parallelism; and [(label, {model: bytes})]: each prefill's temporary memory per
+    device, as compiled (XLA's buffer assignment: the activations live at its peak)."""
     replicated = NamedSharding(mesh, P())
     key = jax.random.key(3)
     tp = mesh.shape["tp"]
@@ -280,14 +281,18 @@ def measure(cfg: Config, mesh: Mesh, models, steps: int, repeats: int):
                             repeats=repeats) / steps for name, lin, params in models}
         rows.append((f"decode step, batch {batch}, context {cfg.context}", ms))
     x = jax.random.normal(key, (1, cfg.prefill, cfg.hidden), jnp.bfloat16)
+    memory = []
     for label, sp, spec in ((f"prefill, {cfg.prefill} tokens", None, P()),
                             (f"prefill, {cfg.prefill} tokens, sequence-parallel",
                              SequenceParallel(mesh), P(None, "tp", None))):
         xs = jax.device_put(x, NamedSharding(mesh, spec))
-        ms = {name: time_ms(prefill(cfg, lin, tp, sp), xs, params, repeats=repeats)
-              for name, lin, params in models}
-        rows.append((label, ms))
-    return rows
+        runs = {name: (prefill(cfg, lin, tp, sp), params) for name, lin, params in models}
+        rows.append((label, {name: time_ms(run, xs, params, repeats=repeats)
+                             for name, (run, params) in runs.items()}))
+        memory.append((f"{label}: temporaries per device (MiB)",
+                       {name: run.lower(xs, params).compile().memory_analysis().temp_size_in_bytes
+                        for name, (run, params) in runs.items()}))
+    return rows, memory
 
 
 def prefill(cfg: Config, linear, tp: int, sp: SequenceParallel | None = None):
@@ -343,7 +348,8 @@ def profile_decode(cfg: Config, mesh: Mesh, models, steps: int, log_dir) -> str:
     return "\n".join(lines)
 
 
-def render(cfg: Config, devices, rows, mem, err) -> str:
+def render(cfg: Config, devices, rows, memory, err) -> str:
+    """The markdown table: times (rows) and memory ((label, {model: bytes}) pairs)."""
     kinds = ", ".join(sorted({d.device_kind for d in devices}))
     gemm = ("CUDA kernel" if nv._extension.kernel_available("jax_nvfp4_gemm")
             else "XLA reference path (no GEMM kernel for this device)")
@@ -361,8 +367,9 @@ def render(cfg: Config, devices, rows, mem, err) -> str:
     for label, ms in rows:
         lines.append(f"| {label} | {ms['nvfp4']:.3f} | {ms['bf16']:.3f} | "
                      f"{ms['bf16'] / ms['nvfp4']:.2f}x |")
-    lines.append(f"| weight memory per device (MiB) | {mem['nvfp4'] / 2**20:.1f} | "
-                 f"{mem['bf16'] / 2**20:.1f} | {mem['nvfp4'] / mem['bf16']:.3f} of bf16 |")
+    for label, size in memory:
+        lines.append(f"| {label} | {size['nvfp4'] / 2**20:.1f} | {size['bf16'] / 2**20:.1f} | "
+                     f"{size['nvfp4'] / size['bf16']:.3f} of bf16 |")
     return "\n".join(lines) + "\n"
 
 
@@ -391,9 +398,10 @@ def main(argv=None):
           f"matches one device: {'yes' if matches else 'NO'}")
 
     models = (("nvfp4", nvfp4_linear, nvfp4), ("bf16", bf16_linear, bf16))
-    rows = measure(cfg, mesh, models, args.steps, args.repeats)
-    mem = {"nvfp4": weight_bytes(nvfp4, devices[0]), "bf16": weight_bytes(bf16, devices[0])}
-    table = render(cfg, devices, rows, mem, err)
+    rows, prefill_memory = measure(cfg, mesh, models, args.steps, args.repeats)
+    weights = {"nvfp4": weight_bytes(nvfp4, devices[0]), "bf16": weight_bytes(bf16, devices[0])}
+    table = render(cfg, devices, rows, [("weight memory per device (MiB)", weights)]
+                   + prefill_memory, err)
     print(table)
     if args.profile:
         profile = profile_decode(cfg, mesh, models, args.steps, args.profile)

@@ -373,6 +373,7 @@ def test_sharded_llama_example_small(example, tmp_path, capsys):
     assert "matches one device: yes" in capsys.readouterr().out
     table = out.read_text()
     assert "| decode step, batch 16" in table and "| weight memory per device" in table
+    assert "sequence-parallel: temporaries per device (MiB) |" in table
 
     # The compiled decode step moves activations only: two all-reduces per block, no weight
     # gathered, and the fused q/k/v and gate/up outputs split without any resharding.

@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
   }
   const float tensor_s_dec = __frcp_rn(tensor_s_enc);
   // With one S_enc a block's multiplier depends only on its 8 scale bits, so the CTA tabulates
-  // it once (a thread an entry) instead of dividing per block.
+  // it once (a thread an entry) instead of rounding a reciprocal per block.
   static_assert(kThreads == 256, "one multiplier table entry per thread");
   __shared__ float tensor_multiplier[256];
   if constexpr (!kPerGroup) {

@@ -34,6 +34,7 @@
 #include "conv/sm90/conv_sm90.h"
 #include "cuda_check.h"
 #include "event_timing.h"
+#include "fnv_hash.h"
 
 using namespace jax_nvfp4;
 
@@ -125,12 +126,6 @@ const KernelChoice kKernels[] = {
     {"ws128x256_cpasync", ConvSm90Kernel::kWs128x256CpAsync},
     {"auto", ConvSm90Kernel::kAuto},
 };
-
-uint64_t fnv_hash(const std::vector<uint16_t>& v) {
-  uint64_t hsh = 1469598103934665603ull;
-  for (uint16_t e : v) hsh = (hsh ^ e) * 1099511628211ull;
-  return hsh;
-}
 
 // "2,3,4" -> {2, 3, 4}.
 std::vector<int> parse_ints(const char* list) {

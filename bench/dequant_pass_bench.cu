@@ -18,6 +18,7 @@
 
 #include "cuda_check.h"
 #include "event_timing.h"
+#include "fnv_hash.h"
 
 namespace jax_nvfp4 {
 namespace sm90 {
@@ -75,8 +76,7 @@ int main(int argc, char** argv) {
     const double us = median_us_per_call(stream, 7, 40, call);
     std::vector<uint16_t> host(sh.n * sh.k);
     CUDA_CHECK(cudaMemcpy(host.data(), out, host.size() * 2, cudaMemcpyDeviceToHost));
-    uint64_t h = 1469598103934665603ull;
-    for (uint16_t v : host) h = (h ^ v) * 1099511628211ull;
+    const uint64_t h = fnv_hash(host);
     const double bytes = code_bytes + scale_bytes + sh.n * sh.k * 2.0;
     std::printf("| %s | %lld x %lld | %.1f us | %.2f TB/s | %016llx |\n", label, (long long)sh.n, (long long)sh.k, us,
                 bytes / us * 1e-6, (unsigned long long)h);

@@ -24,6 +24,7 @@
 #include "common/scale_layout.h"
 #include "cuda_check.h"
 #include "event_timing.h"
+#include "fnv_hash.h"
 #include "quantize/quantize.h"
 
 using namespace jax_nvfp4;
@@ -49,11 +50,6 @@ __global__ void fill(__nv_bfloat16* x, int64_t n) {
     if (h % 100019u == 0) v *= 1e-30f;
     x[i] = __float2bfloat16(v);
   }
-}
-
-uint64_t fnv1a(const std::vector<uint8_t>& bytes, uint64_t h = 1469598103934665603ull) {
-  for (uint8_t b : bytes) h = (h ^ b) * 1099511628211ull;
-  return h;
 }
 
 template <typename T>
@@ -141,8 +137,8 @@ int main(int argc, char** argv) {
       CUDA_CHECK(quantize_sm90(p, stream));
       CUDA_CHECK(cudaStreamSynchronize(stream));
       const uint64_t hash =
-          fnv1a(to_host(s_dec, sizeof(float)), fnv1a(to_host(scales, scale_bytes),
-                                                     fnv1a(to_host(codes, code_bytes))));
+          fnv_hash(to_host(s_dec, sizeof(float)), fnv_hash(to_host(scales, scale_bytes),
+                                                     fnv_hash(to_host(codes, code_bytes))));
       const double us = median_us_per_call(stream, kReps, kCalls,
                                            [&](int) { CUDA_CHECK(quantize_sm90(p, stream)); });
       const double gbs = moved / us * 1e-3;
@@ -162,7 +158,7 @@ int main(int argc, char** argv) {
     d.out_dtype = DType::kBF16;
     CUDA_CHECK(dequantize_sm90(d, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
-    const uint64_t hash = fnv1a(to_host(static_cast<uint8_t*>(copy), x_bytes));
+    const uint64_t hash = fnv_hash(to_host(static_cast<uint8_t*>(copy), x_bytes));
     const double us = median_us_per_call(stream, kReps, kCalls,
                                          [&](int) { CUDA_CHECK(dequantize_sm90(d, stream)); });
     const double gbs = moved / us * 1e-3;

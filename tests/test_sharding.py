@@ -211,38 +211,44 @@ def test_matmul_bias_added_once_row_parallel(mesh, operands):
 @multidevice
 @pytest.mark.parametrize("out", ["float32", "nvfp4", "w4a4-float32"])
 @pytest.mark.parametrize("pattern", ["row", "data+row"])
-def test_row_parallel_reduce_scatters_rows_asked_split(mesh, operands, pattern, out):
-    """y's rows asked split over the K axes as well (sequence-parallel layers): the partial sums
-    are reduce-scattered, never all-reduced and then sliced, and equal a one-device run."""
+@pytest.mark.parametrize("scattered", ["rows", "columns"])
+def test_row_parallel_reduce_scatters_when_asked(mesh, operands, pattern, out, scattered):
+    """y's rows (sequence-parallel layers) or columns asked split over the K axes as well: the
+    partial sums are reduce-scattered, never all-reduced and then sliced, and equal a one-device
+    run (the bias is added once, to each shard's own columns)."""
     if mesh.shape["y"] < 2:
         pytest.skip("needs a K split")
     x, w, bias = operands
     if out == "w4a4-float32":
         x = nv.quantize(x)
-    y_rows = PATTERNS[pattern][0][0]
-    y_rows = ("y",) if y_rows is None else (y_rows, "y")
+    rows = PATTERNS[pattern][0][0]
+    if scattered == "rows":
+        y_spec = P(("y",) if rows is None else (rows, "y"), None)
+    else:
+        y_spec = P(rows, "y")
 
-    def float_rows_split(a, b, c):
+    def float_split(a, b, c):
         y = nv.matmul(a, b, bias=c, out_dtype=jnp.float32)
-        return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, P(y_rows, None)))
+        return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, y_spec))
 
-    def nvfp4_rows_split(a, b, c):
+    def nvfp4_split(a, b, c):
         y = nv.matmul(a, b, bias=c, out_s_enc=jnp.float32(64.0))
-        return jax.lax.with_sharding_constraint(y, nvfp4_sharding(mesh, P(y_rows, None), y.shape))
+        return jax.lax.with_sharding_constraint(y, nvfp4_sharding(mesh, y_spec, y.shape))
 
-    f = jax.jit(nvfp4_rows_split if out == "nvfp4" else float_rows_split)
+    f = jax.jit(nvfp4_split if out == "nvfp4" else float_split)
     args = _place(mesh, x, w, bias, pattern)
     got = f(*args)
     text = hlo(f, *args)
     assert "reduce-scatter" in text
     assert "all-reduce" not in text and "all-gather" not in text
     if out != "nvfp4":
-        assert got.sharding.is_equivalent_to(NamedSharding(mesh, P(y_rows, None)), 2)
+        assert got.sharding.is_equivalent_to(NamedSharding(mesh, y_spec), 2)
         np.testing.assert_allclose(np.asarray(got), np.asarray(f(x, w, bias)), rtol=1e-5,
                                    atol=1e-4)
     else:  # as in test_matmul_nvfp4_output_same_bytes: the float32 sums (same order), quantized
-        g = jax.jit(lambda a, b, c: nv.quantize(float_rows_split(a, b, c), s_enc=jnp.float32(64.0)))
+        g = jax.jit(lambda a, b, c: nv.quantize(float_split(a, b, c), s_enc=jnp.float32(64.0)))
         assert same_bytes(got, g(*args))
+        assert got.codes.sharding.is_equivalent_to(NamedSharding(mesh, y_spec), 2)
 
 
 @multidevice

@@ -7,8 +7,8 @@ so under `jax.jit` with sharded inputs (NamedSharding on a Mesh) each op runs on
                        dynamic quantize all-reduces the amax (max), so the bytes equal a
                        one-device run.
   matmul               data- (M), column- (N) and row-parallel (K: psum, or psum_scatter when
-                       y's rows are asked split over the K axes) and their combinations on
-                       meshes of several axes, with no gather of the weight.
+                       y's rows or columns are asked split over the K axes) and their
+                       combinations on meshes of several axes, with no gather of the weight.
   conv                 batch- (N) and output-channel-parallel (K), no communication.
 
 Each primitive wraps its inner primitive (jax_nvfp4.primitives) in `custom_partitioning` with a

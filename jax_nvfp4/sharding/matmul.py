@@ -8,7 +8,8 @@ Shardings honoured (and combined on meshes of several axes):
                        sum, which is linear), the partial sums are all-reduced (psum), and the
                        bias and the cast (or the NVFP4 output quantization) follow, once. Where
                        the partitioner asks for y's rows split over the K axes too (after x's
-                       row axes), they are reduce-scattered (psum_scatter) instead.
+                       row axes), or y's columns (after w's row axes), the partial sums are
+                       reduce-scattered (psum_scatter) along that dimension instead.
 The weight's sharding wins: x is resharded to match w's K split (a weight replicated along K is
 sliced locally to x's split instead), so no weight is gathered. A split that is not whole scale tiles, or that reuses a mesh axis already
 taken by another dimension, is dropped (that operand is resharded explicitly)."""
@@ -94,6 +95,19 @@ class _MatmulOp:
         m_split = row_axes if (a_nvfp4 or out_nvfp4) else even_split
         m_ax = without(m_split(mesh, a_dims[0], m), n_ax + k_ax)
 
+        # Row-parallel with y's rows (sequence-parallel layers) or columns asked split further
+        # over the K axes: reduce-scatter the partial sums along that dimension instead of
+        # all-reducing them. Where y is NVFP4, only in whole scale tiles.
+        scatter = None
+        if k_ax and result_dims is not None:
+            y_rows, y_cols = result_dims[0][:2]
+            if _scatters(mesh, y_rows, m_ax, k_ax, m, row_axes if out_nvfp4 else even_split):
+                scatter = 0
+            elif _scatters(mesh, y_cols, n_ax, k_ax, n, k_axes if out_nvfp4 else even_split):
+                scatter = 1
+        y_m_ax = m_ax + k_ax if scatter == 0 else m_ax
+        y_n_ax = n_ax + k_ax if scatter == 1 else n_ax
+
         operand_dims = {
             "a": [m_ax, k_ax],
             "a_scales": scale_dims([], m_ax, k_ax),
@@ -101,17 +115,12 @@ class _MatmulOp:
             "b_codes": [n_ax, k_ax],
             "b_scales": scale_dims([], n_ax, k_ax),
             "b_s_dec": [],
-            "bias": [n_ax],
+            "bias": [y_n_ax],  # added after the sum, to y's columns
             "out_s_enc": [],
         }
-        # Row-parallel with y's rows asked split further over the K axes (sequence-parallel
-        # layers): reduce-scatter the partial sums instead of all-reducing them.
-        scatter = bool(k_ax) and result_dims is not None and _scatters_rows(
-            mesh, result_dims[0][0], m_ax, k_ax, m, out_nvfp4)
-        y_m_ax = m_ax + k_ax if scatter else m_ax
-        results = [[y_m_ax, n_ax]]
+        results = [[y_m_ax, y_n_ax]]
         if out_nvfp4:
-            results += [scale_dims([], y_m_ax, n_ax), []]
+            results += [scale_dims([], y_m_ax, y_n_ax), []]
         if k_ax:
             body = _row_parallel_body(names, params, k_ax, scatter)
         else:
@@ -126,14 +135,11 @@ class _MatmulOp:
         return [given.get(name, []) for name in names]
 
 
-def _scatters_rows(mesh, wanted, m_ax, k_ax, m, out_nvfp4):
-    """Whether y's rows, split over m_ax, can take the further split over k_ax that `wanted`
-    (the partitioner's choice for y's rows) asks for: whole 128-row tiles where y is NVFP4."""
-    if tuple(wanted) != m_ax + k_ax:
-        return False
-    if out_nvfp4:
-        return row_axes(mesh, wanted, m) == tuple(wanted)
-    return even_split(mesh, wanted, m) == tuple(wanted)
+def _scatters(mesh, wanted, own_ax, k_ax, size, split):
+    """Whether a dimension of y of `size`, split over `own_ax`, can take the further split over
+    `k_ax` that `wanted` (the partitioner's choice for it) asks for, in whole pieces by `split`
+    (whole scale tiles where y is NVFP4 along that dimension)."""
+    return tuple(wanted) == own_ax + k_ax and split(mesh, wanted, size) == tuple(wanted)
 
 
 def _local_body(params):
@@ -147,16 +153,16 @@ def _local_body(params):
 
 def _row_parallel_body(names, params, k_ax, scatter):
     """Row-parallel shard: float32 partial product of this K slice, summed over `k_ax` (psum,
-    or with `scatter` psum_scatter, which leaves each shard its slice of the rows), then the
-    bias and the output conversion exactly once."""
+    or, with `scatter` a dimension of y, psum_scatter, which leaves each shard its slice of that
+    dimension), then the bias and the output conversion exactly once."""
 
     def body(*operands):
         ops = dict(zip(names, operands))
         gemm_operands = [ops[n] for n in names if n not in ("bias", "out_s_enc")]
         (partial,) = matmul_p.bind(*gemm_operands, a_nvfp4=params["a_nvfp4"], has_bias=False,
                                    out_nvfp4=False, out_dtype=jnp.dtype(jnp.float32))
-        if scatter:
-            y = lax.psum_scatter(partial, k_ax, scatter_dimension=0, tiled=True)
+        if scatter is not None:
+            y = lax.psum_scatter(partial, k_ax, scatter_dimension=scatter, tiled=True)
         else:
             y = lax.psum(partial, k_ax)
         if "bias" in ops:

@@ -5,8 +5,10 @@ same bf16 dot sharded the same way, in one run.
 
 The weight [N, K] and x [M, K] are split along K over a 1-D mesh "tp" (the o and down
 projections of a tensor-parallel layer). Each op is timed twice: with y replicated (partial sums
-all-reduced) and with y's rows asked split over "tp" (sequence-parallel layers: reduce-scattered).
-Times are medians of LoopTimer readings taken round-robin (jax_nvfp4/timing.py), us per call. The
+all-reduced) and with y asked split over "tp" (reduce-scattered): its rows at prefill M
+(sequence-parallel layers), its columns at decode M, where one token's row cannot be split.
+Decode calls rotate through weight copies larger than the L2 (as in bench_matmul.py). Times are
+medians of LoopTimer readings taken round-robin (jax_nvfp4/timing.py), us per call. The
 bf16 dot accumulates in float32 and casts after the sum, like the matmul, so both sum float32
 partials. The communication floor is what the collective must move per device over the
 GPU-to-GPU links: all-reduce 2 (n-1)/n and reduce-scatter (n-1)/n of y's float32 bytes.
@@ -29,12 +31,14 @@ from jax_nvfp4.sharding import shard_nvfp4
 from jax_nvfp4.timing import LoopTimer, interleaved_times
 
 SHAPES = [(4096, 4096), (4096, 14336)]  # (N, K): o and down projections of Llama-3-8B
-MS = [2048, 8192]
+MS = [1, 16, 2048, 8192]
+DECODE_MAX_M = 16  # up to here y's columns are scattered and the weights rotate
 
 
-def _ops(mesh):
+def _ops(mesh, m):
     """name -> fn(x, w) for each op and output layout."""
-    rows = {"all-reduce": P(None, None), "reduce-scatter": P("tp", None)}
+    scattered = P(None, "tp") if m <= DECODE_MAX_M else P("tp", None)
+    layouts = {"all-reduce": P(None, None), "reduce-scatter": scattered}
 
     def constrained(f, spec):
         return lambda x, w: jax.lax.with_sharding_constraint(f(x, w), NamedSharding(mesh, spec))
@@ -46,7 +50,7 @@ def _ops(mesh):
         return jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
     return {f"{model}, {coll}": (model, constrained(f, spec))
-            for model, f in (("nvfp4", nvfp4), ("bf16", bf16)) for coll, spec in rows.items()}
+            for model, f in (("nvfp4", nvfp4), ("bf16", bf16)) for coll, spec in layouts.items()}
 
 
 def run(out_dir: Path, rounds: int):
@@ -58,9 +62,9 @@ def run(out_dir: Path, rounds: int):
              f"{datetime.date.today()} · jax {jax.__version__} · mesh tp={n_dev}, weight and x "
              "split along K · us per call (median of round-robin LoopTimer readings) · bf16 "
              "activations and output", "",
-             "| M | N x K | NVFP4 all-reduce | NVFP4 reduce-scatter | bf16 all-reduce | "
-             "bf16 reduce-scatter | NVFP4 RS vs AR | NVFP4 RS vs bf16 RS |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| M | N x K | y scattered over | NVFP4 all-reduce | NVFP4 reduce-scatter | "
+             "bf16 all-reduce | bf16 reduce-scatter | NVFP4 RS vs AR | NVFP4 RS vs bf16 RS |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for n, k in SHAPES:
         keys = jax.random.split(jax.random.key(n + k), 2)
         w16 = (jax.random.normal(keys[0], (n, k), jnp.float32) / np.sqrt(k)).astype(jnp.bfloat16)
@@ -69,13 +73,15 @@ def run(out_dir: Path, rounds: int):
         for m in MS:
             x = jax.device_put(jax.random.normal(keys[1], (m, k), jnp.bfloat16),
                                NamedSharding(mesh, P(None, "tp")))
-            # One operand set (no rotating copies): these GEMMs are compute-bound, and x alone
-            # (M x K/n bf16) outgrows the L2 at M = 8192.
-            timers = {op: LoopTimer(fn, (x, weights[model]), rotate=False)
-                      for op, (model, fn) in _ops(mesh).items()}
+            # Prefill: one operand set (no rotating copies): these GEMMs are compute-bound, and
+            # x alone (M x K/n bf16) outgrows the L2 at M = 8192.
+            decode = m <= DECODE_MAX_M
+            timers = {op: LoopTimer(fn, (x, weights[model]), rotate=decode)
+                      for op, (model, fn) in _ops(mesh, m).items()}
             us = {op: t * 1e6 for op, t in interleaved_times(timers, rounds).items()}
             lines.append(
-                f"| {m} | {n} x {k} | {us['nvfp4, all-reduce']:.1f} | "
+                f"| {m} | {n} x {k} | {'columns' if decode else 'rows'} | "
+                f"{us['nvfp4, all-reduce']:.1f} | "
                 f"{us['nvfp4, reduce-scatter']:.1f} | {us['bf16, all-reduce']:.1f} | "
                 f"{us['bf16, reduce-scatter']:.1f} | "
                 f"{us['nvfp4, all-reduce'] / us['nvfp4, reduce-scatter']:.2f}x | "
@@ -83,7 +89,7 @@ def run(out_dir: Path, rounds: int):
             print(lines[-1], flush=True)
     floor = ["", "Collective floor per device, MB of float32 partial sums moved over the links "
              "(both ops): all-reduce 2 (n-1)/n, reduce-scatter (n-1)/n of y."]
-    for m in MS:
+    for m in (m for m in MS if m > DECODE_MAX_M):
         y32 = m * SHAPES[0][0] * 4 / 1e6
         floor.append(f"- M = {m}, N = {SHAPES[0][0]}: all-reduce "
                      f"{2 * (n_dev - 1) / n_dev * y32:.1f} MB, reduce-scatter "

@@ -73,8 +73,9 @@ def run(out_dir: Path, rounds: int):
         for m in MS:
             x = jax.device_put(jax.random.normal(keys[1], (m, k), jnp.bfloat16),
                                NamedSharding(mesh, P(None, "tp")))
-            # Prefill: one operand set (no rotating copies): these GEMMs are compute-bound, and
-            # x alone (M x K/n bf16) outgrows the L2 at M = 8192.
+            # Decode reads its weights from HBM, so it rotates copies; prefill takes one operand
+            # set: its GEMMs are compute-bound, and x alone (M x K/n bf16) outgrows the L2 at
+            # M = 8192.
             decode = m <= DECODE_MAX_M
             timers = {op: LoopTimer(fn, (x, weights[model]), rotate=decode)
                       for op, (model, fn) in _ops(mesh, m).items()}

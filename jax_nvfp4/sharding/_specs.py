@@ -30,7 +30,11 @@ def spec_axes(sharding, ndim: int, mesh) -> list[tuple[str, ...]]:
     The partitioner hands over HLO shardings; this finds the PartitionSpec over `mesh` that
     gives the same one. A sharding that none expresses (Shardy splits a mesh axis into sub-axes
     when asked to split a dimension into more parts than it has scale tiles) is read as
-    replicated: the op then reshards that operand explicitly instead of misreading it."""
+    replicated: the op then reshards that operand explicitly instead of misreading it. So is
+    None, which GSPMD hands over for an operand it has no sharding for (a constant the jitted
+    function closes over)."""
+    if sharding is None:
+        return [REPLICATED] * ndim
     if isinstance(sharding, NamedSharding):
         spec = tuple(sharding.spec)
         return [dim_axes(spec[d]) if d < len(spec) else REPLICATED for d in range(ndim)]

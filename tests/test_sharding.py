@@ -281,6 +281,11 @@ def test_gspmd_callbacks(mesh, operands):
         q = jax.jit(nv.quantize)
         xr = row_scaled(jax.random.key(6), (1024, 256))
         assert same_bytes(q(put(xr, mesh, P(ALL, None))), q(xr))
+        # A weight the function closes over reaches the callbacks without a sharding.
+        g = jax.jit(jax.vmap(lambda a: nv.matmul(a, w, out_dtype=jnp.float32)))
+        xb = x.reshape(8, M // 8, K)
+        np.testing.assert_allclose(np.asarray(g(put(xb, mesh, P("x", None, "y")))),
+                                   np.asarray(g(xb)), rtol=1e-5, atol=1e-4)
     finally:
         jax.config.update("jax_use_shardy_partitioner", True)
 
@@ -307,6 +312,35 @@ def test_conv_batch_and_output_channel_parallel(mesh, x_spec, w_spec):
     images, _, _, channels = out.sharding.shard_shape(out.shape)
     assert images == args[0].sharding.shard_shape(x.shape)[0]
     assert channels == args[1].codes.sharding.shard_shape(w.shape)[2]
+
+
+@multidevice
+@pytest.mark.parametrize("x_nvfp4", [False, True], ids=["float_x", "nvfp4_x"])
+@pytest.mark.parametrize("x_spec,w_spec", [(P(None, None, None, "y"), P(None, None, None, "y")),
+                                           (P(), P(None, None, None, "y")),
+                                           (P("x", None, None, "y"), P(None, None, None, "y")),
+                                           (P(), P(None, None, "x", "y"))],
+                         ids=["in_channels", "in_channels_x_replicated", "batch+in_channels",
+                              "out+in_channels"])
+def test_conv_input_channel_parallel(mesh, x_spec, w_spec, x_nvfp4):
+    """C (the contracting axis) split: float32 partial convolutions all-reduced, the bias added
+    once, equal to one device; no gather of the weight."""
+    if mesh.shape["y"] < 2:
+        pytest.skip("needs a C split")
+    keys = jax.random.split(jax.random.key(8), 3)
+    x = jax.random.normal(keys[0], (4, 6, 7, 512), jnp.float32)
+    if x_nvfp4:
+        x = nv.quantize(x)
+    w = nv.quantize_conv_weight(jax.random.normal(keys[1], (3, 3, 512, 256), jnp.float32))
+    bias = jnp.full((256,), 1000.0, jnp.float32)  # added twice would show
+    f = jax.jit(lambda a, b, c: nv.conv(a, b, bias=c, out_dtype=jnp.float32))
+    xs = shard_nvfp4(x, mesh, x_spec) if x_nvfp4 else put(x, mesh, x_spec)
+    args = (xs, shard_nvfp4(w, mesh, w_spec), put(bias, mesh, P(*w_spec[2:3])))
+    out = f(*args)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(f(x, w, bias)), rtol=1e-5, atol=1e-2)
+    text = hlo(f, *args)
+    assert "all-reduce" in text and "all-gather" not in text
+    assert out.sharding.shard_shape(out.shape)[3] == args[1].codes.sharding.shard_shape(w.shape)[2]
 
 
 # ------------------------------------------------------------------------------ placement

@@ -9,7 +9,8 @@ so under `jax.jit` with sharded inputs (NamedSharding on a Mesh) each op runs on
   matmul               data- (M), column- (N) and row-parallel (K: psum, or psum_scatter when
                        y's rows or columns are asked split over the K axes) and their
                        combinations on meshes of several axes, with no gather of the weight.
-  conv                 batch- (N) and output-channel-parallel (K), no communication.
+  conv                 batch- (N) and output-channel-parallel (K), no communication, and
+                       input-channel-parallel (C: psum of float32 partial convolutions).
 
 Each primitive wraps its inner primitive (jax_nvfp4.primitives) in `custom_partitioning` with a
 Shardy sharding rule and the GSPMD callbacks. See docs/sharding.md."""

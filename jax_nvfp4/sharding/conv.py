@@ -1,18 +1,27 @@
-"""Partitioned NVFP4-weight convolution: batch- and output-channel-parallel.
+"""Partitioned NVFP4-weight convolution: batch-, output-channel- and input-channel-parallel.
 
-Shardings honoured: the images N (any even split) and the output channels K (the weight's
-[R, S, K, C] rows, by whole 128-row scale tiles), together on meshes of several axes. Neither
-needs communication. The spatial dims (a split needs halo exchange), the filter taps and the
-input channels C stay whole: other splits of them are resharded to replicated explicitly."""
+Shardings honoured, together on meshes of several axes:
+  N  the images (any even split): no communication.
+  K  the output channels (the weight's [R, S, K, C] rows, by whole 128-row scale tiles): no
+     communication.
+  C  the input channels, the contracting axis (the weight's and x's C, by whole 64-element scale
+     tiles; x follows the weight): each shard convolves its C slice in float32 (alpha applies to
+     every partial sum, which is linear), the partial sums are all-reduced (psum), and the bias
+     and the output cast follow, once.
+The spatial dims (a split needs halo exchange) and the filter taps stay whole: other splits of
+them are resharded to replicated explicitly."""
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+from jax import lax
 
 from jax_nvfp4.format import TILE_ROWS
 from jax_nvfp4.primitives.conv import conv_batcher, conv_p
 from jax_nvfp4.sharding._partitioned import Plan, define_partitioned_primitive, register_batcher
 from jax_nvfp4.sharding._rules import RuleBuilder
-from jax_nvfp4.sharding._specs import REPLICATED, even_split, row_axes, scale_dims, without
+from jax_nvfp4.sharding._specs import (REPLICATED, TILE_K, even_split, k_axes, row_axes,
+                                       scale_dims, without)
 
 _R = REPLICATED
 
@@ -23,21 +32,21 @@ class _ConvOp:
     @staticmethod
     def _layout(avals, params):
         n_x = 3 if params["x_nvfp4"] else 1
-        return n_x, avals[n_x].shape[2]  # (index of w_codes, output channels K)
+        return n_x, avals[n_x].shape[2], avals[n_x].shape[3]  # (index of w_codes, K, C)
 
     @staticmethod
     def rule(avals, params):
-        n_x, k = _ConvOp._layout(avals, params)
+        n_x, k, c = _ConvOp._layout(avals, params)
         b = RuleBuilder()
         rep = b.replicated
         k_dim, k_tiles = b.tiled("k", k, TILE_ROWS)
-        x = ("n", rep("h"), rep("w"), rep("c"))
-        b.operand(*x)
+        c_dim, c_tiles = b.tiled("c", c, TILE_K, reduce=True)
+        b.operand("n", rep("h"), rep("w"), c_dim)
         if params["x_nvfp4"]:
-            b.operand("n", "h", *b.scales(rep("wt"), rep("ct")))
+            b.operand("n", "h", *b.scales(rep("wt"), c_tiles))
             b.operand()
-        b.operand(rep("r"), rep("s"), k_dim, "c")
-        b.operand("r", "s", *b.scales(k_tiles, "ct"))
+        b.operand(rep("r"), rep("s"), k_dim, c_dim)
+        b.operand("r", "s", *b.scales(k_tiles, c_tiles))
         b.operand()
         if params["has_bias"]:
             b.operand(k_dim)
@@ -46,29 +55,53 @@ class _ConvOp:
 
     @staticmethod
     def plan(mesh, dims, avals, params, result_dims=None):  # results follow the operands
-        n_x, k = _ConvOp._layout(avals, params)
-        k_ax = row_axes(mesh, dims[n_x][2], k)
-        n_ax = without(even_split(mesh, dims[0][0], avals[0].shape[0]), k_ax)
-        operands = [[n_ax, _R, _R, _R]]
+        n_x, k, c = _ConvOp._layout(avals, params)
+        w_dims = dims[n_x]
+        k_ax = row_axes(mesh, w_dims[2], k)
+        c_ax = without(k_axes(mesh, w_dims[3] or dims[0][3], c), k_ax)
+        n_ax = without(even_split(mesh, dims[0][0], avals[0].shape[0]), k_ax + c_ax)
+        operands = [[n_ax, _R, _R, c_ax]]
         if params["x_nvfp4"]:
-            operands += [scale_dims([n_ax, _R], _R, _R), []]
-        operands += [[_R, _R, k_ax, _R], scale_dims([_R, _R], k_ax, _R), []]
+            operands += [scale_dims([n_ax, _R], _R, c_ax), []]
+        operands += [[_R, _R, k_ax, c_ax], scale_dims([_R, _R], k_ax, c_ax), []]
         if params["has_bias"]:
             operands.append([k_ax])
-
-        def body(*local):
-            return tuple(conv_p.bind(*local, **params))
-
+        body = _input_channel_parallel_body(params, c_ax) if c_ax else _local_body(params)
         return Plan(operands, [[n_ax, _R, _R, k_ax]], body)
 
     @staticmethod
     def operands_from_results(dims, avals, params):
-        n_x, _ = _ConvOp._layout(avals, params)
+        n_x, _, _ = _ConvOp._layout(avals, params)
         n_ax, _, _, k_ax = dims[0]
         out = [[]] * len(avals)
         out[0] = [n_ax, _R, _R, _R]
         out[n_x] = [_R, _R, k_ax, _R]
         return out
+
+
+def _local_body(params):
+    """A shard that holds whole dot products over C: the op as is, no communication."""
+
+    def body(*local):
+        return tuple(conv_p.bind(*local, **params))
+
+    return body
+
+
+def _input_channel_parallel_body(params, c_ax):
+    """C-split shard: float32 partial convolution of this C slice, all-reduced over `c_ax`,
+    then the bias and the output cast exactly once."""
+
+    def body(*local):
+        operands, bias = (local[:-1], local[-1]) if params["has_bias"] else (local, None)
+        (partial,) = conv_p.bind(*operands, **{**params, "has_bias": False,
+                                               "out_dtype": jnp.dtype(jnp.float32)})
+        y = lax.psum(partial, c_ax)
+        if bias is not None:
+            y = y + bias.astype(jnp.float32)
+        return (y.astype(params["out_dtype"]),)
+
+    return body
 
 
 partitioned_conv_p = define_partitioned_primitive("nvfp4_conv_partitioned", conv_p, _ConvOp)

@@ -46,14 +46,21 @@ def _avals_key(avals):
     return tuple((tuple(a.shape), a.dtype) for a in avals)
 
 
+def local_body(inner, params):
+    """The body of a shard that needs no communication: `inner` on the local operands, as is."""
+
+    def body(*operands):
+        out = inner.bind(*operands, **params)
+        return tuple(out) if inner.multiple_results else (out,)
+
+    return body
+
+
 def _partitioned(inner, op, avals_key, params_key):
     """A custom_partitioning function running `inner` with the rules of `op` (cached per shape)."""
     avals = [jax.ShapeDtypeStruct(s, d) for s, d in avals_key]
     params = dict(params_key)
-
-    def whole(*operands):
-        out = inner.bind(*operands, **params)
-        return tuple(out) if inner.multiple_results else (out,)
+    whole = local_body(inner, params)
 
     def shardings(mesh, dims_list):
         return tuple(named(mesh, d) for d in dims_list)

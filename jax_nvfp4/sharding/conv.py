@@ -18,7 +18,8 @@ from jax import lax
 
 from jax_nvfp4.format import TILE_ROWS
 from jax_nvfp4.primitives.conv import conv_batcher, conv_p
-from jax_nvfp4.sharding._partitioned import Plan, define_partitioned_primitive, register_batcher
+from jax_nvfp4.sharding._partitioned import (Plan, define_partitioned_primitive, local_body,
+                                             register_batcher)
 from jax_nvfp4.sharding._rules import RuleBuilder
 from jax_nvfp4.sharding._specs import (REPLICATED, TILE_K, even_split, k_axes, row_axes,
                                        scale_dims, without)
@@ -66,7 +67,7 @@ class _ConvOp:
         operands += [[_R, _R, k_ax, c_ax], scale_dims([_R, _R], k_ax, c_ax), []]
         if params["has_bias"]:
             operands.append([k_ax])
-        body = _input_channel_parallel_body(params, c_ax) if c_ax else _local_body(params)
+        body = _input_channel_parallel_body(params, c_ax) if c_ax else local_body(conv_p, params)
         return Plan(operands, [[n_ax, _R, _R, k_ax]], body)
 
     @staticmethod
@@ -77,15 +78,6 @@ class _ConvOp:
         out[0] = [n_ax, _R, _R, _R]
         out[n_x] = [_R, _R, k_ax, _R]
         return out
-
-
-def _local_body(params):
-    """A shard that holds whole dot products over C: the op as is, no communication."""
-
-    def body(*local):
-        return tuple(conv_p.bind(*local, **params))
-
-    return body
 
 
 def _input_channel_parallel_body(params, c_ax):

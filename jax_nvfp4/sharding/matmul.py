@@ -23,7 +23,8 @@ from jax.experimental.custom_partitioning import CompoundFactor
 from jax_nvfp4.format import TILE_ROWS
 from jax_nvfp4.primitives.matmul import matmul_batcher, matmul_p
 from jax_nvfp4.primitives.quantize import quantize_p
-from jax_nvfp4.sharding._partitioned import Plan, define_partitioned_primitive, register_batcher
+from jax_nvfp4.sharding._partitioned import (Plan, define_partitioned_primitive, local_body,
+                                             register_batcher)
 from jax_nvfp4.sharding._rules import RuleBuilder
 from jax_nvfp4.sharding._specs import (REPLICATED, TILE_K, even_split, k_axes, row_axes,
                                        scale_dims, without)
@@ -123,8 +124,8 @@ class _MatmulOp:
             results += [scale_dims([], y_m_ax, y_n_ax), []]
         if k_ax:
             body = _row_parallel_body(names, params, k_ax, scatter)
-        else:
-            body = _local_body(params)
+        else:  # whole dot products on every shard
+            body = local_body(matmul_p, params)
         return Plan([operand_dims[name] for name in names], results, body)
 
     @staticmethod
@@ -140,15 +141,6 @@ def _scatters(mesh, wanted, own_ax, k_ax, size, split):
     `k_ax` that `wanted` (the partitioner's choice for it) asks for, in whole pieces by `split`
     (whole scale tiles where y is NVFP4 along that dimension)."""
     return tuple(wanted) == own_ax + k_ax and split(mesh, wanted, size) == tuple(wanted)
-
-
-def _local_body(params):
-    """A shard that holds whole dot products: the op as is, no communication."""
-
-    def body(*operands):
-        return tuple(matmul_p.bind(*operands, **params))
-
-    return body
 
 
 def _row_parallel_body(names, params, k_ax, scatter):

@@ -17,7 +17,8 @@ from jax_nvfp4 import reference
 from jax_nvfp4.format import TILE_ROWS, rows_and_lead
 from jax_nvfp4.primitives.quantize import (dequantize_batcher, dequantize_p, quantize_batcher,
                                              quantize_p)
-from jax_nvfp4.sharding._partitioned import Plan, define_partitioned_primitive, register_batcher
+from jax_nvfp4.sharding._partitioned import (Plan, define_partitioned_primitive, local_body,
+                                             register_batcher)
 from jax_nvfp4.sharding._rules import RuleBuilder
 from jax_nvfp4.sharding._specs import (REPLICATED, TILE_K, even_split, k_axes, row_axes,
                                        scale_dims)
@@ -70,8 +71,7 @@ class _QuantizeOp:
         group = codes[: avals[1].ndim] if has_s_enc else []
         split_axes = tuple(a for d in codes for a in d)
         if has_s_enc or not split_axes:
-            def body(*operands):
-                return tuple(quantize_p.bind(*operands))
+            body = local_body(quantize_p, params)
         else:
             def body(x):
                 amax = lax.pmax(reference.tensor_amax(x), split_axes)
@@ -102,10 +102,7 @@ class _DequantizeOp:
         codes, scales = _tensor_dims(mesh, dims[0], avals[0].shape)
         group = codes[: avals[2].ndim]
 
-        def body(c, s, d):
-            return (dequantize_p.bind(c, s, d, **params),)
-
-        return Plan([codes, scales, group], [codes], body)
+        return Plan([codes, scales, group], [codes], local_body(dequantize_p, params))
 
     @staticmethod
     def operands_from_results(dims, avals, params):

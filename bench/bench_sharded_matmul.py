@@ -4,9 +4,11 @@ same bf16 dot sharded the same way, in one run.
     python bench/bench_sharded_matmul.py --out DIR
 
 The weight [N, K] and x [M, K] are split along K over a 1-D mesh "tp" (the o and down
-projections of a tensor-parallel layer). Each op is timed twice: with y replicated (partial sums
-all-reduced) and with y asked split over "tp" (reduce-scattered): its rows at prefill M
-(sequence-parallel layers), its columns at decode M, where one token's row cannot be split.
+projections of a tensor-parallel layer). Each op is timed three times: with y replicated (partial
+sums all-reduced), the same with the partial sums in bfloat16 (`reduce_dtype`; for the bf16 dot,
+`preferred_element_type=bfloat16`), and with y asked split over "tp" (reduce-scattered): its rows
+at prefill M (sequence-parallel layers), its columns at decode M, where one token's row cannot be
+split.
 Decode calls rotate through weight copies larger than the L2 (as in bench_matmul.py). Times are
 medians of LoopTimer readings taken round-robin (jax_nvfp4/timing.py), us per call. The
 bf16 dot accumulates in float32 and casts after the sum, like the matmul, so both sum float32
@@ -49,8 +51,15 @@ def _ops(mesh, m):
     def bf16(x, w):
         return jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
-    return {f"{model}, {coll}": (model, constrained(f, spec))
-            for model, f in (("nvfp4", nvfp4), ("bf16", bf16)) for coll, spec in layouts.items()}
+    ops = {f"{model}, {coll}": (model, constrained(f, spec))
+           for model, f in (("nvfp4", nvfp4), ("bf16", bf16)) for coll, spec in layouts.items()}
+    # Partial sums all-reduced in bfloat16 (half the bytes), as Megatron's row-parallel layers.
+    ops["nvfp4, all-reduce bf16"] = ("nvfp4", constrained(
+        lambda x, w: nv.matmul(x, w, reduce_dtype=jnp.bfloat16), layouts["all-reduce"]))
+    ops["bf16, all-reduce bf16"] = ("bf16", constrained(
+        lambda x, w: jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.bfloat16),
+        layouts["all-reduce"]))
+    return ops
 
 
 def run(out_dir: Path, rounds: int):
@@ -63,8 +72,10 @@ def run(out_dir: Path, rounds: int):
              "split along K · us per call (median of round-robin LoopTimer readings) · bf16 "
              "activations and output", "",
              "| M | N x K | y scattered over | NVFP4 all-reduce | NVFP4 reduce-scatter | "
-             "bf16 all-reduce | bf16 reduce-scatter | NVFP4 RS vs AR | NVFP4 RS vs bf16 RS |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+             "NVFP4 all-reduce in bf16 | bf16 all-reduce | bf16 reduce-scatter | "
+             "bf16 all-reduce in bf16 | NVFP4 RS vs AR | NVFP4 bf16 AR vs AR | "
+             "NVFP4 RS vs bf16 RS |",
+             "|---|---|---|" + "---:|" * 9]
     for n, k in SHAPES:
         keys = jax.random.split(jax.random.key(n + k), 2)
         w16 = (jax.random.normal(keys[0], (n, k), jnp.float32) / np.sqrt(k)).astype(jnp.bfloat16)
@@ -82,10 +93,11 @@ def run(out_dir: Path, rounds: int):
             us = {op: t * 1e6 for op, t in interleaved_times(timers, rounds).items()}
             lines.append(
                 f"| {m} | {n} x {k} | {'columns' if decode else 'rows'} | "
-                f"{us['nvfp4, all-reduce']:.1f} | "
-                f"{us['nvfp4, reduce-scatter']:.1f} | {us['bf16, all-reduce']:.1f} | "
-                f"{us['bf16, reduce-scatter']:.1f} | "
+                f"{us['nvfp4, all-reduce']:.1f} | {us['nvfp4, reduce-scatter']:.1f} | "
+                f"{us['nvfp4, all-reduce bf16']:.1f} | {us['bf16, all-reduce']:.1f} | "
+                f"{us['bf16, reduce-scatter']:.1f} | {us['bf16, all-reduce bf16']:.1f} | "
                 f"{us['nvfp4, all-reduce'] / us['nvfp4, reduce-scatter']:.2f}x | "
+                f"{us['nvfp4, all-reduce'] / us['nvfp4, all-reduce bf16']:.2f}x | "
                 f"{us['bf16, reduce-scatter'] / us['nvfp4, reduce-scatter']:.2f}x |")
             print(lines[-1], flush=True)
     floor = ["", "Collective floor per device, MB of float32 partial sums moved over the links "

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_nvfp4.format import (BLOCK, NVFP4Array, checked_activation, checked_bias, checked_weight,
-                              output_dtype)
+                              output_dtype, reduce_dtype_of)
 from jax_nvfp4.primitives.conv import output_spatial
 from jax_nvfp4.sharding.conv import partitioned_conv_p as conv_p
 from jax_nvfp4.quantization import quantize
@@ -61,7 +61,7 @@ def _resolve_padding(padding, in_hw, filter_rs, window_strides, rhs_dilation):
 
 
 def conv(x, w: NVFP4Array, *, window_strides=(1, 1), padding="SAME", rhs_dilation=(1, 1),
-         bias=None, out_dtype=None):
+         bias=None, out_dtype=None, reduce_dtype=None):
     """2-D convolution with NVFP4 weights:
     out[n, p, q, k] = sum_{r, s, c} x[n, p*sh - lo_h + r*dh, q*sw - lo_w + s*dw, c] * w[r, s, k, c]
                       (+ bias[k]), zero outside the image.
@@ -74,6 +74,9 @@ def conv(x, w: NVFP4Array, *, window_strides=(1, 1), padding="SAME", rhs_dilatio
        as lax.conv_general_dilated resolves it.
     bias: optional [K] float array, added in float32.
     out_dtype: float dtype of the result (default bfloat16).
+    reduce_dtype: where C is split over devices (jax_nvfp4.sharding), the dtype the partial
+       convolutions are summed in across them: float32 (default) or bfloat16 (half the bytes,
+       each partial rounded to bfloat16 first). No effect without a C split.
 
     Products are exact (e2m1 * e4m3 in bf16 on the tensor cores), accumulation float32, the tensor
     scales s_dec_w (* s_dec_x) applied in the epilogue. Float32/float16 activations are rounded to
@@ -96,11 +99,13 @@ def conv(x, w: NVFP4Array, *, window_strides=(1, 1), padding="SAME", rhs_dilatio
         raise ValueError(f"conv: empty output ({p}x{q}) for input {tuple(x.shape)}, filter "
                          f"{r}x{s}, padding {padding}, dilation {rhs_dilation}")
     out_dtype = output_dtype(out_dtype, "conv")
+    reduce_dtype = reduce_dtype_of(reduce_dtype, "conv")
     bias = checked_bias(bias, k, "conv")
 
     x_ops = [x.codes, x.scales, x.s_dec] if x_nvfp4 else [x]
     operands = [*x_ops, w.codes, w.scales, w.s_dec] + ([bias] if bias is not None else [])
     (out,) = conv_p.bind(*operands, x_nvfp4=x_nvfp4, has_bias=bias is not None,
                          window_strides=window_strides, padding=padding,
-                         rhs_dilation=rhs_dilation, out_dtype=out_dtype)
+                         rhs_dilation=rhs_dilation, out_dtype=out_dtype,
+                         reduce_dtype=reduce_dtype)
     return out

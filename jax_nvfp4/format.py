@@ -188,6 +188,15 @@ def output_dtype(out_dtype, op: str):
     return out_dtype
 
 
+def reduce_dtype_of(reduce_dtype, op: str):
+    """The dtype a K-sharded op sums its partial products in across devices: `reduce_dtype`,
+    float32 by default, or bfloat16 (half the bytes on the links)."""
+    dtype = jnp.dtype(jnp.float32 if reduce_dtype is None else reduce_dtype)
+    if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+        raise TypeError(f"{op}: reduce_dtype must be float32 or bfloat16, got {dtype}")
+    return dtype
+
+
 def checked_s_enc(s_enc, name: str):
     """`s_enc` as a float32 array. A host value (Python number, NumPy array) must be finite and
     positive everywhere, else ValueError: quantizing with it would give NaN (zero, NaN), all zeros

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from jax_nvfp4.format import (BLOCK, TILE_ROWS, NVFP4Array, checked_activation, checked_bias,
                               checked_s_enc, checked_weight, output_dtype, plain_to_tiled,
-                              tiled_to_plain)
+                              reduce_dtype_of, tiled_to_plain)
 from jax_nvfp4.sharding.matmul import partitioned_matmul_p as matmul_p
 
 
@@ -34,7 +34,7 @@ def _scales_from_matrix(scales, lead, n):
     return plain_to_tiled(plain.reshape(*lead, n // BLOCK))
 
 
-def matmul(x, w: NVFP4Array, *, bias=None, out_dtype=None, out_s_enc=None):
+def matmul(x, w: NVFP4Array, *, bias=None, out_dtype=None, out_s_enc=None, reduce_dtype=None):
     """y = x @ w.T with NVFP4 weights: y[..., n] = sum_k x[..., k] * w[n, k] (+ bias[n]).
 
     x: a float array [..., K] (float32/bfloat16/float16: "W4A16") or an NVFP4Array [..., K] with a
@@ -45,6 +45,10 @@ def matmul(x, w: NVFP4Array, *, bias=None, out_dtype=None, out_s_enc=None):
     out_s_enc: if given (a float32 scalar, finite and positive), y is returned as an NVFP4Array
        quantized with this encode scale straight from the float32 epilogue value (N must be a
        multiple of 16), so a following W4A4 layer needs no float round trip.
+    reduce_dtype: where K is split over devices (row-parallel, jax_nvfp4.sharding), the dtype the
+       partial products are summed in across them: float32 (default; equal to one device up to
+       the order of the sum) or bfloat16 (half the bytes on the links, as Megatron's row-parallel
+       layers; each partial product is rounded to bfloat16 first). No effect without a K split.
 
     Accumulation is float32; s_dec_x * s_dec_w is applied in the epilogue."""
     checked_weight(w, "matmul", "[N, K]", "jax_nvfp4.quantize")
@@ -54,6 +58,7 @@ def matmul(x, w: NVFP4Array, *, bias=None, out_dtype=None, out_s_enc=None):
         raise ValueError(f"matmul: contracting dims differ: x has shape {tuple(x.shape)} (K="
                          f"{x.shape[-1]}), w has shape {w.shape} (K={k})")
     out_dtype = output_dtype(out_dtype, "matmul")
+    reduce_dtype = reduce_dtype_of(reduce_dtype, "matmul")
     bias = checked_bias(bias, n, "matmul")
     out_nvfp4 = out_s_enc is not None
     if out_nvfp4:
@@ -75,7 +80,7 @@ def matmul(x, w: NVFP4Array, *, bias=None, out_dtype=None, out_s_enc=None):
     if out_nvfp4:
         operands.append(out_s_enc)
     outs = matmul_p.bind(*operands, a_nvfp4=a_nvfp4, has_bias=bias is not None,
-                         out_nvfp4=out_nvfp4, out_dtype=out_dtype)
+                         out_nvfp4=out_nvfp4, out_dtype=out_dtype, reduce_dtype=reduce_dtype)
     if out_nvfp4:
         codes, scales, s_dec = outs
         return NVFP4Array(codes.reshape(*lead, n), _scales_from_matrix(scales, lead, n), s_dec)

@@ -251,6 +251,68 @@ def test_row_parallel_reduce_scatters_when_asked(mesh, operands, pattern, out, s
         assert got.codes.sharding.is_equivalent_to(NamedSharding(mesh, y_spec), 2)
 
 
+def _all_reduce_dtypes(text):
+    return set(re.findall(r"(\w+)\[[\d,]*\]\{[\d,]*\} (?:all-reduce|reduce-scatter)", text))
+
+
+@multidevice
+@pytest.mark.parametrize("scattered", [False, True], ids=["all-reduce", "reduce-scatter"])
+def test_row_parallel_sums_in_bfloat16_when_asked(mesh, operands, scattered):
+    """reduce_dtype=bfloat16: each shard's partial product is rounded to bfloat16 and summed in
+    it (on GPUs the collective moves bfloat16; XLA:CPU widens it to float32 inside the
+    collective), then the bias once; the default keeps float32."""
+    if mesh.shape["y"] < 2:
+        pytest.skip("needs a K split")
+    x, w, bias = operands
+    y_spec = P("y", None) if scattered else P()
+
+    def f(a, b, c, reduce_dtype):
+        y = nv.matmul(a, b, bias=c, out_dtype=jnp.float32, reduce_dtype=reduce_dtype)
+        return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, y_spec))
+
+    args = _place(mesh, x, w, bias, "row")
+    ref = np.asarray(jax.jit(f, static_argnums=3)(x, w, bias, None))
+    errors = {}
+    for reduce_dtype in (None, jnp.bfloat16):
+        g = jax.jit(f, static_argnums=3)
+        got = np.asarray(g(*args, reduce_dtype))
+        errors[reduce_dtype] = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+        text = hlo(g, *args, reduce_dtype)
+        assert ("reduce-scatter" in text) == scattered and "all-gather" not in text
+        if jax.devices()[0].platform == "gpu":
+            want = "bf16" if reduce_dtype else "f32"
+            assert _all_reduce_dtypes(text) == {want}, _all_reduce_dtypes(text)
+    assert errors[None] < 1e-6
+    assert 1e-4 < errors[jnp.bfloat16] < 1e-2  # bfloat16 rounding of the partial sums (2^-9)
+
+
+@multidevice
+def test_conv_input_channel_sums_in_bfloat16_when_asked(mesh):
+    if mesh.shape["y"] < 2:
+        pytest.skip("needs a C split")
+    keys = jax.random.split(jax.random.key(9), 2)
+    x = jax.random.normal(keys[0], (2, 6, 7, 512), jnp.float32)
+    w = nv.quantize_conv_weight(jax.random.normal(keys[1], (3, 3, 512, 128), jnp.float32))
+    args = (put(x, mesh, P(None, None, None, "y")), shard_nvfp4(w, mesh, P(None, None, None, "y")))
+    ref = np.asarray(jax.jit(lambda a, b: nv.conv(a, b, out_dtype=jnp.float32))(x, w))
+    g = jax.jit(lambda a, b: nv.conv(a, b, out_dtype=jnp.float32, reduce_dtype=jnp.bfloat16))
+    err = np.linalg.norm(np.asarray(g(*args)) - ref) / np.linalg.norm(ref)
+    assert 1e-4 < err < 1e-2
+    if jax.devices()[0].platform == "gpu":
+        assert _all_reduce_dtypes(hlo(g, *args)) == {"bf16"}
+
+
+def test_reduce_dtype_is_checked():
+    x = jnp.ones((4, 64), jnp.float32)
+    w = nv.quantize(jnp.ones((32, 64), jnp.float32))
+    with pytest.raises(TypeError, match="matmul: reduce_dtype must be float32 or bfloat16, "
+                                        "got float16"):
+        nv.matmul(x, w, reduce_dtype=jnp.float16)
+    wc = nv.quantize_conv_weight(jnp.ones((1, 1, 64, 32), jnp.float32))
+    with pytest.raises(TypeError, match="conv: reduce_dtype must be float32 or bfloat16, got int8"):
+        nv.conv(jnp.ones((1, 4, 4, 64), jnp.float32), wc, reduce_dtype=jnp.int8)
+
+
 @multidevice
 def test_vmap_and_jit_compose_with_sharding(mesh, operands):
     x, w, bias = operands

@@ -2,13 +2,17 @@
 
 The inner primitives (jax_nvfp4.primitives) know nothing of meshes. Each op here supplies
   rule(avals, params)                   its Shardy sharding rule,
-  plan(mesh, dims, avals, params, result_dims=None)
+  plan(mesh, dims, avals, params, result_dims=None, **options)
                                         from the operands' shardings (as per-dimension axis
                                         tuples), and in `partition` the results' as the
                                         partitioner chose them (which an op may honour): the
                                         shardings it honours and the per-shard body,
   operands_from_results(dims, avals, params)   operand shardings that give these results (for
                                         GSPMD's propagation from users),
+  OPTIONS (optional)                    names of outer-primitive parameters that only say how
+                                        shards combine their results (e.g. the dtype of a
+                                        row-parallel sum): `plan` receives them as keywords, the
+                                        inner primitive never sees them,
 and this module wires them into `custom_partitioning` (Shardy rule plus the GSPMD callbacks).
 The outer primitive is needed because `custom_partitioning` has no batching rule: vmap of the
 outer primitive is defined by each op and binds the outer primitive again, so batched code stays
@@ -56,10 +60,17 @@ def local_body(inner, params):
     return body
 
 
+def _split_params(op, params):
+    """The outer primitive's parameters -> (those of the inner primitive, op.OPTIONS)."""
+    names = getattr(op, "OPTIONS", ())
+    inner = {k: v for k, v in params.items() if k not in names}
+    return inner, {k: v for k, v in params.items() if k in names}
+
+
 def _partitioned(inner, op, avals_key, params_key):
     """A custom_partitioning function running `inner` with the rules of `op` (cached per shape)."""
     avals = [jax.ShapeDtypeStruct(s, d) for s, d in avals_key]
-    params = dict(params_key)
+    params, options = _split_params(op, dict(params_key))
     whole = local_body(inner, params)
 
     def shardings(mesh, dims_list):
@@ -70,16 +81,18 @@ def _partitioned(inner, op, avals_key, params_key):
 
     def partition(mesh, arg_shapes, result_shape):
         plan = op.plan(mesh, dims_of(mesh, arg_shapes), avals, params,
-                       result_dims=dims_of(mesh, result_shape))
+                       result_dims=dims_of(mesh, result_shape), **options)
         return (mesh, _per_device(plan.body), shardings(mesh, plan.results),
                 shardings(mesh, plan.operands))
 
     def infer_sharding_from_operands(mesh, arg_shapes, result_shape):
-        return shardings(mesh, op.plan(mesh, dims_of(mesh, arg_shapes), avals, params).results)
+        plan = op.plan(mesh, dims_of(mesh, arg_shapes), avals, params, **options)
+        return shardings(mesh, plan.results)
 
     def propagate_user_sharding(mesh, user_shape):
         dims = dims_of(mesh, user_shape)
-        plan = op.plan(mesh, op.operands_from_results(dims, avals, params), avals, params)
+        plan = op.plan(mesh, op.operands_from_results(dims, avals, params), avals, params,
+                       **options)
         return shardings(mesh, plan.results)
 
     fn = custom_partitioning(whole)
@@ -118,7 +131,8 @@ def define_partitioned_primitive(name, inner, op):
     prim = jax.extend.core.Primitive(name)
     prim.multiple_results = inner.multiple_results
     prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
-    prim.def_abstract_eval(lambda *avals, **params: inner.abstract_eval(*avals, **params)[0])
+    prim.def_abstract_eval(
+        lambda *avals, **params: inner.abstract_eval(*avals, **_split_params(op, params)[0])[0])
 
     def lowering(ctx, *args, **params):
         fn = _partitioned_cached(inner, op, _avals_key(ctx.avals_in),
@@ -127,18 +141,18 @@ def define_partitioned_primitive(name, inner, op):
 
     mlir.register_lowering(prim, lowering)
     dispatch.prim_requires_devices_during_lowering.add(prim)
-    ad.primitive_jvps[prim] = functools.partial(_delegated_jvp, prim, inner)
+    ad.primitive_jvps[prim] = functools.partial(_delegated_jvp, prim, inner, op)
     return prim
 
 
-def _delegated_jvp(outer, inner, primals, tangents, **params):
+def _delegated_jvp(outer, inner, op, primals, tangents, **params):
     """JVP of the outer primitive: the primal output partitioned, the tangent by `inner`'s own
     JVP rule (looked up at call time: jax_nvfp4.primitives.autodiff registers it). The tangent
     (and so the backward pass) runs on the inner primitives, outside these partitioning rules."""
     rule = ad.primitive_jvps.get(inner)
     if rule is None:
         raise NotImplementedError(f"Differentiation rule for '{inner}' not implemented")
-    _, tangents_out = rule(primals, tangents, **params)
+    _, tangents_out = rule(primals, tangents, **_split_params(op, params)[0])
     return outer.bind(*primals, **params), tangents_out
 
 

@@ -6,8 +6,9 @@ Shardings honoured, together on meshes of several axes:
      communication.
   C  the input channels, the contracting axis (the weight's and x's C, by whole 64-element scale
      tiles; x follows the weight): each shard convolves its C slice in float32 (alpha applies to
-     every partial sum, which is linear), the partial sums are all-reduced (psum), and the bias
-     and the output cast follow, once.
+     every partial sum, which is linear), the partial sums are all-reduced (psum) in
+     `reduce_dtype` (float32, or bfloat16 for half the bytes), and the bias and the output cast
+     follow, once.
 The spatial dims (a split needs halo exchange) and the filter taps stay whole: other splits of
 them are resharded to replicated explicitly."""
 
@@ -29,6 +30,8 @@ _R = REPLICATED
 
 class _ConvOp:
     """conv_p(x, [x_scales, x_s_dec,] w_codes, w_scales, w_s_dec, [bias])."""
+
+    OPTIONS = ("reduce_dtype",)
 
     @staticmethod
     def _layout(avals, params):
@@ -55,7 +58,8 @@ class _ConvOp:
         return b.build()
 
     @staticmethod
-    def plan(mesh, dims, avals, params, result_dims=None):  # results follow the operands
+    def plan(mesh, dims, avals, params, result_dims=None,  # results follow the operands
+             reduce_dtype=jnp.dtype(jnp.float32)):
         n_x, k, c = _ConvOp._layout(avals, params)
         w_dims = dims[n_x]
         k_ax = row_axes(mesh, w_dims[2], k)
@@ -67,7 +71,10 @@ class _ConvOp:
         operands += [[_R, _R, k_ax, c_ax], scale_dims([_R, _R], k_ax, c_ax), []]
         if params["has_bias"]:
             operands.append([k_ax])
-        body = _input_channel_parallel_body(params, c_ax) if c_ax else local_body(conv_p, params)
+        if c_ax:
+            body = _input_channel_parallel_body(params, c_ax, reduce_dtype)
+        else:
+            body = local_body(conv_p, params)
         return Plan(operands, [[n_ax, _R, _R, k_ax]], body)
 
     @staticmethod
@@ -80,15 +87,16 @@ class _ConvOp:
         return out
 
 
-def _input_channel_parallel_body(params, c_ax):
-    """C-split shard: float32 partial convolution of this C slice, all-reduced over `c_ax`,
-    then the bias and the output cast exactly once."""
+def _input_channel_parallel_body(params, c_ax, reduce_dtype):
+    """C-split shard: partial convolution of this C slice (accumulated in float32, stored in
+    `reduce_dtype`), all-reduced over `c_ax`, then in float32 the bias and the output cast
+    exactly once."""
 
     def body(*local):
         operands, bias = (local[:-1], local[-1]) if params["has_bias"] else (local, None)
         (partial,) = conv_p.bind(*operands, **{**params, "has_bias": False,
-                                               "out_dtype": jnp.dtype(jnp.float32)})
-        y = lax.psum(partial, c_ax)
+                                               "out_dtype": reduce_dtype})
+        y = lax.psum(partial, c_ax).astype(jnp.float32)
         if bias is not None:
             y = y + bias.astype(jnp.float32)
         return (y.astype(params["out_dtype"]),)

@@ -5,7 +5,8 @@ Shardings honoured (and combined on meshes of several axes):
   N (column-parallel)  w's rows by whole 128-row scale tiles; y's columns follow; no traffic.
   K (row-parallel)     w's and x's K by whole 64-element scale tiles: each shard multiplies its
                        K slice in float32 (alpha = s_dec_x * s_dec_w applies to every partial
-                       sum, which is linear), the partial sums are all-reduced (psum), and the
+                       sum, which is linear), the partial sums are all-reduced (psum) in
+                       `reduce_dtype` (float32, or bfloat16 for half the bytes), and the
                        bias and the cast (or the NVFP4 output quantization) follow, once. Where
                        the partitioner asks for y's rows split over the K axes too (after x's
                        row axes), or y's columns (after w's row axes), the partial sums are
@@ -42,6 +43,8 @@ def _operand_names(a_nvfp4, has_bias, out_nvfp4):
 
 class _MatmulOp:
     """matmul_p(a, [a_scales, a_s_dec,] b_codes, b_scales, b_s_dec, [bias,] [out_s_enc])."""
+
+    OPTIONS = ("reduce_dtype",)
 
     @staticmethod
     def rule(avals, params):
@@ -84,7 +87,7 @@ class _MatmulOp:
         return b.build()
 
     @staticmethod
-    def plan(mesh, dims, avals, params, result_dims=None):
+    def plan(mesh, dims, avals, params, result_dims=None, reduce_dtype=jnp.dtype(jnp.float32)):
         a_nvfp4, has_bias, out_nvfp4 = params["a_nvfp4"], params["has_bias"], params["out_nvfp4"]
         names = _operand_names(a_nvfp4, has_bias, out_nvfp4)
         a_dims, b_dims = dims[0], dims[names.index("b_codes")]
@@ -123,7 +126,7 @@ class _MatmulOp:
         if out_nvfp4:
             results += [scale_dims([], y_m_ax, y_n_ax), []]
         if k_ax:
-            body = _row_parallel_body(names, params, k_ax, scatter)
+            body = _row_parallel_body(names, params, k_ax, scatter, reduce_dtype)
         else:  # whole dot products on every shard
             body = local_body(matmul_p, params)
         return Plan([operand_dims[name] for name in names], results, body)
@@ -143,20 +146,22 @@ def _scatters(mesh, wanted, own_ax, k_ax, size, split):
     return tuple(wanted) == own_ax + k_ax and split(mesh, wanted, size) == tuple(wanted)
 
 
-def _row_parallel_body(names, params, k_ax, scatter):
-    """Row-parallel shard: float32 partial product of this K slice, summed over `k_ax` (psum,
-    or, with `scatter` a dimension of y, psum_scatter, which leaves each shard its slice of that
-    dimension), then the bias and the output conversion exactly once."""
+def _row_parallel_body(names, params, k_ax, scatter, reduce_dtype):
+    """Row-parallel shard: partial product of this K slice (accumulated in float32, stored in
+    `reduce_dtype`), summed over `k_ax` (psum, or, with `scatter` a dimension of y, psum_scatter,
+    which leaves each shard its slice of that dimension), then in float32 the bias and the output
+    conversion exactly once."""
 
     def body(*operands):
         ops = dict(zip(names, operands))
         gemm_operands = [ops[n] for n in names if n not in ("bias", "out_s_enc")]
         (partial,) = matmul_p.bind(*gemm_operands, a_nvfp4=params["a_nvfp4"], has_bias=False,
-                                   out_nvfp4=False, out_dtype=jnp.dtype(jnp.float32))
+                                   out_nvfp4=False, out_dtype=reduce_dtype)
         if scatter is not None:
             y = lax.psum_scatter(partial, k_ax, scatter_dimension=scatter, tiled=True)
         else:
             y = lax.psum(partial, k_ax)
+        y = y.astype(jnp.float32)
         if "bias" in ops:
             y = y + ops["bias"].astype(jnp.float32)
         if params["out_nvfp4"]:

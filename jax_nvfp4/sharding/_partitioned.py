@@ -27,6 +27,8 @@ from typing import Callable, Sequence
 
 import jax
 import jax.extend
+import jax.numpy as jnp
+from jax import lax
 from jax._src import dispatch
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.interpreters import ad, batching, mlir
@@ -58,6 +60,18 @@ def local_body(inner, params):
         return tuple(out) if inner.multiple_results else (out,)
 
     return body
+
+
+def summed_partials(partial, axes, bias=None, scatter=None):
+    """A contraction split over `axes` finished in float32: the shards' partial results summed
+    (psum, or with `scatter` a dimension, psum_scatter along it, which leaves each shard its
+    slice), then `bias` (over the last dimension) added once."""
+    if scatter is None:
+        y = lax.psum(partial, axes)
+    else:
+        y = lax.psum_scatter(partial, axes, scatter_dimension=scatter, tiled=True)
+    y = y.astype(jnp.float32)
+    return y if bias is None else y + bias.astype(jnp.float32)
 
 
 def _split_params(op, params):

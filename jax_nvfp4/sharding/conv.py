@@ -15,12 +15,11 @@ them are resharded to replicated explicitly."""
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
 
 from jax_nvfp4.format import TILE_ROWS
 from jax_nvfp4.primitives.conv import conv_batcher, conv_p
 from jax_nvfp4.sharding._partitioned import (Plan, define_partitioned_primitive, local_body,
-                                             register_batcher)
+                                             register_batcher, summed_partials)
 from jax_nvfp4.sharding._rules import RuleBuilder
 from jax_nvfp4.sharding._specs import (REPLICATED, TILE_K, even_split, k_axes, row_axes,
                                        scale_dims, without)
@@ -96,10 +95,7 @@ def _input_channel_parallel_body(params, c_ax, reduce_dtype):
         operands, bias = (local[:-1], local[-1]) if params["has_bias"] else (local, None)
         (partial,) = conv_p.bind(*operands, **{**params, "has_bias": False,
                                                "out_dtype": reduce_dtype})
-        y = lax.psum(partial, c_ax).astype(jnp.float32)
-        if bias is not None:
-            y = y + bias.astype(jnp.float32)
-        return (y.astype(params["out_dtype"]),)
+        return (summed_partials(partial, c_ax, bias).astype(params["out_dtype"]),)
 
     return body
 

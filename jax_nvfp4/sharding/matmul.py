@@ -18,14 +18,13 @@ taken by another dimension, is dropped (that operand is resharded explicitly).""
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental.custom_partitioning import CompoundFactor
 
 from jax_nvfp4.format import TILE_ROWS
 from jax_nvfp4.primitives.matmul import matmul_batcher, matmul_p
 from jax_nvfp4.primitives.quantize import quantize_p
 from jax_nvfp4.sharding._partitioned import (Plan, define_partitioned_primitive, local_body,
-                                             register_batcher)
+                                             register_batcher, summed_partials)
 from jax_nvfp4.sharding._rules import RuleBuilder
 from jax_nvfp4.sharding._specs import (REPLICATED, TILE_K, even_split, k_axes, row_axes,
                                        scale_dims, without)
@@ -157,13 +156,7 @@ def _row_parallel_body(names, params, k_ax, scatter, reduce_dtype):
         gemm_operands = [ops[n] for n in names if n not in ("bias", "out_s_enc")]
         (partial,) = matmul_p.bind(*gemm_operands, a_nvfp4=params["a_nvfp4"], has_bias=False,
                                    out_nvfp4=False, out_dtype=reduce_dtype)
-        if scatter is not None:
-            y = lax.psum_scatter(partial, k_ax, scatter_dimension=scatter, tiled=True)
-        else:
-            y = lax.psum(partial, k_ax)
-        y = y.astype(jnp.float32)
-        if "bias" in ops:
-            y = y + ops["bias"].astype(jnp.float32)
+        y = summed_partials(partial, k_ax, ops.get("bias"), scatter)
         if params["out_nvfp4"]:
             return tuple(quantize_p.bind(y, ops["out_s_enc"]))
         return (y.astype(params["out_dtype"]),)

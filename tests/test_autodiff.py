@@ -164,6 +164,8 @@ def test_qat_matmul_rejects_bad_arguments(problem):
         qat_matmul(x[..., :32], w, b)
     with pytest.raises(ValueError, match="act_s_enc"):
         qat_matmul(x, w, b, act_s_enc=100.0)
+    with pytest.raises(TypeError, match="qat_matmul: reduce_dtype must be float32 or bfloat16"):
+        qat_matmul(x, w, b, reduce_dtype=jnp.float16)
 
 
 # ---- convolution --------------------------------------------------------------------------------
@@ -222,7 +224,9 @@ def test_qat_conv_forward_and_straight_through_gradients(conv_problem):
         assert _rel(g, r) < 1e-2
 
 
-def test_qat_conv_rejects_a_non_hwio_filter(conv_problem):
+def test_qat_conv_rejects_bad_arguments(conv_problem):
     x, w, b = conv_problem
     with pytest.raises(ValueError, match=r"\[R, S, C, K\].*\(3, 32, 16\)"):
         qat_conv(x, w[0], b)
+    with pytest.raises(TypeError, match="qat_conv: reduce_dtype must be float32 or bfloat16"):
+        qat_conv(x, w, b, reduce_dtype=jnp.int8)

@@ -347,8 +347,10 @@ def test_quantize_model_of_a_single_layer(weights):
     layer = nnx.Linear(IN, OUT, rngs=nnx.Rngs(0))
     layer.kernel[...] = kernel
     layer.bias[...] = bias
-    q = convert.quantize_model(layer, act_quant=True)
-    assert isinstance(q, nvnnx.Linear) and q.act_quant
+    q = convert.quantize_model(layer, act_quant=True, reduce_dtype=jnp.bfloat16)
+    assert isinstance(q, nvnnx.Linear) and q.act_quant and q.reduce_dtype == jnp.bfloat16
+    qat = nvnnx.Linear(IN, OUT, qat=True, reduce_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    assert convert.quantize_model(qat).reduce_dtype == jnp.bfloat16  # a QAT layer keeps its own
     np.testing.assert_array_equal(q(x), _reference(x, kernel, bias, x_in=jn.quantize(x)))
 
 
@@ -436,6 +438,19 @@ np.testing.assert_allclose(np.asarray(y), np.asarray(mlp(x1, up1, down1)), rtol=
 g1 = jax.grad(lambda x: jnp.sum(mlp(x, up1, down1) ** 2))(x1)
 g, g1 = np.asarray(g), np.asarray(g1)
 assert np.linalg.norm(g - g1) < 1e-2 * np.linalg.norm(g1)  # the backward runs in bfloat16
+
+# reduce_dtype=bfloat16 (inference and QAT layers, same weights as `down`): the row-parallel
+# partial products are rounded to bfloat16 before the cross-device sum, so y moves from the
+# float32 sum by about bfloat16's rounding (XLA:CPU hides the dtype of the collective itself).
+with jax.set_mesh(mesh):
+    h = nnx.jit(lambda x, up: nnx.relu(up(x)))(xs, up)
+    y32 = np.asarray(nnx.jit(lambda h, m: m(h))(h, down), np.float32)
+    for qat in (False, True):
+        down16 = nvnnx.Linear(512, 256, kernel_init=nnx.with_partitioning(init, ("model", None)),
+                              qat=qat, reduce_dtype=jnp.bfloat16, rngs=nnx.Rngs(1))
+        y16 = np.asarray(nnx.jit(lambda h, m: m(h))(h, down16), np.float32)
+        err = np.linalg.norm(y16 - y32) / np.linalg.norm(y32)
+        assert 1e-4 < err < 1e-2, (qat, err)
 print("SHARDED_FLAX_OK")
 """
 
@@ -499,6 +514,12 @@ def test_bad_inputs_are_rejected(weights):
         nvnnx.Linear(IN, OUT, act_s_enc=100.0, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="finite positive"):
         nvlinen.Dense(OUT, act_quant=True, act_s_enc=-1.0).init(jax.random.key(0), x)
+    with pytest.raises(TypeError, match="Linear: reduce_dtype must be float32 or bfloat16, got "
+                                        "float16"):
+        nvnnx.Linear(IN, OUT, reduce_dtype=jnp.float16, rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match="Conv 'c': reduce_dtype must be float32 or bfloat16"):
+        nvlinen.Conv(OUT, 3, reduce_dtype=jnp.int8, name="c").init(jax.random.key(0),
+                                                                   jnp.ones((1, 4, 4, IN)))
 
 
 # ---- demo section -------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from jax_nvfp4.convolution import conv as nvfp4_conv
 from jax_nvfp4.convolution import quantize_conv_weight
-from jax_nvfp4.format import BLOCK, NVFP4Array, check_float_dtype
+from jax_nvfp4.format import BLOCK, NVFP4Array, check_float_dtype, reduce_dtype_of
 from jax_nvfp4.gemm import matmul
 from jax_nvfp4.primitives.autodiff import qat_conv, qat_matmul
 from jax_nvfp4.quantization import quantize
@@ -67,19 +67,21 @@ def _input(x, dtype, param_dtype, in_features, min_ndim, layer):
 
 
 def dense(x, kernel, bias, *, in_features: int, dtype, param_dtype, act_quant: bool, act_s_enc,
-          layer: str):
+          reduce_dtype, layer: str):
     """y = x @ W^T + bias for x [..., in_features].
 
     kernel: an NVFP4Array [out, in] (inference) or a float array [in, out] in Flax's layout
     (quantization-aware training: quantized here, straight-through gradients).
     The output dtype is `dtype`, else that Flax's Dense would give: x's promoted with
-    param_dtype. With `dtype` given, x is cast to it first."""
+    param_dtype. With `dtype` given, x is cast to it first. reduce_dtype: matmul's (the dtype
+    a row-parallel layer sums its partial products in across devices)."""
     x, out_dtype = _input(x, dtype, param_dtype, in_features, 1, layer)
+    reduce_dtype = reduce_dtype_of(reduce_dtype, layer)
     if isinstance(kernel, NVFP4Array):
         x_in = quantize(x, s_enc=act_s_enc) if act_quant else x
-        return matmul(x_in, kernel, bias=bias, out_dtype=out_dtype)
+        return matmul(x_in, kernel, bias=bias, out_dtype=out_dtype, reduce_dtype=reduce_dtype)
     return qat_matmul(x, kernel.T, bias, quantize_activations=act_quant, act_s_enc=act_s_enc,
-                      out_dtype=out_dtype)
+                      out_dtype=out_dtype, reduce_dtype=reduce_dtype)
 
 
 def pair(value, name: str, layer: str) -> tuple[int, int]:
@@ -108,15 +110,17 @@ def conv_padding(padding, layer: str):
 
 
 def conv(x, kernel, bias, *, in_features: int, strides, padding, dilation, dtype, param_dtype,
-         act_quant: bool, act_s_enc, layer: str):
+         act_quant: bool, act_s_enc, reduce_dtype, layer: str):
     """2-D NHWC convolution for x [..., H, W, in_features] (any number of batch dims, or none).
 
     kernel: an NVFP4Array [R, S, out, in] (inference) or a float HWIO array [R, S, in, out]
     in Flax's layout (quantization-aware training). dtype rules as `dense`."""
     x, out_dtype = _input(x, dtype, param_dtype, in_features, 3, layer)
+    reduce_dtype = reduce_dtype_of(reduce_dtype, layer)
     lead = x.shape[:-3]
     x4 = x.reshape(-1, *x.shape[-3:])
-    kw = dict(window_strides=strides, padding=padding, rhs_dilation=dilation)
+    kw = dict(window_strides=strides, padding=padding, rhs_dilation=dilation,
+              reduce_dtype=reduce_dtype)
     if isinstance(kernel, NVFP4Array):
         x_in = quantize(x4, s_enc=act_s_enc) if act_quant else x4
         y = nvfp4_conv(x_in, kernel, bias=bias, out_dtype=out_dtype, **kw)

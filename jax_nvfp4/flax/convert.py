@@ -124,10 +124,12 @@ def _convertible(module) -> bool:
             and not (isinstance(module.padding, str) and module.padding.upper() == "CIRCULAR"))
 
 
-def _to_nvfp4(module, act_quant: bool, act_s_enc):
+def _to_nvfp4(module, act_quant: bool, act_s_enc, reduce_dtype):
     if isinstance(module, (nvfp4_nnx.Linear, nvfp4_nnx.Conv)):  # QAT -> inference, same options
         act_quant, act_s_enc = module.act_quant, module.act_s_enc
-    kwargs = dict(dtype=module.dtype, act_quant=act_quant, act_s_enc=act_s_enc)
+        reduce_dtype = module.reduce_dtype
+    kwargs = dict(dtype=module.dtype, act_quant=act_quant, act_s_enc=act_s_enc,
+                  reduce_dtype=reduce_dtype)
     if isinstance(module, (nnx.Conv, nvfp4_nnx.Conv)):
         cls = nvfp4_nnx.Conv
         kwargs.update(strides=module.strides, padding=module.padding,
@@ -141,18 +143,18 @@ def _to_nvfp4(module, act_quant: bool, act_s_enc):
 
 
 def quantize_model(model, *, predicate: Predicate = quantize_all, act_quant: bool = False,
-                   act_s_enc: float | None = None):
+                   act_s_enc: float | None = None, reduce_dtype=None):
     """Converts an nnx model's float `nnx.Linear` / `nnx.Conv` layers (and QAT-mode NVFP4 layers,
-    which keep their activation options) accepted by predicate(path, kernel) into inference-mode
-    NVFP4 `Linear` / `Conv` layers, in place; returns the model (the new layer itself when
-    `model` is one layer). Convolutions NVFP4 cannot represent (feature groups, input dilation,
-    masks, circular padding) stay float. `act_quant`/`act_s_enc` set W4A4 on the converted
-    float layers.
+    which keep their options) accepted by predicate(path, kernel) into inference-mode NVFP4
+    `Linear` / `Conv` layers, in place; returns the model (the new layer itself when `model` is
+    one layer). Convolutions NVFP4 cannot represent (feature groups, input dilation, masks,
+    circular padding) stay float. `act_quant`/`act_s_enc` set W4A4 and `reduce_dtype` the
+    row-parallel sum's dtype on the converted float layers.
     Keep the float model with `nnx.clone(model)` first if you still need it."""
     selected = [(path, m) for path, m in nnx.iter_modules(model)
                 if _convertible(m) and predicate(path, m.kernel[...])]
     for path, module in selected:
-        new = _to_nvfp4(module, act_quant, act_s_enc)
+        new = _to_nvfp4(module, act_quant, act_s_enc, reduce_dtype)
         if not path:
             return new
         parent = model

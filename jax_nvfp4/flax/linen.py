@@ -6,7 +6,9 @@ bias_init; DenseGeneral's axis; Conv's kernel_size, strides, padding, kernel_dil
   every forward pass with straight-through gradients; otherwise (inference) the 'kernel' param
   is an `NVFP4Array` ([N = prod(out), K = prod(in)], or [R, S, out, in] for Conv);
 - `act_quant` / `act_s_enc`: W4A4 (quantize activations per call, or with a calibrated static
-  encode scale) instead of the default W4A16.
+  encode scale) instead of the default W4A16;
+- `reduce_dtype`: the dtype a row-parallel layer (input features split over devices) sums its
+  partial products in across them: float32 (None, the default) or bfloat16 (`jax_nvfp4.matmul`).
 
 Sharding: wrap `kernel_init` with `nn.with_logical_partitioning(init, names)` (or
 `nn.with_partitioning`) in Flax's order, as for nn.Dense / nn.Conv. The NVFP4 fields are boxed
@@ -84,7 +86,7 @@ def _apply(module, x, in_shape: tuple[int, ...], out_shape: tuple[int, ...]):
     lead = x.shape[:x.ndim - len(in_shape)]
     y = _core.dense(x.reshape(*lead, k), kernel, bias, in_features=k, dtype=module.dtype,
                     param_dtype=module.param_dtype, act_quant=module.act_quant,
-                    act_s_enc=module.act_s_enc, layer=layer)
+                    act_s_enc=module.act_s_enc, reduce_dtype=module.reduce_dtype, layer=layer)
     return y.reshape(*lead, *out_shape)
 
 
@@ -101,6 +103,7 @@ class Dense(nn.Module):
     qat: bool = False
     act_quant: bool = False
     act_s_enc: float | None = None
+    reduce_dtype: Any = None
 
     @nn.compact
     def __call__(self, x):
@@ -127,6 +130,7 @@ class DenseGeneral(nn.Module):
     qat: bool = False
     act_quant: bool = False
     act_s_enc: float | None = None
+    reduce_dtype: Any = None
 
     @nn.compact
     def __call__(self, x):
@@ -167,6 +171,7 @@ class Conv(nn.Module):
     qat: bool = False
     act_quant: bool = False
     act_s_enc: float | None = None
+    reduce_dtype: Any = None
 
     @nn.compact
     def __call__(self, x):
@@ -186,4 +191,5 @@ class Conv(nn.Module):
                           padding=_core.conv_padding(self.padding, layer),
                           dilation=_core.pair(self.kernel_dilation, "kernel_dilation", layer),
                           dtype=self.dtype, param_dtype=self.param_dtype,
-                          act_quant=self.act_quant, act_s_enc=self.act_s_enc, layer=layer)
+                          act_quant=self.act_quant, act_s_enc=self.act_s_enc,
+                          reduce_dtype=self.reduce_dtype, layer=layer)

@@ -10,7 +10,9 @@ kernel_metadata, bias_metadata; Conv's kernel_size, strides, padding, kernel_dil
   in every forward pass with straight-through gradients (`qat_matmul` / `qat_conv`).
 
 Activations stay float (W4A16) unless `act_quant=True` (W4A4), which quantizes them on each call
-with their own amax or with a calibrated static encode scale `act_s_enc`.
+with their own amax or with a calibrated static encode scale `act_s_enc`. `reduce_dtype` is the
+dtype a row-parallel layer (input features split over devices) sums its partial products in
+across them: float32 (None, the default) or bfloat16 (`jax_nvfp4.matmul`).
 
 Sharding: annotate the kernel as for nnx.Linear / nnx.Conv, in Flax's order
 (`kernel_init=nnx.with_partitioning(init, ("embed", "mlp"))` or `kernel_metadata=`); the NVFP4
@@ -27,7 +29,7 @@ from flax import nnx
 from flax.nnx.nn.linear import default_bias_init, default_kernel_init
 
 from jax_nvfp4.flax import _core
-from jax_nvfp4.format import NVFP4Array
+from jax_nvfp4.format import NVFP4Array, reduce_dtype_of
 
 # The metadata key nnx reads a variable's sharding from (it has changed across Flax releases).
 _SHARDING_KEYS = ("out_sharding", "sharding_names", "sharding")
@@ -112,14 +114,15 @@ class _NVFP4Layer(nnx.Module):
         return self.bias[...] if self.bias is not None else None
 
     def _init_weights(self, kernel_shape, *, in_features, out_features, use_bias, dtype,
-                      param_dtype, kernel_init, bias_init, qat, act_quant, act_s_enc, rngs,
-                      kernel_metadata, bias_metadata, conv):
+                      param_dtype, kernel_init, bias_init, qat, act_quant, act_s_enc,
+                      reduce_dtype, rngs, kernel_metadata, bias_metadata, conv):
         """Checks the constructor's common arguments, then creates the kernel (float [*, in,
         out] from `kernel_init`, stored as NVFP4 unless `qat`) and the bias."""
         layer = type(self).__name__
         _core.check_in_features(in_features, layer)
         _core.check_out_features(out_features, layer)
         _core.check_act_quant(act_quant, act_s_enc, layer)
+        reduce_dtype = reduce_dtype_of(reduce_dtype, layer)
         kernel = kernel_init(rngs.params(), kernel_shape, param_dtype)
         self.kernel = _make_kernel(kernel, qat, kernel_metadata, layer, conv=conv)
         self.bias = _make_bias(use_bias, bias_init, rngs, out_features, param_dtype,
@@ -132,6 +135,7 @@ class _NVFP4Layer(nnx.Module):
         self.qat = qat
         self.act_quant = act_quant
         self.act_s_enc = act_s_enc
+        self.reduce_dtype = reduce_dtype
 
     @classmethod
     def _from_float(cls, kernel, bias, layout: str, ndim: int, shape_args, kernel_metadata,
@@ -154,21 +158,22 @@ class Linear(_NVFP4Layer):
 
     Args beyond nnx.Linear's: `qat` (float master weights, straight-through gradients),
     `act_quant` (W4A4: quantize the activations too), `act_s_enc` (a calibrated static
-    activation encode scale, e.g. from `activation_s_enc`; None derives it per call).
+    activation encode scale, e.g. from `activation_s_enc`; None derives it per call),
+    `reduce_dtype` (float32 or bfloat16: what a row-parallel layer's cross-device sum is in).
     `in_features` must be a multiple of 16 (NVFP4 blocks along the input axis)."""
 
     def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
                  dtype=None, param_dtype=jnp.float32, kernel_init=default_kernel_init,
                  bias_init=default_bias_init, qat: bool = False, act_quant: bool = False,
-                 act_s_enc: float | None = None, rngs: nnx.Rngs,
+                 act_s_enc: float | None = None, reduce_dtype=None, rngs: nnx.Rngs,
                  kernel_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({}),
                  bias_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({})):
         self._init_weights((in_features, out_features), in_features=in_features,
                            out_features=out_features, use_bias=use_bias, dtype=dtype,
                            param_dtype=param_dtype, kernel_init=kernel_init, bias_init=bias_init,
-                           qat=qat, act_quant=act_quant, act_s_enc=act_s_enc, rngs=rngs,
-                           kernel_metadata=kernel_metadata, bias_metadata=bias_metadata,
-                           conv=False)
+                           qat=qat, act_quant=act_quant, act_s_enc=act_s_enc,
+                           reduce_dtype=reduce_dtype, rngs=rngs, kernel_metadata=kernel_metadata,
+                           bias_metadata=bias_metadata, conv=False)
 
     @classmethod
     def from_float(cls, kernel, bias=None, *, kernel_metadata: tp.Mapping = MappingProxyType({}),
@@ -183,14 +188,14 @@ class Linear(_NVFP4Layer):
         return _core.dense(x, self.weight, self._bias(), in_features=self.in_features,
                            dtype=self.dtype, param_dtype=self.param_dtype,
                            act_quant=self.act_quant, act_s_enc=self.act_s_enc,
-                           layer=type(self).__name__)
+                           reduce_dtype=self.reduce_dtype, layer=type(self).__name__)
 
 
 class Conv(_NVFP4Layer):
     """A 2-D NHWC convolution with an NVFP4 filter, following flax.nnx.Conv's constructor
     (in_features, out_features, kernel_size, strides, padding, kernel_dilation, use_bias, dtype,
     param_dtype, kernel_init, bias_init, rngs, kernel_metadata, bias_metadata) plus `qat`,
-    `act_quant` and `act_s_enc` as in `Linear`. The float kernel is Flax's HWIO
+    `act_quant`, `act_s_enc` and `reduce_dtype` as in `Linear`. The float kernel is Flax's HWIO
     [R, S, in, out]; stored as NVFP4 it is [R, S, out, in] (see `jax_nvfp4.conv`).
     `in_features` must be a multiple of 16. Padding: 'SAME', 'SAME_LOWER', 'VALID', an int or
     ((lo, hi), (lo, hi)); feature groups, input dilation and masks are not supported.
@@ -201,7 +206,7 @@ class Conv(_NVFP4Layer):
                  kernel_dilation: int | tp.Sequence[int] = 1, use_bias: bool = True,
                  dtype=None, param_dtype=jnp.float32, kernel_init=default_kernel_init,
                  bias_init=default_bias_init, qat: bool = False, act_quant: bool = False,
-                 act_s_enc: float | None = None, rngs: nnx.Rngs,
+                 act_s_enc: float | None = None, reduce_dtype=None, rngs: nnx.Rngs,
                  kernel_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({}),
                  bias_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({})):
         layer = type(self).__name__
@@ -213,9 +218,9 @@ class Conv(_NVFP4Layer):
                            in_features=in_features, out_features=out_features,
                            use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
                            kernel_init=kernel_init, bias_init=bias_init, qat=qat,
-                           act_quant=act_quant, act_s_enc=act_s_enc, rngs=rngs,
-                           kernel_metadata=kernel_metadata, bias_metadata=bias_metadata,
-                           conv=True)
+                           act_quant=act_quant, act_s_enc=act_s_enc, reduce_dtype=reduce_dtype,
+                           rngs=rngs, kernel_metadata=kernel_metadata,
+                           bias_metadata=bias_metadata, conv=True)
 
     @classmethod
     def from_float(cls, kernel, bias=None, *, kernel_metadata: tp.Mapping = MappingProxyType({}),
@@ -231,4 +236,5 @@ class Conv(_NVFP4Layer):
                           strides=self.strides, padding=self.padding,
                           dilation=self.kernel_dilation, dtype=self.dtype,
                           param_dtype=self.param_dtype, act_quant=self.act_quant,
-                          act_s_enc=self.act_s_enc, layer=type(self).__name__)
+                          act_s_enc=self.act_s_enc, reduce_dtype=self.reduce_dtype,
+                          layer=type(self).__name__)

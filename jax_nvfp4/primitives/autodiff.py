@@ -30,7 +30,7 @@ from jax import lax
 from jax.interpreters import ad
 
 from jax_nvfp4.convolution import conv, quantize_conv_weight
-from jax_nvfp4.format import NVFP4Array
+from jax_nvfp4.format import NVFP4Array, reduce_dtype_of
 from jax_nvfp4.gemm import matmul
 from jax_nvfp4.primitives.conv import conv_p
 from jax_nvfp4.primitives.matmul import matmul_p
@@ -168,24 +168,28 @@ class _QatConfig(NamedTuple):
     w_dtype: jnp.dtype
     bias_dtype: jnp.dtype | None
     conv: tuple | None
+    reduce_dtype: jnp.dtype
 
 
-def _config(x, w, bias, quantize_activations, act_s_enc, out_dtype, conv_params, name):
+def _config(x, w, bias, quantize_activations, act_s_enc, out_dtype, conv_params, reduce_dtype,
+            name):
     if act_s_enc is not None and not quantize_activations:
         raise ValueError(f"{name}: act_s_enc is only meaningful with quantize_activations=True")
     return _QatConfig(bool(quantize_activations),
                       jnp.dtype(jnp.bfloat16 if out_dtype is None else out_dtype),
                       jnp.dtype(x.dtype), jnp.dtype(w.dtype),
-                      None if bias is None else jnp.dtype(bias.dtype), conv_params)
+                      None if bias is None else jnp.dtype(bias.dtype), conv_params,
+                      reduce_dtype_of(reduce_dtype, name))
 
 
-def qat_matmul(x, w, bias=None, *, quantize_activations=False, act_s_enc=None, out_dtype=None):
+def qat_matmul(x, w, bias=None, *, quantize_activations=False, act_s_enc=None, out_dtype=None,
+               reduce_dtype=None):
     """Quantization-aware y = x @ w.T (+ bias) with float master weights `w` [N, K].
 
-    Forward: exactly `matmul(x_in, quantize(w), bias=bias)`, where x_in is x (W4A16) or, with
-    `quantize_activations`, `quantize(x, s_enc=act_s_enc)` (W4A4; `act_s_enc=None` derives the
-    encode scale from each call's amax). The forward pass is therefore bit-identical to the
-    inference layer built from the same weights.
+    Forward: exactly `matmul(x_in, quantize(w), bias=bias, reduce_dtype=reduce_dtype)`, where
+    x_in is x (W4A16) or, with `quantize_activations`, `quantize(x, s_enc=act_s_enc)` (W4A4;
+    `act_s_enc=None` derives the encode scale from each call's amax). The forward pass is
+    therefore bit-identical to the inference layer built from the same weights.
 
     Backward (straight-through estimator, in bfloat16 with float32 accumulation): the quantizers
     pass gradients unchanged, so with w_hat = dequantize(quantize(w)) and x_hat the activation the
@@ -199,15 +203,18 @@ def qat_matmul(x, w, bias=None, *, quantize_activations=False, act_s_enc=None, o
         raise ValueError(f"qat_matmul: contracting dims differ: x has shape {tuple(x.shape)}, "
                          f"w has shape {tuple(w.shape)} (K={w.shape[1]})")
     bias = None if bias is None else jnp.asarray(bias)
-    cfg = _config(x, w, bias, quantize_activations, act_s_enc, out_dtype, None, "qat_matmul")
+    cfg = _config(x, w, bias, quantize_activations, act_s_enc, out_dtype, None, reduce_dtype,
+                  "qat_matmul")
     return _ste(x, w, bias, _as_f32(act_s_enc), cfg)
 
 
 def qat_conv(x, w_hwio, bias=None, *, window_strides=(1, 1), padding="SAME",
-             rhs_dilation=(1, 1), quantize_activations=False, act_s_enc=None, out_dtype=None):
+             rhs_dilation=(1, 1), quantize_activations=False, act_s_enc=None, out_dtype=None,
+             reduce_dtype=None):
     """Quantization-aware `jax_nvfp4.conv` with a float master filter `w_hwio` [R, S, C, K].
 
-    Forward: exactly `conv(x_in, quantize_conv_weight(w_hwio), ...)` (x_in as in `qat_matmul`).
+    Forward: exactly `conv(x_in, quantize_conv_weight(w_hwio), ..., reduce_dtype=...)` (x_in as
+    in `qat_matmul`).
     Backward: the straight-through gradients of the float convolution of x_hat with the
     dequantized filter, in bfloat16 with float32 accumulation."""
     x, w_hwio = jnp.asarray(x), jnp.asarray(w_hwio)
@@ -218,7 +225,7 @@ def qat_conv(x, w_hwio, bias=None, *, window_strides=(1, 1), padding="SAME",
     conv_params = (tuple(window_strides), padding if isinstance(padding, str) else
                    tuple(tuple(p) for p in padding), tuple(rhs_dilation))
     cfg = _config(x, w_hwio, bias, quantize_activations, act_s_enc, out_dtype, conv_params,
-                  "qat_conv")
+                  reduce_dtype, "qat_conv")
     return _ste(x, w_hwio, bias, _as_f32(act_s_enc), cfg)
 
 
@@ -230,12 +237,12 @@ def _qat_forward(x, w, bias, act_s_enc, cfg):
     x_in = quantize(x, s_enc=act_s_enc) if cfg.quantize_activations else x
     if cfg.conv is None:
         w_q = quantize(w)
-        y = matmul(x_in, w_q, bias=bias, out_dtype=cfg.out_dtype)
+        y = matmul(x_in, w_q, bias=bias, out_dtype=cfg.out_dtype, reduce_dtype=cfg.reduce_dtype)
     else:
         strides, padding, dilation = cfg.conv
         w_q = quantize_conv_weight(w)
         y = conv(x_in, w_q, window_strides=strides, padding=padding, rhs_dilation=dilation,
-                 bias=bias, out_dtype=cfg.out_dtype)
+                 bias=bias, out_dtype=cfg.out_dtype, reduce_dtype=cfg.reduce_dtype)
     return y, (x_in, w_q)
 
 

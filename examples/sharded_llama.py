@@ -1,6 +1,7 @@
 """Tensor-parallel NVFP4 inference of Llama-style decoder blocks over every local device.
 
     python examples/sharded_llama.py [--small] [--layers 4] [--out result.md] [--profile DIR]
+                                     [--reduce-dtype bfloat16]
 
 A stack of decoder blocks with the dimensions of an 8B-class Llama (hidden 4096, MLP 14336,
 32 query heads, 8 KV heads of 128) and random weights: RMSNorm, q/k/v/o projections with plain
@@ -17,7 +18,8 @@ markdown table. The prefill is timed twice: as above, and sequence-parallel (Meg
 blocks the tokens are split over the devices, the norms run on each device's tokens, the
 column-parallel GEMMs take the all-gathered tokens, and the row-parallel ones reduce-scatter their
 sums instead of all-reducing them). --profile adds where the GPU time of a batch-1 decode step
-goes, kernel by kernel (jax.profiler). --small shrinks the model so it runs on forced CPU devices
+goes, kernel by kernel (jax.profiler). --reduce-dtype bfloat16 makes both models add their
+row-parallel partial products across devices in bfloat16 (half the bytes). --small shrinks the model so it runs on forced CPU devices
 (XLA_FLAGS=--xla_force_host_platform_device_count=8).
 """
 
@@ -165,12 +167,16 @@ def forward(x, params, caches, cfg: Config, linear, tp, sp: SequenceParallel | N
     return x
 
 
-def nvfp4_linear(x, w):
-    return nv.matmul(x, w, out_dtype=x.dtype)
+def nvfp4_linear(x, w, reduce_dtype=None):
+    return nv.matmul(x, w, out_dtype=x.dtype, reduce_dtype=reduce_dtype)
 
 
-def bf16_linear(x, w):
-    return jnp.einsum("...k,nk->...n", x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+def bf16_linear(x, w, reduce_dtype=None):
+    """The bf16 model's GEMM. A row-parallel one's partial products are summed across devices
+    in the dot's result type: float32, or with reduce_dtype=bfloat16 bfloat16 (as
+    jax_nvfp4.matmul's reduce_dtype, and Megatron's row-parallel layers)."""
+    result = jnp.float32 if reduce_dtype is None else reduce_dtype
+    return jnp.einsum("...k,nk->...n", x, w, preferred_element_type=result).astype(x.dtype)
 
 
 # ------------------------------------------------------------------------------ weights
@@ -253,12 +259,12 @@ def relative_error(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def check_against_one_device(cfg, mesh, params, key) -> float:
+def check_against_one_device(cfg, mesh, params, key, linear=nvfp4_linear) -> float:
     """Relative difference of the sharded NVFP4 prefill from the same model on one device."""
     x = jax.random.normal(key, (2, min(cfg.prefill, 128), cfg.hidden), jnp.bfloat16)
     # The same fused layout (stacked for the mesh's tp devices) computed on one device.
     tp = mesh.shape["tp"]
-    fwd = jax.jit(lambda x, p: forward(x, p, None, cfg, nvfp4_linear, tp))
+    fwd = jax.jit(lambda x, p: forward(x, p, None, cfg, linear, tp))
     sharded = fwd(jax.device_put(x, NamedSharding(mesh, P())), params)
     one = SingleDeviceSharding(mesh.devices.flat[0])
     single = fwd(jax.device_put(x, one), jax.device_put(params, one))
@@ -348,7 +354,7 @@ def profile_decode(cfg: Config, mesh: Mesh, models, steps: int, log_dir) -> str:
     return "\n".join(lines)
 
 
-def render(cfg: Config, devices, rows, memory, err) -> str:
+def render(cfg: Config, devices, rows, memory, err, reduce_dtype) -> str:
     """The markdown table: times (rows) and memory ((label, {model: bytes}) pairs)."""
     kinds = ", ".join(sorted({d.device_kind for d in devices}))
     gemm = ("CUDA kernel" if nv._extension.kernel_available("jax_nvfp4_gemm")
@@ -359,7 +365,8 @@ def render(cfg: Config, devices, rows, memory, err) -> str:
         f"{datetime.date.today()} · jax {jax.__version__} · NVFP4 GEMM: {gemm} · "
         f"hidden {cfg.hidden}, MLP {cfg.intermediate}, heads {cfg.heads}/{cfg.kv_heads} KV, "
         f"{cfg.layers} layers · mesh tp={len(devices)} (fused q/k/v and gate/up column-, "
-        f"o/down row-parallel) · sharded NVFP4 vs one device: relative difference {err:.1e}",
+        f"o/down row-parallel, partial sums added across devices in {reduce_dtype.name}) · "
+        f"sharded NVFP4 vs one device: relative difference {err:.1e}",
         "",
         "| | NVFP4 ms | bf16 ms | speedup |",
         "|---|---:|---:|---:|",
@@ -383,7 +390,11 @@ def main(argv=None):
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="trace a batch-1 decode program per model into DIR and add its "
                              "GPU time per kernel to the table")
+    parser.add_argument("--reduce-dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="dtype both models sum their row-parallel partial products in "
+                             "across devices")
     args = parser.parse_args(argv)
+    reduce_dtype = jnp.dtype(args.reduce_dtype)
     cfg = SMALL if args.small else Config()
     if args.layers:
         cfg = dataclasses.replace(cfg, layers=args.layers)
@@ -392,16 +403,18 @@ def main(argv=None):
     mesh = Mesh(np.array(devices), ("tp",))
     key = jax.random.key(0)
     bf16, nvfp4 = make_params(cfg, mesh, key)
-    err = check_against_one_device(cfg, mesh, nvfp4, jax.random.key(1))
+    linear = {"nvfp4": functools.partial(nvfp4_linear, reduce_dtype=reduce_dtype),
+              "bf16": functools.partial(bf16_linear, reduce_dtype=reduce_dtype)}
+    err = check_against_one_device(cfg, mesh, nvfp4, jax.random.key(1), linear["nvfp4"])
     matches = err < 2e-2  # bf16 activations; row-parallel sums add in another order
     print(f"sharded NVFP4 vs one device: relative difference {err:.2e}; "
           f"matches one device: {'yes' if matches else 'NO'}")
 
-    models = (("nvfp4", nvfp4_linear, nvfp4), ("bf16", bf16_linear, bf16))
+    models = (("nvfp4", linear["nvfp4"], nvfp4), ("bf16", linear["bf16"], bf16))
     rows, prefill_memory = measure(cfg, mesh, models, args.steps, args.repeats)
     weights = {"nvfp4": weight_bytes(nvfp4, devices[0]), "bf16": weight_bytes(bf16, devices[0])}
     table = render(cfg, devices, rows, [("weight memory per device (MiB)", weights)]
-                   + prefill_memory, err)
+                   + prefill_memory, err, reduce_dtype)
     print(table)
     if args.profile:
         profile = profile_decode(cfg, mesh, models, args.steps, args.profile)

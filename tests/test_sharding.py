@@ -5,6 +5,7 @@ already initialized with one device), `test_multidevice_suite` re-runs this file
 process on 8 forced CPU devices (--xla_force_host_platform_device_count=8 must be set before jax
 starts); with 2 or more (GPUs, or the child) the tests run here directly."""
 
+import functools
 import gzip
 import importlib.util
 import json
@@ -471,17 +472,19 @@ def test_sharded_llama_profile_reads_kernels_of_the_first_gpu(example, tmp_path)
 def test_sharded_llama_example_small(example, tmp_path, capsys):
     """The tensor-parallel Llama example (--small) runs and matches its one-device output."""
     out = tmp_path / "result.md"
-    assert example.main(["--small", "--steps", "1", "--repeats", "1", "--out", str(out)]) == 0
+    assert example.main(["--small", "--steps", "1", "--repeats", "1", "--out", str(out),
+                         "--reduce-dtype", "bfloat16"]) == 0
     assert "matches one device: yes" in capsys.readouterr().out
     table = out.read_text()
     assert "| decode step, batch 16" in table and "| weight memory per device" in table
+    assert "partial sums added across devices in bfloat16" in table
     assert "sequence-parallel: temporaries per device (MiB) |" in table
 
     # The compiled decode step moves activations only: two all-reduces per block, no weight
     # gathered, and the fused q/k/v and gate/up outputs split without any resharding.
     cfg = example.SMALL
     mesh = Mesh(np.array(jax.devices()), ("tp",))
-    _, params = example.make_params(cfg, mesh, jax.random.key(0))
+    bf16_params, params = example.make_params(cfg, mesh, jax.random.key(0))
     caches = example.kv_caches(cfg, mesh, 1, jax.random.key(1))
     x = jax.device_put(jnp.zeros((1, 1, cfg.hidden), jnp.bfloat16), NamedSharding(mesh, P()))
     step = example.decode_steps(cfg, example.nvfp4_linear, mesh.shape["tp"], 1)
@@ -489,6 +492,15 @@ def test_sharded_llama_example_small(example, tmp_path, capsys):
     for op in ("all-gather", "all-to-all", "collective-permute"):
         assert op not in hlo, op
     assert hlo.count("all-reduce-start") + hlo.count(" all-reduce(") == 2 * cfg.layers
+
+    # --reduce-dtype bfloat16 reaches both models' row-parallel sums: each step's output moves
+    # from the float32 sums' by bfloat16 rounding.
+    x = jax.random.normal(jax.random.key(5), x.shape, jnp.bfloat16)
+    for linear, weights in ((example.nvfp4_linear, params), (example.bf16_linear, bf16_params)):
+        f32, bf16 = (example.decode_steps(cfg, functools.partial(linear, reduce_dtype=r),
+                                          mesh.shape["tp"], 1)(x, weights, caches)
+                     for r in (None, jnp.bfloat16))
+        assert 0 < example.relative_error(bf16, f32) < 2e-2, linear
 
 
 @multidevice

@@ -406,6 +406,38 @@ def test_conv_input_channel_parallel(mesh, x_spec, w_spec, x_nvfp4):
     assert out.sharding.shard_shape(out.shape)[3] == args[1].codes.sharding.shard_shape(w.shape)[2]
 
 
+@multidevice
+@pytest.mark.parametrize("x_spec,w_spec,y_spec", [
+    (P(None, None, None, "y"), P(None, None, None, "y"), P("y", None, None, None)),
+    (P(None, None, None, "y"), P(None, None, None, "y"), P(None, None, None, "y")),
+    (P("x", None, None, "y"), P(None, None, None, "y"), P(ALL, None, None, None)),
+    (P(None, None, None, "y"), P(None, None, "x", "y"), P(None, None, None, ALL))],
+    ids=["images", "channels", "batch+images", "out+channels"])
+def test_conv_input_channel_parallel_reduce_scatters_when_asked(mesh, x_spec, w_spec, y_spec):
+    """C split with y's images or output channels asked split over the C axes as well: the
+    partial sums are reduce-scattered, never all-reduced, and equal one device (the bias is
+    added once, to each shard's own channels)."""
+    if mesh.shape["y"] < 2:
+        pytest.skip("needs a C split")
+    keys = jax.random.split(jax.random.key(10), 2)
+    x = jax.random.normal(keys[0], (8, 5, 6, 512), jnp.float32)
+    w = nv.quantize_conv_weight(jax.random.normal(keys[1], (3, 3, 512, 256), jnp.float32))
+    bias = jnp.linspace(-1000.0, 1000.0, 256, dtype=jnp.float32)  # added twice would show
+
+    def f(a, b, c):
+        y = nv.conv(a, b, bias=c, out_dtype=jnp.float32)
+        return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, y_spec))
+
+    g = jax.jit(f)
+    args = (put(x, mesh, x_spec), shard_nvfp4(w, mesh, w_spec), put(bias, mesh, P(w_spec[2])))
+    got = g(*args)
+    text = hlo(g, *args)
+    assert "reduce-scatter" in text
+    assert "all-reduce" not in text and "all-gather" not in text
+    assert got.sharding.is_equivalent_to(NamedSharding(mesh, y_spec), 4)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(g(x, w, bias)), rtol=1e-5, atol=1e-2)
+
+
 # ------------------------------------------------------------------------------ placement
 
 

@@ -105,6 +105,14 @@ def without(axes, used) -> tuple[str, ...]:
     return REPLICATED if set(axes) & set(used) else tuple(axes)
 
 
+def scatters(mesh, wanted, own_ax, sum_ax, size: int, split) -> bool:
+    """Whether a result dimension of `size`, split over `own_ax`, can take the further split over
+    `sum_ax` (the axes a contraction is summed over) that `wanted` (the partitioner's choice for
+    it) asks for, in whole pieces by `split` (e.g. whole scale tiles where it is NVFP4): then the
+    partial sums can be reduce-scattered along it instead of all-reduced."""
+    return tuple(wanted) == own_ax + sum_ax and split(mesh, wanted, size) == tuple(wanted)
+
+
 def named(mesh, dims) -> NamedSharding:
     """NamedSharding of an array whose dimension d is sharded over the axes dims[d]."""
     entries = [None if not a else (a[0] if len(a) == 1 else tuple(a)) for a in dims]

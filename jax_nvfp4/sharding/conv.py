@@ -8,7 +8,9 @@ Shardings honoured, together on meshes of several axes:
      tiles; x follows the weight): each shard convolves its C slice in float32 (alpha applies to
      every partial sum, which is linear), the partial sums are all-reduced (psum) in
      `reduce_dtype` (float32, or bfloat16 for half the bytes), and the bias and the output cast
-     follow, once.
+     follow, once. Where the partitioner asks for y's images split over the C axes too (after
+     x's batch axes), or y's output channels (after the weight's K axes), the partial sums are
+     reduce-scattered (psum_scatter) along that dimension instead.
 The spatial dims (a split needs halo exchange) and the filter taps stay whole: other splits of
 them are resharded to replicated explicitly."""
 
@@ -22,7 +24,7 @@ from jax_nvfp4.sharding._partitioned import (Plan, define_partitioned_primitive,
                                              register_batcher, summed_partials)
 from jax_nvfp4.sharding._rules import RuleBuilder
 from jax_nvfp4.sharding._specs import (REPLICATED, TILE_K, even_split, k_axes, row_axes,
-                                       scale_dims, without)
+                                       scale_dims, scatters, without)
 
 _R = REPLICATED
 
@@ -57,24 +59,34 @@ class _ConvOp:
         return b.build()
 
     @staticmethod
-    def plan(mesh, dims, avals, params, result_dims=None,  # results follow the operands
-             reduce_dtype=jnp.dtype(jnp.float32)):
+    def plan(mesh, dims, avals, params, result_dims=None, reduce_dtype=jnp.dtype(jnp.float32)):
         n_x, k, c = _ConvOp._layout(avals, params)
         w_dims = dims[n_x]
         k_ax = row_axes(mesh, w_dims[2], k)
         c_ax = without(k_axes(mesh, w_dims[3] or dims[0][3], c), k_ax)
-        n_ax = without(even_split(mesh, dims[0][0], avals[0].shape[0]), k_ax + c_ax)
+        batch = avals[0].shape[0]
+        n_ax = without(even_split(mesh, dims[0][0], batch), k_ax + c_ax)
+        # y's images or output channels asked split over the C axes as well: reduce-scatter.
+        scatter = None
+        if c_ax and result_dims is not None:
+            y_n, y_k = result_dims[0][0], result_dims[0][3]
+            if scatters(mesh, y_n, n_ax, c_ax, batch, even_split):
+                scatter = 0
+            elif scatters(mesh, y_k, k_ax, c_ax, k, even_split):
+                scatter = 3
+        y_n_ax = n_ax + c_ax if scatter == 0 else n_ax
+        y_k_ax = k_ax + c_ax if scatter == 3 else k_ax
         operands = [[n_ax, _R, _R, c_ax]]
         if params["x_nvfp4"]:
             operands += [scale_dims([n_ax, _R], _R, c_ax), []]
         operands += [[_R, _R, k_ax, c_ax], scale_dims([_R, _R], k_ax, c_ax), []]
         if params["has_bias"]:
-            operands.append([k_ax])
+            operands.append([y_k_ax])  # added after the sum, to y's channels
         if c_ax:
-            body = _input_channel_parallel_body(params, c_ax, reduce_dtype)
+            body = _input_channel_parallel_body(params, c_ax, reduce_dtype, scatter)
         else:
             body = local_body(conv_p, params)
-        return Plan(operands, [[n_ax, _R, _R, k_ax]], body)
+        return Plan(operands, [[y_n_ax, _R, _R, y_k_ax]], body)
 
     @staticmethod
     def operands_from_results(dims, avals, params):
@@ -86,16 +98,17 @@ class _ConvOp:
         return out
 
 
-def _input_channel_parallel_body(params, c_ax, reduce_dtype):
+def _input_channel_parallel_body(params, c_ax, reduce_dtype, scatter):
     """C-split shard: partial convolution of this C slice (accumulated in float32, stored in
-    `reduce_dtype`), all-reduced over `c_ax`, then in float32 the bias and the output cast
-    exactly once."""
+    `reduce_dtype`), summed over `c_ax` (psum, or, with `scatter` a dimension of y,
+    psum_scatter), then in float32 the bias and the output cast exactly once."""
 
     def body(*local):
         operands, bias = (local[:-1], local[-1]) if params["has_bias"] else (local, None)
         (partial,) = conv_p.bind(*operands, **{**params, "has_bias": False,
                                                "out_dtype": reduce_dtype})
-        return (summed_partials(partial, c_ax, bias).astype(params["out_dtype"]),)
+        y = summed_partials(partial, c_ax, bias, scatter)
+        return (y.astype(params["out_dtype"]),)
 
     return body
 

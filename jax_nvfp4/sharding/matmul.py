@@ -27,7 +27,7 @@ from jax_nvfp4.sharding._partitioned import (Plan, define_partitioned_primitive,
                                              register_batcher, summed_partials)
 from jax_nvfp4.sharding._rules import RuleBuilder
 from jax_nvfp4.sharding._specs import (REPLICATED, TILE_K, even_split, k_axes, row_axes,
-                                       scale_dims, without)
+                                       scale_dims, scatters, without)
 
 _SCALARS = ()  # mapping of a scalar operand
 
@@ -104,9 +104,9 @@ class _MatmulOp:
         scatter = None
         if k_ax and result_dims is not None:
             y_rows, y_cols = result_dims[0][:2]
-            if _scatters(mesh, y_rows, m_ax, k_ax, m, row_axes if out_nvfp4 else even_split):
+            if scatters(mesh, y_rows, m_ax, k_ax, m, row_axes if out_nvfp4 else even_split):
                 scatter = 0
-            elif _scatters(mesh, y_cols, n_ax, k_ax, n, k_axes if out_nvfp4 else even_split):
+            elif scatters(mesh, y_cols, n_ax, k_ax, n, k_axes if out_nvfp4 else even_split):
                 scatter = 1
         y_m_ax = m_ax + k_ax if scatter == 0 else m_ax
         y_n_ax = n_ax + k_ax if scatter == 1 else n_ax
@@ -136,13 +136,6 @@ class _MatmulOp:
         m_ax, n_ax = dims[0]
         given = {"a": [m_ax, REPLICATED], "b_codes": [n_ax, REPLICATED]}
         return [given.get(name, []) for name in names]
-
-
-def _scatters(mesh, wanted, own_ax, k_ax, size, split):
-    """Whether a dimension of y of `size`, split over `own_ax`, can take the further split over
-    `k_ax` that `wanted` (the partitioner's choice for it) asks for, in whole pieces by `split`
-    (whole scale tiles where y is NVFP4 along that dimension)."""
-    return tuple(wanted) == own_ax + k_ax and split(mesh, wanted, size) == tuple(wanted)
 
 
 def _row_parallel_body(names, params, k_ax, scatter, reduce_dtype):

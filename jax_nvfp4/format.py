@@ -188,6 +188,20 @@ def output_dtype(out_dtype, op: str):
     return out_dtype
 
 
+# Activations the GEMM epilogue applies after alpha and the bias (reference.activation).
+ACTIVATIONS = ("relu", "gelu", "silu")
+
+
+def activation_of(activation, op: str) -> str:
+    """An op's epilogue activation: one of ACTIVATIONS, or "none" for None."""
+    if activation is None:
+        return "none"
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
+        raise ValueError(f"{op}: activation must be None or one of {ACTIVATIONS}, got "
+                         f"{activation!r}")
+    return activation
+
+
 def reduce_dtype_of(reduce_dtype, op: str):
     """The dtype a K-sharded op sums its partial products in across devices: `reduce_dtype`,
     float32 by default, or bfloat16 (half the bytes on the links)."""

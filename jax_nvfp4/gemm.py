@@ -6,9 +6,9 @@ import math
 
 import jax.numpy as jnp
 
-from jax_nvfp4.format import (BLOCK, TILE_ROWS, NVFP4Array, checked_activation, checked_bias,
-                              checked_s_enc, checked_weight, output_dtype, plain_to_tiled,
-                              reduce_dtype_of, tiled_to_plain)
+from jax_nvfp4.format import (BLOCK, TILE_ROWS, NVFP4Array, activation_of, checked_activation,
+                              checked_bias, checked_s_enc, checked_weight, output_dtype,
+                              plain_to_tiled, reduce_dtype_of, tiled_to_plain)
 from jax_nvfp4.sharding.matmul import partitioned_matmul_p as matmul_p
 
 
@@ -34,13 +34,20 @@ def _scales_from_matrix(scales, lead, n):
     return plain_to_tiled(plain.reshape(*lead, n // BLOCK))
 
 
-def matmul(x, w: NVFP4Array, *, bias=None, out_dtype=None, out_s_enc=None, reduce_dtype=None):
-    """y = x @ w.T with NVFP4 weights: y[..., n] = sum_k x[..., k] * w[n, k] (+ bias[n]).
+def matmul(x, w: NVFP4Array, *, bias=None, activation=None, out_dtype=None, out_s_enc=None,
+           reduce_dtype=None):
+    """y = act(x @ w.T + bias) with NVFP4 weights: y[..., n] = act(sum_k x[..., k] * w[n, k]
+    (+ bias[n])).
 
     x: a float array [..., K] (float32/bfloat16/float16: "W4A16") or an NVFP4Array [..., K] with a
        scalar s_dec ("W4A4").
     w: NVFP4Array [N, K] (e.g. `quantize(weight)` for a weight stored [out, in]).
     bias: optional [N] float array, added in float32.
+    activation: None, "relu", "gelu" (tanh approximation, jax.nn.gelu's default) or "silu",
+       applied in float32 to the epilogue value (after alpha and the bias, before the output
+       cast or the NVFP4 output quantization), in the kernels' epilogue (formulas:
+       jax_nvfp4.reference.activation). Differentiable: the JVP recomputes the float32
+       pre-activation with a second GEMM.
     out_dtype: float dtype of y (default bfloat16).
     out_s_enc: if given (a float32 scalar, finite and positive), y is returned as an NVFP4Array
        quantized with this encode scale straight from the float32 epilogue value (N must be a
@@ -59,6 +66,7 @@ def matmul(x, w: NVFP4Array, *, bias=None, out_dtype=None, out_s_enc=None, reduc
                          f"{x.shape[-1]}), w has shape {w.shape} (K={k})")
     out_dtype = output_dtype(out_dtype, "matmul")
     reduce_dtype = reduce_dtype_of(reduce_dtype, "matmul")
+    activation = activation_of(activation, "matmul")
     bias = checked_bias(bias, n, "matmul")
     out_nvfp4 = out_s_enc is not None
     if out_nvfp4:
@@ -80,7 +88,8 @@ def matmul(x, w: NVFP4Array, *, bias=None, out_dtype=None, out_s_enc=None, reduc
     if out_nvfp4:
         operands.append(out_s_enc)
     outs = matmul_p.bind(*operands, a_nvfp4=a_nvfp4, has_bias=bias is not None,
-                         out_nvfp4=out_nvfp4, out_dtype=out_dtype, reduce_dtype=reduce_dtype)
+                         out_nvfp4=out_nvfp4, out_dtype=out_dtype, activation=activation,
+                         reduce_dtype=reduce_dtype)
     if out_nvfp4:
         codes, scales, s_dec = outs
         return NVFP4Array(codes.reshape(*lead, n), _scales_from_matrix(scales, lead, n), s_dec)

@@ -99,13 +99,32 @@ def dequantize(codes, scales, s_dec, dtype=jnp.bfloat16):
     return (scaled_codes(codes, scales) * s_dec[expand]).astype(dtype)
 
 
+_SQRT_2_OVER_PI = 0.7978845608028654
+
+
+def activation(y, name: str):
+    """The GEMM epilogue's activation of a float32 y, with the kernels' formulas
+    (cuda/common/activation.cuh): relu = y < 0 ? 0 : y (NaN stays NaN, -0 stays -0), gelu in its
+    tanh approximation (jax.nn.gelu's default) 0.5 y (1 + tanh(sqrt(2/pi) (y + 0.044715 y^3))),
+    silu = y / (1 + exp(-y)); "none" is the identity."""
+    if name == "none":
+        return y
+    if name == "relu":
+        return jnp.where(y < 0, jnp.zeros_like(y), y)
+    if name == "gelu":
+        return 0.5 * y * (1.0 + jnp.tanh(_SQRT_2_OVER_PI * (y + 0.044715 * (y * y * y))))
+    if name == "silu":
+        return y / (1.0 + jnp.exp(-y))
+    raise ValueError(f"unknown activation {name!r}")
+
+
 def matmul(a, b_codes, b_scales, b_s_dec, *, a_scales=None, a_s_dec=None, bias=None,
-           out_dtype=jnp.bfloat16):
-    """out[m, n] = alpha * sum_k a[m, k] * b[n, k] (+ bias), in float32, then `out_dtype`.
+           activation_name="none", out_dtype=jnp.bfloat16):
+    """out[m, n] = act(alpha * sum_k a[m, k] * b[n, k] (+ bias)), in float32, then `out_dtype`.
 
     `a` is float [M, K] (W4A16) or float4 codes with `a_scales`/`a_s_dec` (W4A4). The block-scaled
-    products are exact in float32; alpha = s_dec_a * s_dec_b is applied after the sum, as the
-    kernels' epilogue does."""
+    products are exact in float32; alpha = s_dec_a * s_dec_b is applied after the sum, then the
+    bias and the activation `activation_name` (see `activation`), as the kernels' epilogue does."""
     if a.dtype == CODE_DTYPE:
         a_vals, alpha = scaled_codes(a, a_scales), a_s_dec * b_s_dec
     else:
@@ -115,7 +134,7 @@ def matmul(a, b_codes, b_scales, b_s_dec, *, a_scales=None, a_s_dec=None, bias=N
     out = acc * jnp.asarray(alpha, jnp.float32)
     if bias is not None:
         out = out + bias.astype(jnp.float32)
-    return out.astype(out_dtype)
+    return activation(out, activation_name).astype(out_dtype)
 
 
 def conv(x, w_codes, w_scales, w_s_dec, *, x_scales=None, x_s_dec=None, bias=None,

@@ -29,13 +29,26 @@ def nvfp4_to_f64(q):
     return blocks.reshape(codes.shape) * np.float64(np.asarray(q.s_dec))
 
 
-def oracle(x, w, bias=None):
-    """float64 x @ w.T (+ bias) on the dequantized operands."""
+def activation_f64(y, name):
+    """The epilogue activations in float64 (relu, gelu's tanh approximation, silu)."""
+    if name is None:
+        return y
+    if name == "relu":
+        return np.where(y < 0, 0.0, y)
+    if name == "gelu":
+        return 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
+    if name == "silu":
+        return y / (1 + np.exp(-y))
+    raise ValueError(name)
+
+
+def oracle(x, w, bias=None, activation=None):
+    """float64 act(x @ w.T (+ bias)) on the dequantized operands."""
     xv = nvfp4_to_f64(x) if isinstance(x, jn.NVFP4Array) else np.asarray(x).astype(np.float64)
     out = xv @ nvfp4_to_f64(w).T
     if bias is not None:
         out = out + np.asarray(bias).astype(np.float64)
-    return out
+    return activation_f64(out, activation)
 
 
 def rel_error(got, want):

@@ -55,24 +55,29 @@ def test_scale_layout_equals_cutlass_layouts(host_program):
     assert batched == 2
 
 
-def _plan(host_program, m, n, k, a_nvfp4, out, bias, sms=148, qws=4096):
+ACTIVATION_CODES = {"none": 0, "relu": 1, "gelu": 2, "silu": 3}
+
+
+def _plan(host_program, m, n, k, a_nvfp4, out, bias, sms=148, qws=4096, activation="none"):
     text = host_program(HOST / "gemm_sm100_args.cc", cutlass=True,
-                        args=(m, n, k, int(a_nvfp4), out, bias, sms, qws))
+                        args=(m, n, k, int(a_nvfp4), out, bias, sms, qws,
+                              ACTIVATION_CODES[activation]))
     return dict(line.split("=", 1) for line in text.splitlines())
 
 
-def _expected(m, n, k, a_nvfp4, out, bias, sms, qws):
+def _expected(m, n, k, a_nvfp4, out, bias, sms, qws, activation="none"):
     """The plan as documented in docs/gemm_blackwell.md, computed independently."""
-    bits = {"f32": 32, "f16": 32, "bf16": 16, "nvfp4": 4}[out]
+    act = activation != "none"  # D is float32, then a pass applies the activation
+    bits = 32 if act else {"f32": 32, "f16": 32, "bf16": 16, "nvfp4": 4}[out]
     k_pad = _round_up(k, 32)
     n_pad = _round_up(n, 128 // bits)
     quantize = not a_nvfp4
     pad_a = k_pad != k
     pad_b = k_pad != k or n_pad != n
     copy_bias = bias != "none" and (bias != "f32" or n_pad != n)
-    stage = n_pad != n or out == "f16"
+    stage = n_pad != n or out == "f16" or (act and out != "f32")
     e = dict(k_pad=k_pad, n_pad=n_pad, quantize_a=quantize, pad_a=pad_a, pad_b=pad_b,
-             copy_bias=copy_bias, stage_out=stage,
+             copy_bias=copy_bias, stage_out=stage, activation_pass=act,
              two_sm=m >= 256 and _ceil(m, 256) * _ceil(n, 128) >= sms // 2)
     top, offs = 0, {}
 
@@ -110,18 +115,30 @@ SHAPES = [
     (512, 2048, 1024, True, "nvfp4", "none"),    # NVFP4 out, aligned
     (255, 8192, 256, True, "bf16", "none"),      # m < 256 stays on 1-SM tiles
 ]
+# With an activation D is float32 (CUTLASS's epilogue here has none), staged unless it is the
+# float32 output, and a pass applies it (then the cast, or the NVFP4 output quantization).
+ACTIVATION_SHAPES = [
+    (1, 4096, 4096, True, "bf16", "none", "silu"),   # staged f32, cast by the pass
+    (300, 200, 80, True, "f32", "f32", "relu"),      # f32 output: the pass runs in place
+    (7, 100, 64, True, "bf16", "f32", "gelu"),       # N tail: f32 pitch 100 (no pad needed)
+    (7, 102, 64, True, "f32", "none", "relu"),       # f32 N tail 102 -> 104: staged
+    (512, 2048, 1024, False, "nvfp4", "bf16", "gelu"),  # NVFP4 out: f32 staged, then quantized
+]
 
 
-@pytest.mark.parametrize("m,n,k,a_nvfp4,out,bias", SHAPES)
-def test_launch_plan_and_arguments(host_program, m, n, k, a_nvfp4, out, bias):
+@pytest.mark.parametrize("m,n,k,a_nvfp4,out,bias,activation",
+                         [s + ("none",) for s in SHAPES] + ACTIVATION_SHAPES)
+def test_launch_plan_and_arguments(host_program, m, n, k, a_nvfp4, out, bias, activation):
     sms, qws = 148, 4096
-    got = _plan(host_program, m, n, k, a_nvfp4, out, bias, sms, qws)
-    e = _expected(m, n, k, a_nvfp4, out, bias, sms, qws)
+    got = _plan(host_program, m, n, k, a_nvfp4, out, bias, sms, qws, activation)
+    e = _expected(m, n, k, a_nvfp4, out, bias, sms, qws, activation)
     assert got["unsupported"] == "none"
-    assert int(got["kind"]) == {"f32": 0, "f16": 0, "bf16": 1, "nvfp4": 2}[out]
+    kinds = {"f32": 0, "f16": 0, "bf16": 1, "nvfp4": 2}
+    assert int(got["kind"]) == (0 if e["activation_pass"] else kinds[out])
     for key in ("k_pad", "n_pad"):
         assert int(got[key]) == e[key], key
-    for key in ("two_sm", "quantize_a", "pad_a", "pad_b", "copy_bias", "stage_out"):
+    for key in ("two_sm", "quantize_a", "pad_a", "pad_b", "copy_bias", "stage_out",
+                "activation_pass"):
         assert got[key] == str(int(e[key])), key
     assert int(got["quantize_ws_bytes"]) == (qws if e["quantize_a"] else 0)
     for name, off in e["offs"].items():
@@ -148,7 +165,7 @@ def test_launch_plan_and_arguments(host_program, m, n, k, a_nvfp4, out, bias):
     assert got["ptr_bias"] == expected_bias
     assert got["ptr_workspace"] == ws("cutlass")
     assert got["sfa_ok"] == "1" and got["sfb_ok"] == "1"
-    if out == "nvfp4":
+    if out == "nvfp4" and not e["activation_pass"]:
         assert got["ptr_sfd"] == "out_scales+0"
         assert got["ptr_norm"] == "out_s_enc+0"
         assert got["sfd_ok"] == "1"

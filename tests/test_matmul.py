@@ -85,6 +85,81 @@ def test_nvfp4_output_is_the_quantized_float32_result(lead):
     np.testing.assert_array_equal(np.asarray(q.s_dec), s_dec)
 
 
+ACTIVATIONS = ["relu", "gelu", "silu"]
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("a_nvfp4", [False, True], ids=["w4a16", "w4a4"])
+def test_activation_matches_float64(activation, a_nvfp4):
+    m, n, k = 17, 130, 208
+    x = mc.random_float((m, k), jnp.float32, 21)
+    if a_nvfp4:
+        x = jn.quantize(x)
+    w = mc.random_weight(n, k, 22)
+    bias = mc.random_float((n,), jnp.float32, 23, 0.5)
+    pre = mc.oracle(x, w, bias)
+    assert (pre < -1).any() and (pre > 1).any()  # both sides of the nonlinearity
+    want = mc.oracle(x, w, bias, activation)
+    y = jn.matmul(x, w, bias=bias, activation=activation, out_dtype=jnp.float32)
+    mc.assert_close(y, want, 1e-5)
+    mc.assert_close(jn.matmul(x, w, bias=bias, activation=activation), want, 1e-2)
+
+
+def test_relu_keeps_nan():
+    """relu is y < 0 ? 0 : y: a NaN (a NaN weight block's column) stays NaN, not 0."""
+    x = jnp.ones((2, 32), jnp.float32)
+    wf = jnp.zeros((32, 32), jnp.float32).at[3].set(-1.0).at[5, 0].set(jnp.nan)
+    y = np.asarray(jn.matmul(x, jn.quantize(wf), activation="relu", out_dtype=jnp.float32))
+    assert np.isnan(y[:, 5]).all() and (y[:, 3] == 0).all()
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_nvfp4_output_quantizes_the_activated_result(activation):
+    k, n = 64, 48
+    x = mc.random_float((6, k), jnp.bfloat16, 24)
+    w = mc.random_weight(n, k, 25)
+    q = jn.matmul(x, w, activation=activation, out_s_enc=np.float32(1500.0))
+    y = jn.matmul(x, w, activation=activation, out_dtype=jnp.float32)
+    codes, _, _ = mc.quantize_reference_bytes(y, np.float32(1500.0))
+    np.testing.assert_array_equal(
+        np.asarray(jax.lax.bitcast_convert_type(q.codes, jnp.uint4)).astype(np.uint8), codes)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_activation_gradients_match_the_float_function(activation):
+    """grad and jvp through the epilogue activation equal those of act(x @ w_hat.T + b) with the
+    dequantized weight (the backward runs in bfloat16)."""
+    x = mc.random_float((5, 64), jnp.float32, 26)
+    w = mc.random_weight(48, 64, 27)
+    b = mc.random_float((48,), jnp.float32, 28, 0.5)
+    w_hat = jn.dequantize(w, jnp.float32)
+    fn = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu}[activation]
+    ours = lambda x, b: jnp.sum(jn.matmul(x, w, bias=b, activation=activation,  # noqa: E731
+                                          out_dtype=jnp.float32) ** 2)
+    theirs = lambda x, b: jnp.sum(fn(x @ w_hat.T + b) ** 2)  # noqa: E731
+    for got, want in zip(jax.grad(ours, (0, 1))(x, b), jax.grad(theirs, (0, 1))(x, b)):
+        assert mc.rel_error(got, np.asarray(want, np.float64)) < 1e-2
+    t = mc.random_float(x.shape, jnp.float32, 29)
+    _, got = jax.jvp(lambda x: jn.matmul(x, w, bias=b, activation=activation,
+                                         out_dtype=jnp.float32), (x,), (t,))
+    _, want = jax.jvp(lambda x: fn(x @ w_hat.T + b), (x,), (t,))
+    assert mc.rel_error(got, np.asarray(want, np.float64)) < 1e-5
+
+
+def test_activation_under_vmap_and_jit():
+    xs = mc.random_float((3, 4, 64), jnp.float32, 30)
+    w = mc.random_weight(32, 64, 31)
+    f = jax.jit(jax.vmap(lambda a: jn.matmul(a, w, activation="silu", out_dtype=jnp.float32)))
+    mc.assert_close(f(xs).reshape(12, 32), mc.oracle(xs.reshape(12, 64), w, None, "silu"), 1e-5)
+
+
+def test_activation_is_checked():
+    x, w = mc.random_float((2, 32), jnp.float32, 0), mc.random_weight(16, 32, 1)
+    with pytest.raises(ValueError, match=r"matmul: activation must be None or one of \('relu', "
+                                         r"'gelu', 'silu'\), got 'tanh'"):
+        jn.matmul(x, w, activation="tanh")
+
+
 def test_nan_propagates_to_its_row_and_column_only():
     m, n, k = 4, 32, 64
     x = np.array(mc.random_float((m, k), jnp.float32, 11))

@@ -136,6 +136,28 @@ def test_nvfp4_output(kernels, path, m):
 
 
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
+def test_activation_epilogue(kernels, path, activation):
+    """act(alpha * acc + bias) in every path's epilogue (the prefill path's separate pass), for
+    float outputs against float64, and an NVFP4 output equal to the quantization of the same
+    path's float32 result."""
+    n, k = 208, 272  # N a multiple of 16 (NVFP4 output), of no tile
+    w = mc.random_weight(n, k, 10)
+    bias = mc.random_float((n,), jnp.float32, 11, 0.5)
+    for m in (3, 200):
+        x = mc.random_float((m, k), jnp.bfloat16, 12 + m)
+        want = mc.activation_f64(w4a16_oracle(kernels, x, w, bias), activation)
+        y = run(path, x, w, bias=bias, activation=activation, out_dtype=jnp.float32)
+        mc.assert_close(y, want, 1e-5)
+        mc.assert_close(run(path, x, w, bias=bias, activation=activation), want, 1e-2)
+    q = run(path, x, w, bias=bias, activation=activation, out_s_enc=np.float32(900.0))
+    codes, scales, s_dec = mc.quantize_reference_bytes(np.asarray(y), 900.0)
+    np.testing.assert_array_equal(
+        np.asarray(jax.lax.bitcast_convert_type(q.codes, jnp.uint4)).astype(np.uint8), codes)
+    np.testing.assert_array_equal(np.asarray(q.scales).view(np.uint8), scales)
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_nan_propagation(kernels, path):
     m, n, k = 40, 64, 256
     x = np.array(mc.random_float((m, k), jnp.float32, 10))
@@ -224,7 +246,10 @@ MEMCHECK_SCRIPT = textwrap.dedent("""
             jn.matmul(x, w, bias=jnp.ones((n,)), out_dtype=jnp.bfloat16).block_until_ready()
             jn.matmul(x, w, bias=jnp.ones((n,), jnp.bfloat16), out_dtype=jnp.bfloat16).block_until_ready()
             jn.matmul(jn.quantize(x.astype(jnp.float32)), w, out_dtype=jnp.float32).block_until_ready()
+            jn.matmul(x, w, activation="silu", out_dtype=jnp.bfloat16).block_until_ready()
+            jn.matmul(x, w, activation="relu", out_dtype=jnp.float32).block_until_ready()
         jn.matmul(x, jn.quantize(jnp.ones((32, 16))), out_s_enc=1.0).codes.block_until_ready()
+        jn.matmul(x, jn.quantize(jnp.ones((32, 16))), activation="gelu", out_s_enc=1.0).codes.block_until_ready()
     print("memcheck-done")
 """)
 

@@ -252,6 +252,18 @@ def test_row_parallel_reduce_scatters_when_asked(mesh, operands, pattern, out, s
         assert got.codes.sharding.is_equivalent_to(NamedSharding(mesh, y_spec), 2)
 
 
+@multidevice
+@pytest.mark.parametrize("pattern", ["column", "row", "data+row"])
+def test_activation_applies_once_after_the_sum(mesh, operands, pattern):
+    """An epilogue activation on a row-parallel matmul acts on the summed result (each shard's
+    partial product stays linear); the column- and data-parallel shards apply it in place."""
+    x, w, bias = operands
+    x = x / 16  # pre-activations of order 1: the silu bends here
+    f = jax.jit(lambda a, b, c: nv.matmul(a, b, bias=c, activation="silu", out_dtype=jnp.float32))
+    got = f(*_place(mesh, x, w, bias, pattern))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(f(x, w, bias)), rtol=1e-5, atol=1e-5)
+
+
 def _all_reduce_dtypes(text):
     return set(re.findall(r"(\w+)\[[\d,]*\]\{[\d,]*\} (?:all-reduce|reduce-scatter)", text))
 

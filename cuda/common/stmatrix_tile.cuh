@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/activation.cuh"
 #include "common/bf16x2.cuh"
 #include "cute/arch/copy_sm90.hpp"
 
@@ -29,13 +30,14 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 
 // acc: this thread's accumulators of a wgmma m64nN fragment from column group j0 on (acc[4j..4j+3]
 // are rows r, r + 8 x columns 8j + 2t, 8j + 2t + 1 of group j0 + j, r = 16 * warp + lane / 4).
-// Writes alpha * acc + bias (bias[0] for row r, bias[1] for r + 8) of kGroups column groups as T
+// Writes act(alpha * acc + bias) (bias[0] for row r, bias[1] for r + 8) of kGroups column groups as T
 // into `tile`, transposed: column 8j + c becomes tile row 8j + c, and accumulator row r lands at
 // element `rows` + r % 16 of it (`rows`: where this warp's 16 rows start in a tile row; `pitch`:
 // elements per tile row, a pad of 8 puts a matrix's 8 rows on distinct banks).
 template <typename T, int kGroups>
 __device__ __forceinline__ void stmatrix_transposed(const float* acc, float alpha, const float (&bias)[2], T* tile,
-                                                    int pitch, int rows, int lane) {
+                                                    int pitch, int rows, int lane,
+                                                    Activation act = Activation::kNone) {
   static_assert(kGroups % 2 == 0, "one stmatrix.x4 per two column groups");
   // Matrix q of an x4 is (group j + q / 2, row half q % 2); lane l addresses row l % 8 of matrix l / 8.
   const int m = lane / 8;
@@ -46,7 +48,8 @@ __device__ __forceinline__ void stmatrix_transposed(const float* acc, float alph
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int a = (j + q / 2) * 4 + 2 * (q % 2);
-      frag[q] = pack2<T>(acc[a] * alpha + bias[q % 2], acc[a + 1] * alpha + bias[q % 2]);
+      frag[q] = pack2<T>(apply_activation(acc[a] * alpha + bias[q % 2], act),
+                         apply_activation(acc[a + 1] * alpha + bias[q % 2], act));
     }
     cute::SM90_U16x8_STSM_T::copy(frag[0], frag[1], frag[2], frag[3],
                                   *reinterpret_cast<cute::uint128_t*>(row_dst + 8 * j * pitch));

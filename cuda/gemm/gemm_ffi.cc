@@ -11,7 +11,8 @@
 //   out_s_enc  f32 scalar (NVFP4 output), or f32[0]
 // Results: out [M, N] bf16/f16/f32; or codes [M, N] float4_e2m1fn, tiled scales, s_dec f32;
 // then the workspace (uint8, common/workspace_registry.h).
-// Attribute: path (GemmPath: 0 the launcher's choice, 1 decode, 2 prefill, 3 fused, 4 fused_ws).
+// Attributes: path (GemmPath: 0 the launcher's choice, 1 decode, 2 prefill, 3 fused, 4 fused_ws,
+// 5 prefill_cutlass) and activation (Activation: 0 none, 1 relu, 2 gelu, 3 silu).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -48,6 +49,15 @@ ffi::Error decode_path(int64_t path, GemmProblem* p) {
                    "(prefill_cutlass), got " + std::to_string(path));
   }
   p->path = static_cast<GemmPath>(path);
+  return ffi::Error::Success();
+}
+
+ffi::Error decode_activation(int64_t activation, GemmProblem* p) {
+  if (activation < 0 || activation > static_cast<int64_t>(Activation::kSilu)) {
+    return invalid("activation must be 0 (none), 1 (relu), 2 (gelu) or 3 (silu), got " +
+                   std::to_string(activation));
+  }
+  p->activation = static_cast<Activation>(activation);
   return ffi::Error::Success();
 }
 
@@ -147,6 +157,8 @@ size_t gemm_call_workspace(const WorkspaceQuery& q) {
   GemmProblem p;
   const auto path = q.attrs.find("path");
   if (path != q.attrs.end()) decode_path(path->second, &p);
+  const auto activation = q.attrs.find("activation");
+  if (activation != q.attrs.end()) decode_activation(activation->second, &p);
   p.m = a.dims.at(0);
   p.k = a.dims.at(1);
   p.n = q.args.at(3).dims.at(0);
@@ -171,7 +183,7 @@ ffi::Error gemm_impl(cudaStream_t stream, ffi::AnyBuffer a,
                      ffi::AnyBuffer a_scales, ffi::AnyBuffer a_s_dec, ffi::AnyBuffer b_codes,
                      ffi::AnyBuffer b_scales, ffi::AnyBuffer b_s_dec, ffi::AnyBuffer bias,
                      ffi::AnyBuffer out_s_enc, ffi::Result<ffi::AnyBuffer> out,
-                     ffi::Result<ffi::AnyBuffer> workspace, int64_t path) {
+                     ffi::Result<ffi::AnyBuffer> workspace, int64_t path, int64_t activation) {
   JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_gemm");
   (void)out_s_enc;
   GemmProblem p;
@@ -180,6 +192,7 @@ ffi::Error gemm_impl(cudaStream_t stream, ffi::AnyBuffer a,
     return err;
   }
   if (auto err = decode_path(path, &p); err.failure()) return err;
+  if (auto err = decode_activation(activation, &p); err.failure()) return err;
   const auto od = out->dimensions();
   if (od.size() != 2 || od[0] != p.m || od[1] != p.n) return invalid("out must be [M, N], got " + dims_str(od));
   if (!to_dtype(out->element_type(), &p.out_dtype)) return invalid("out must be bf16, f16 or f32");
@@ -193,7 +206,8 @@ ffi::Error gemm_nvfp4_out_impl(cudaStream_t stream, ffi::AnyBuffer a,
                                ffi::AnyBuffer out_s_enc, ffi::Result<ffi::AnyBuffer> out_codes,
                                ffi::Result<ffi::AnyBuffer> out_scales,
                                ffi::Result<ffi::AnyBuffer> out_s_dec,
-                               ffi::Result<ffi::AnyBuffer> workspace, int64_t path) {
+                               ffi::Result<ffi::AnyBuffer> workspace, int64_t path,
+                               int64_t activation) {
   JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_gemm_nvfp4_out");
   GemmProblem p;
   if (auto err = decode_operands(a, a_scales, a_s_dec, b_codes, b_scales, b_s_dec, bias, &p);
@@ -201,6 +215,7 @@ ffi::Error gemm_nvfp4_out_impl(cudaStream_t stream, ffi::AnyBuffer a,
     return err;
   }
   if (auto err = decode_path(path, &p); err.failure()) return err;
+  if (auto err = decode_activation(activation, &p); err.failure()) return err;
   if (p.n % kBlockSize != 0) return invalid("NVFP4 output needs N a multiple of 16, got " + std::to_string(p.n));
   const auto od = out_codes->dimensions();
   if (out_codes->element_type() != ffi::DataType::F4E2M1FN || od.size() != 2 || od[0] != p.m ||
@@ -237,7 +252,8 @@ ffi::Error gemm_nvfp4_out_impl(cudaStream_t stream, ffi::AnyBuffer a,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmFfi, gemm_impl,
                               ffi::Ffi::Bind() JAX_NVFP4_GEMM_OPERANDS.Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()  // workspace
-                                  .Attr<int64_t>("path"),
+                                  .Attr<int64_t>("path")
+                                  .Attr<int64_t>("activation"),
                               {jax_nvfp4::kGraphSafe});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmNvfp4OutFfi, gemm_nvfp4_out_impl,
@@ -245,7 +261,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmNvfp4OutFfi, gemm_nvfp4_out_impl,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()  // workspace
-                                  .Attr<int64_t>("path"),
+                                  .Attr<int64_t>("path")
+                                  .Attr<int64_t>("activation"),
                               {jax_nvfp4::kGraphSafe});
 
 #undef JAX_NVFP4_GEMM_OPERANDS

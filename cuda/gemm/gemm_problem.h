@@ -1,6 +1,6 @@
 // The GEMM problem handed from the FFI handler to a kernel family (sm90 or sm100).
 //
-//   out[m, n] = alpha * sum_k a(m, k) * b(n, k) (+ bias[n]),   alpha = s_dec_a * s_dec_b
+//   out[m, n] = act(alpha * sum_k a(m, k) * b(n, k) (+ bias[n])),   alpha = s_dec_a * s_dec_b
 //
 // All pointers are device pointers. Matrices are row-major with K contiguous ("TN"), the
 // NVFP4 codes packed two per byte (element 2i in the low nibble), scales in the tiled layout
@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/activation.h"
 #include "common/dtype.h"
 
 namespace jax_nvfp4 {
@@ -42,6 +43,9 @@ struct GemmProblem {
 
   const void* bias = nullptr;  // optional [n]
   DType bias_dtype = DType::kF32;
+  // Applied in float32 after alpha and the bias, before the output cast or the NVFP4 output
+  // quantization (formulas: common/activation.cuh).
+  Activation activation = Activation::kNone;
 
   // Float output [m, n]; null when the output is NVFP4.
   void* out = nullptr;

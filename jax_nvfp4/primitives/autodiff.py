@@ -14,6 +14,8 @@ Importing this module registers JVP and transpose rules for `matmul_p` and `conv
   cotangent. Train NVFP4 weights through `qat_matmul` / `qat_conv` (float master weights,
   straight-through gradients).
 - An NVFP4 *output* (`out_s_enc`) is a rounding step: differentiating through it is rejected.
+- A matmul with an epilogue `activation` is act(z) of the linear op's float32 value z: its JVP
+  computes z with a second (linear) GEMM and applies the activation's own JVP.
 
 `qat_matmul` / `qat_conv` are quantization-aware training: float master weights quantized in the
 forward pass, gradients passed straight through the quantizers (custom_vjp).
@@ -29,6 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.interpreters import ad
 
+from jax_nvfp4 import reference
 from jax_nvfp4.convolution import conv, quantize_conv_weight
 from jax_nvfp4.format import NVFP4Array, reduce_dtype_of
 from jax_nvfp4.gemm import matmul
@@ -66,6 +69,8 @@ def _positions(op, n_args, params):
 
 
 def _jvp(op, primals, tangents, **params):
+    if params.get("activation", "none") != "none" and not params.get("out_nvfp4", False):
+        return _activated_jvp(op, primals, tangents, params)
     outs = op.prim.bind(*primals, **params)
     b_codes, bias_i = _positions(op, len(primals), params)
     act_dot = _zero_like(primals[0]) if params[op.act_nvfp4_param] else tangents[0]
@@ -91,11 +96,27 @@ def _jvp(op, primals, tangents, **params):
     return outs, [t]
 
 
+def _activated_jvp(op, primals, tangents, params):
+    """y = act(z), z the op's float32 value without the activation: z and its tangent from the
+    linear op, then the activation's JVP in float32 (reference.activation, the kernels' formulas).
+    The primal is act(z) from this z, not a second, fused call."""
+    linear = {**params, "activation": "none", "out_dtype": jnp.dtype(jnp.float32)}
+    (z,), (z_dot,) = _jvp(op, primals, tangents, **linear)
+    act = functools.partial(reference.activation, name=params["activation"])
+    out_dtype = params["out_dtype"]
+    if _is_zero(z_dot):
+        y = act(z).astype(out_dtype)
+        return [y], [_zero_like(y)]
+    y, y_dot = jax.jvp(act, (z,), (z_dot,))
+    return [y.astype(out_dtype)], [y_dot.astype(out_dtype)]
+
+
 def _transpose(op, cts, *args, **params):
     b_codes, bias_i = _positions(op, len(args), params)
     act = args[0]
     linear = [ad.is_undefined_primal(x) for x in args]
     if (params[op.act_nvfp4_param] or params.get("out_nvfp4", False) or not linear[0]
+            or params.get("activation", "none") != "none"
             or any(linear[b_codes:b_codes + 3]) or (bias_i is not None and not linear[bias_i])):
         raise NotImplementedError(
             f"{op.prim} is linear only in a float activation together with its bias; got linear "

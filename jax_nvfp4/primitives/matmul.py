@@ -1,20 +1,22 @@
 """The NVFP4 GEMM primitive (DESIGN.md §2, §4).
 
 matmul_p.bind(a, [a_scales, a_s_dec,] b_codes, b_scales, b_s_dec, [bias,] [out_s_enc,]
-              a_nvfp4=..., has_bias=..., out_nvfp4=..., out_dtype=...)
+              a_nvfp4=..., has_bias=..., out_nvfp4=..., out_dtype=..., activation=...)
     a        float [M, K] (W4A16) or float4 codes [M, K] (W4A4, then a_scales/a_s_dec follow)
     b_*      the weight [N, K] as codes, tiled scales, scalar s_dec
     bias     optional [N], any float dtype
     out      float [M, N] of out_dtype; or, with out_nvfp4, the result quantized with the scalar
              out_s_enc: (codes [M, N], tiled scales, s_dec)
 
-out = s_dec_a * s_dec_b * sum_k a(m, k) * b(n, k) + bias, in float32.
+out = act(s_dec_a * s_dec_b * sum_k a(m, k) * b(n, k) + bias), in float32; act is "none" or one
+of format.ACTIVATIONS (reference.activation).
 
 FFI targets (cuda/gemm/): "jax_nvfp4_gemm" (float output) and "jax_nvfp4_gemm_nvfp4_out" (NVFP4
 output) both take 8 operands in this order, absent ones as placeholders:
     a, a_scales (e4m3; f8[0] for W4A16), a_s_dec (f32 scalar; 1.0 for W4A16),
     b_codes, b_scales, b_s_dec, bias (f32[0] if none), out_s_enc (f32[0] if float output)
-The kernel tells W4A16 from W4A4 by a's element type.
+The kernel tells W4A16 from W4A4 by a's element type. Attributes: path (forced_path) and
+activation (ACTIVATION_CODES).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ GEMM_NVFP4_OUT_TARGET = "jax_nvfp4_gemm_nvfp4_out"
 # take cuBLASLt's. It is read when a call is lowered: set it before jit compiles the function
 # (jax.clear_caches() drops compiled ones).
 PATH_ENV = "JAX_NVFP4_GEMM_SM90_PATH"
+# The FFI attribute of each activation (cuda/gemm/gemm_problem.h, enum Activation).
+ACTIVATION_CODES = {"none": 0, "relu": 1, "gelu": 2, "silu": 3}
 _PATHS = {"": 0, "auto": 0, "decode": 1, "prefill": 2, "fused": 3, "fused_ws": 4, "prefill_cutlass": 5}
 
 
@@ -64,22 +68,23 @@ def _out_avals(m, n, out_nvfp4, out_dtype):
     return (ShapedArray((m, n), out_dtype),)
 
 
-def _abstract(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype):
+def _abstract(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype, activation):
     ops = _unpack(args, a_nvfp4, has_bias, out_nvfp4)
     return _out_avals(ops["a"].shape[0], ops["b_codes"].shape[0], out_nvfp4, out_dtype)
 
 
-def _reference(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype):
+def _reference(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype, activation):
     ops = _unpack(args, a_nvfp4, has_bias, out_nvfp4)
     out = reference.matmul(ops["a"], ops["b_codes"], ops["b_scales"], ops["b_s_dec"],
                            a_scales=ops["a_scales"], a_s_dec=ops["a_s_dec"], bias=ops["bias"],
+                           activation_name=activation,
                            out_dtype=jnp.float32 if out_nvfp4 else out_dtype)
     if out_nvfp4:  # quantize the float32 epilogue value, as the fused kernels do
         return reference.quantize(out, ops["out_s_enc"])
     return (out,)
 
 
-def gemm_kernel(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype):
+def gemm_kernel(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype, activation="none"):
     """The FFI call of matmul_p's CUDA lowering (also the GEMM that pointwise convs lower to)."""
     ops = _unpack(args, a_nvfp4, has_bias, out_nvfp4)
     m, n = ops["a"].shape[0], ops["b_codes"].shape[0]
@@ -94,7 +99,8 @@ def gemm_kernel(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype):
     outs = _out_avals(m, n, out_nvfp4, out_dtype)
     target = GEMM_NVFP4_OUT_TARGET if out_nvfp4 else GEMM_TARGET
     return ffi_kernel_call(target, [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs], *operands,
-                           path=np.int64(forced_path()))
+                           path=np.int64(forced_path()),
+                           activation=np.int64(ACTIVATION_CODES[activation]))
 
 
 matmul_p = define_primitive(

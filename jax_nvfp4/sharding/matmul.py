@@ -7,7 +7,8 @@ Shardings honoured (and combined on meshes of several axes):
                        K slice in float32 (alpha = s_dec_x * s_dec_w applies to every partial
                        sum, which is linear), the partial sums are all-reduced (psum) in
                        `reduce_dtype` (float32, or bfloat16 for half the bytes), and the
-                       bias and the cast (or the NVFP4 output quantization) follow, once. Where
+                       bias, the activation and the cast (or the NVFP4 output quantization)
+                       follow, once. Where
                        the partitioner asks for y's rows split over the K axes too (after x's
                        row axes), or y's columns (after w's row axes), the partial sums are
                        reduce-scattered (psum_scatter) along that dimension instead.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax.experimental.custom_partitioning import CompoundFactor
 
+from jax_nvfp4 import reference
 from jax_nvfp4.format import TILE_ROWS
 from jax_nvfp4.primitives.matmul import matmul_batcher, matmul_p
 from jax_nvfp4.primitives.quantize import quantize_p
@@ -141,15 +143,16 @@ class _MatmulOp:
 def _row_parallel_body(names, params, k_ax, scatter, reduce_dtype):
     """Row-parallel shard: partial product of this K slice (accumulated in float32, stored in
     `reduce_dtype`), summed over `k_ax` (psum, or, with `scatter` a dimension of y, psum_scatter,
-    which leaves each shard its slice of that dimension), then in float32 the bias and the output
-    conversion exactly once."""
+    which leaves each shard its slice of that dimension), then in float32 the bias, the activation
+    (reference.activation, the kernels' formulas) and the output conversion exactly once."""
 
     def body(*operands):
         ops = dict(zip(names, operands))
         gemm_operands = [ops[n] for n in names if n not in ("bias", "out_s_enc")]
         (partial,) = matmul_p.bind(*gemm_operands, a_nvfp4=params["a_nvfp4"], has_bias=False,
-                                   out_nvfp4=False, out_dtype=reduce_dtype)
-        y = summed_partials(partial, k_ax, ops.get("bias"), scatter)
+                                   out_nvfp4=False, out_dtype=reduce_dtype, activation="none")
+        y = reference.activation(summed_partials(partial, k_ax, ops.get("bias"), scatter),
+                                 params["activation"])
         if params["out_nvfp4"]:
             return tuple(quantize_p.bind(y, ops["out_s_enc"]))
         return (y.astype(params["out_dtype"]),)

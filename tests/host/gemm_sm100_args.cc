@@ -3,6 +3,7 @@
 // expectations. Pointers are fake device addresses, printed as <buffer>+<byte offset>.
 //
 //   gemm_sm100_args M N K a_nvfp4(0|1) out(f32|bf16|f16|nvfp4) bias(none|f32|bf16) SMS QWS
+//                   [activation(0 none|1 relu|2 gelu|3 silu)]
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -75,7 +76,7 @@ bool layout_matches(const Layout& layout, int64_t rows, int64_t k, int64_t k_tru
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 9) return 2;
+  if (argc != 9 && argc != 10) return 2;
   GemmProblem p;
   p.m = std::atoll(argv[1]);
   p.n = std::atoll(argv[2]);
@@ -109,6 +110,7 @@ int main(int argc, char** argv) {
                                                   : DType::kF16;
   }
   p.workspace = fake("ws");
+  if (argc == 10) p.activation = static_cast<Activation>(std::atoi(argv[9]));
 
   const char* reason = sm100::unsupported_reason(p);
   std::printf("unsupported=%s\n", reason ? reason : "none");
@@ -117,9 +119,9 @@ int main(int argc, char** argv) {
   const sm100::Plan plan = sm100::make_plan(p, sms, qws);
   std::printf("kind=%d\nk_pad=%lld\nn_pad=%lld\ntwo_sm=%d\n", int(plan.kind),
               (long long)plan.k_pad, (long long)plan.n_pad, int(plan.two_sm));
-  std::printf("quantize_a=%d\npad_a=%d\npad_b=%d\ncopy_bias=%d\nstage_out=%d\n",
+  std::printf("quantize_a=%d\npad_a=%d\npad_b=%d\ncopy_bias=%d\nstage_out=%d\nactivation_pass=%d\n",
               int(plan.quantize_a), int(plan.pad_a), int(plan.pad_b), int(plan.copy_bias),
-              int(plan.stage_out));
+              int(plan.stage_out), int(plan.activation_pass));
   std::printf("quantize_ws_bytes=%zu\n", plan.quantize_ws_bytes);
   print_offset("off_scalars", plan.scalars);
   print_offset("off_a_codes", plan.a_codes);

@@ -1,7 +1,11 @@
 // The sm_100a GEMM launcher: plans the problem (gemm_sm100_args.h), runs the preparation steps
 // (quantize A for W4A16, pad K/N where TMA needs it, epilogue scalars), the CUTLASS kernel, and
-// copies a staged output into place. Everything is enqueued on the stream; nothing syncs.
+// copies a staged output into place; with an activation, D is float32 and one pass applies it
+// (before the output cast, or before quantizing an NVFP4 output). Everything is enqueued on the
+// stream; nothing syncs.
 #include "gemm/sm100/gemm_sm100.h"
+
+#include "gemm/activation_pass.cuh"
 
 #include "gemm/sm100/gemm_sm100_args.h"
 #include "gemm/sm100/gemm_sm100_kernels.h"
@@ -141,6 +145,27 @@ cudaError_t gemm_sm100(const GemmProblem& p, cudaStream_t stream) {
   JAX_NVFP4_TRY(plan.two_sm ? run<true>(plan.kind, args, sm, stream)
                             : run<false>(plan.kind, args, sm, stream));
 
+  if (plan.activation_pass) {
+    // D: float32 [m, n] (pitch n_pad), staged unless it is the float32 output itself.
+    float* d = static_cast<float*>(args.d);
+    if (!nvfp4_out) {
+      return activation_pass(d, DType::kF32, p.m, p.n, plan.n_pad, p.out, p.out_dtype, p.activation,
+                             stream);
+    }
+    // NVFP4 output: n % 16 == 0, so n_pad == n and the staged D is contiguous.
+    JAX_NVFP4_TRY(activation_pass(d, DType::kF32, p.m, p.n, plan.n_pad, d, DType::kF32, p.activation,
+                                  stream));
+    QuantizeProblem q;
+    q.rows = q.rows_per_matrix = p.m;
+    q.k = p.n;
+    q.x = d;
+    q.x_dtype = DType::kF32;
+    q.s_enc = p.out_s_enc;  // given: no amax, no workspace
+    q.codes = p.out_codes;
+    q.scales = p.out_scales;
+    q.s_dec = p.out_s_dec;
+    return quantize_sm100(q, stream);
+  }
   if (plan.stage_out) {
     if (nvfp4_out) {
       JAX_NVFP4_TRY(sm100::copy_matrix(codes_ref(args.d, p.m, p.n, plan.n_pad),

@@ -40,7 +40,10 @@ using LayoutSFD = OutScaleConfig::LayoutSF;
 
 inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
+// CUTLASS's epilogue here applies no activation: with one, D is float32 and a pass applies it
+// (then converts, or quantizes an NVFP4 output).
 inline OutKind out_kind(const GemmProblem& p) {
+  if (p.activation != Activation::kNone) return OutKind::kF32;
   if (p.out_codes != nullptr) return OutKind::kNvfp4;
   return p.out_dtype == DType::kBF16 ? OutKind::kBF16 : OutKind::kF32;
 }
@@ -71,6 +74,7 @@ struct Plan {
   bool pad_b = false;       // B codes copied to a [n_pad, k_pad/2] buffer
   bool copy_bias = false;   // bias converted to f32 and/or padded to n_pad
   bool stage_out = false;   // D written to the workspace, then copied/converted to the output
+  bool activation_pass = false;  // the activation applied to a float32 D after the GEMM
 
   size_t a_codes = kUnused, a_scales = kUnused, a_s_dec = kUnused, quantize_ws = kUnused;
   size_t a_padded = kUnused, b_padded = kUnused, bias = kUnused, out_staged = kUnused;
@@ -109,7 +113,9 @@ inline Plan make_plan(const GemmProblem& p, int sm_count, size_t quantize_ws_byt
   plan.pad_a = plan.k_pad != p.k;
   plan.pad_b = plan.k_pad != p.k || plan.n_pad != p.n;
   plan.copy_bias = p.bias != nullptr && (p.bias_dtype != DType::kF32 || plan.n_pad != p.n);
-  plan.stage_out = plan.n_pad != p.n || (plan.kind == OutKind::kF32 && p.out_dtype != DType::kF32);
+  plan.activation_pass = p.activation != Activation::kNone;
+  plan.stage_out = plan.n_pad != p.n ||
+                   (plan.kind == OutKind::kF32 && (p.out_dtype != DType::kF32 || p.out_codes != nullptr));
 
   size_t top = 0;
   auto take = [&top](int64_t bytes) {

@@ -149,18 +149,20 @@ __device__ __forceinline__ float alpha(const GemmProblem& p) {
   return a;
 }
 
-// Stores one accumulator pair of a thread: weight row n, staged rows col and col + 1, which are
-// two rows of x, or (rows_per_x_row == 2) the bf16 hi and lo halves of one.
+// Stores one accumulator pair of a thread (alpha, bias, activation, cast): weight row n, staged
+// rows col and col + 1, which are two rows of x, or (rows_per_x_row == 2) the bf16 hi and lo
+// halves of one.
 __device__ __forceinline__ void store_pair(const GemmProblem& p, int64_t n, int64_t col, int rows_per_x_row,
                                            float a, float v0, float v1) {
   if (n >= p.n) return;
   const float b = p.bias ? load_as_float(p.bias, p.bias_dtype, n) : 0.f;
+  const auto epilogue = [&](float v) { return apply_activation(v * a + b, p.activation); };
   if (rows_per_x_row == 2) {
     const int64_t m = col / 2;
-    if (m < p.m) store_as(p.out, p.out_dtype, m * p.n + n, (v0 + v1) * a + b);
+    if (m < p.m) store_as(p.out, p.out_dtype, m * p.n + n, epilogue(v0 + v1));
   } else {
-    if (col < p.m) store_as(p.out, p.out_dtype, col * p.n + n, v0 * a + b);
-    if (col + 1 < p.m) store_as(p.out, p.out_dtype, (col + 1) * p.n + n, v1 * a + b);
+    if (col < p.m) store_as(p.out, p.out_dtype, col * p.n + n, epilogue(v0));
+    if (col + 1 < p.m) store_as(p.out, p.out_dtype, (col + 1) * p.n + n, epilogue(v1));
   }
 }
 

@@ -18,7 +18,7 @@
 //
 // Split-K, deterministic and without workspace: the parts of a tile leave their partial sums in
 // shared memory and rank r adds every part in rank order for its share of the fragment slots,
-// then applies alpha, bias and the output cast.
+// then applies alpha, bias, the activation and the output cast.
 // - T == 1 (M <= 8): a block is one 16-row tile, its warps are the K parts (no cluster).
 // - T >= 2: a block of 4 warps owns 64 rows and walks one K part; its warps read the same
 //   activation chunk at once, from L1 (at M = 16 the activation loads bound the kernel). The
@@ -516,7 +516,7 @@ __global__ void __launch_bounds__(max_threads<T>()) decode_kernel(const GemmProb
     if (n < p.n && m < p.m) {
       float v = sum * alpha;
       if (p.bias) v += load_as_float(p.bias, p.bias_dtype, n);
-      store_as(p.out, p.out_dtype, m * p.n + n, v);
+      store_as(p.out, p.out_dtype, m * p.n + n, apply_activation(v, p.activation));
     }
   }
   // Keep this block's partials alive until every rank of the cluster has read them.

@@ -1,6 +1,6 @@
 // Device helpers shared by the sm_90a GEMM kernels: NVFP4 words to bf16x2 registers (the order
-// of nvfp4_bf16x2.h), the activation kinds, and (common/dtype_io.cuh) float loads and stores of
-// any operand or output dtype.
+// of nvfp4_bf16x2.h), the activation kinds, and (common/dtype_io.cuh, common/activation.cuh)
+// float loads and stores of any operand or output dtype and the epilogue activation.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "common/activation.cuh"
 #include "common/bf16x2.cuh"
 #include "common/dtype_io.cuh"
 #include "gemm/sm90/nvfp4_bf16x2.h"

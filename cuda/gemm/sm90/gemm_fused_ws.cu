@@ -20,7 +20,7 @@
 //   persistent one CTA per SM walks the 128 x 128 output tiles in groups of kGroupN weight tiles
 //              (the tiles in flight at once share weight and activation tiles in L2); the
 //              producer runs into the next tile's chunks while the consumers store this one.
-// Epilogue: alpha, bias, output cast; 2-byte outputs go through a per-warpgroup shared-memory
+// Epilogue: alpha, bias, activation, output cast; 2-byte outputs go through a per-warpgroup shared-memory
 // tile (stmatrix, transposed) and leave as 16-byte rows, the others element by element.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -134,7 +134,7 @@ __device__ void store_staged(const GemmProblem& p, int64_t n0, int64_t m0, const
   for (int pass = 0; pass < kMT / kEpiRows; ++pass) {
     named_sync(barrier, 128);  // the previous pass's (or tile's) reads of the tile are done
     stmatrix_transposed<T, kEpiRows / 8>(acc + pass * (kEpiRows / 8) * 4, alpha, bias, tile, kEpiPitch, warp * 16,
-                                         lane);
+                                         lane, p.activation);
     named_sync(barrier, 128);
     if (n < p.n) {
 #pragma unroll

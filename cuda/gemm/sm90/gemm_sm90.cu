@@ -1,8 +1,12 @@
 // The sm_90a GEMM launcher: picks decode, fused or prefill, and adds NVFP4 output by quantizing the
-// float32 result (kept in the workspace) with quantize_sm90.
+// float32 result (kept in the workspace) with quantize_sm90. The decode and fused kernels apply
+// the activation in their epilogue; the prefill path's GEMM library cannot, so there one
+// elementwise pass applies it to the GEMM's output in place (after the output cast: a 2-byte
+// output is rounded twice) or to the float32 result an NVFP4 output is quantized from.
 #include "gemm/sm90/gemm_sm90.h"
 
 #include "common/scale_layout.h"
+#include "gemm/activation_pass.cuh"
 #include "gemm/sm90/gemm_sm90_internal.h"
 #include "quantize/quantize.h"
 
@@ -15,7 +19,11 @@ size_t align_up(size_t v) { return (v + kRegionAlign - 1) / kRegionAlign * kRegi
 
 bool nvfp4_out(const GemmProblem& p) { return p.out_codes != nullptr; }
 
-// The float32 result that the quantizer reads, as a problem of its own.
+bool separate_activation(const GemmProblem& p) {
+  return p.activation != Activation::kNone && gemm_sm90_path(p) == GemmSm90Path::kPrefill;
+}
+
+// The float32 result [m, n] at `out_f32` that the quantizer reads, as a problem of its own.
 GemmProblem float_stage(const GemmProblem& p, void* out_f32) {
   GemmProblem f = p;
   f.out = out_f32;
@@ -58,6 +66,17 @@ cudaError_t run_path(const GemmProblem& p, cudaStream_t stream) {
     case GemmSm90Path::kFusedWs: return sm90::fused_ws_gemm(p, stream);
     default: return sm90::prefill_gemm(p, stream);
   }
+}
+
+// The kernels of one float-output problem: with a separate activation, the GEMM without it, then
+// the pass over its output in place.
+cudaError_t run_float(const GemmProblem& p, cudaStream_t stream) {
+  GemmProblem g = p;
+  if (separate_activation(p)) g.activation = Activation::kNone;
+  cudaError_t err = run_path(g, stream);
+  if (err == cudaSuccess) err = cudaGetLastError();
+  if (err != cudaSuccess || !separate_activation(p)) return err;
+  return activation_pass(p.out, p.out_dtype, p.m, p.n, p.n, p.out, p.out_dtype, p.activation, stream);
 }
 
 }  // namespace
@@ -115,10 +134,7 @@ cudaError_t gemm_sm90(const GemmProblem& p, cudaStream_t stream) {
     return quantize_sm90(quantize_stage(p, nullptr, p.workspace, quantize_workspace_bytes(probe)), stream);
   }
   if (p.m == 0 || p.n == 0) return cudaSuccess;
-  if (!nvfp4_out(p)) {
-    cudaError_t err = run_path(p, stream);
-    return err != cudaSuccess ? err : cudaGetLastError();
-  }
+  if (!nvfp4_out(p)) return run_float(p, stream);
   uint8_t* ws = static_cast<uint8_t*>(p.workspace);
   float* y = reinterpret_cast<float*>(ws);
   const size_t y_bytes = align_up(static_cast<size_t>(p.m * p.n) * sizeof(float));
@@ -126,8 +142,7 @@ cudaError_t gemm_sm90(const GemmProblem& p, cudaStream_t stream) {
   const size_t f_bytes = align_up(path_workspace(f));
   f.workspace = ws + y_bytes;
   f.workspace_bytes = f_bytes;
-  cudaError_t err = run_path(f, stream);
-  if (err == cudaSuccess) err = cudaGetLastError();
+  const cudaError_t err = run_float(f, stream);
   if (err != cudaSuccess) return err;
   const QuantizeProblem probe = quantize_stage(p, y, nullptr, 0);
   const QuantizeProblem q =

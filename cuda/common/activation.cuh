@@ -1,0 +1,22 @@
+// An epilogue activation of a float32 value, with the formulas of jax_nvfp4.reference.activation.
+// expf and tanhf are CUDA's accurate functions (2 ulp), so kernels and reference agree to a few
+// float32 ulps.
+#pragma once
+
+#include "common/activation.h"
+
+namespace jax_nvfp4 {
+
+__device__ __forceinline__ float apply_activation(float v, Activation act) {
+  switch (act) {
+    case Activation::kRelu: return v < 0.f ? 0.f : v;  // NaN and -0 pass unchanged
+    case Activation::kGelu: {
+      constexpr float kSqrt2OverPi = 0.7978845608028654f;
+      return 0.5f * v * (1.f + tanhf(kSqrt2OverPi * (v + 0.044715f * (v * v * v))));
+    }
+    case Activation::kSilu: return v / (1.f + expf(-v));
+    default: return v;
+  }
+}
+
+}  // namespace jax_nvfp4

@@ -6,7 +6,6 @@
 #include "gemm/sm100/gemm_sm100.h"
 
 #include "gemm/activation_pass.cuh"
-
 #include "gemm/sm100/gemm_sm100_args.h"
 #include "gemm/sm100/gemm_sm100_kernels.h"
 #include "gemm/sm100/gemm_sm100_prep.h"

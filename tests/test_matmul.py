@@ -297,3 +297,16 @@ def test_sm90_decode_kernel_uses_tensor_cores(kernel_sass):
         assert "HMMA.16816.F32.BF16" in sass, f"{name} has no bf16 mma.sync"
         assert "LDL" not in sass and "STL" not in sass, f"{name} spills to local memory"
         assert "LDG.E.NA.LTC128B.128.CONSTANT" in sass, f"{name}: weight loads lost their hints"
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_activation_pass_moves_16_bytes_per_access(kernel_sass, arch):
+    """The pass that applies the epilogue activation where the GEMM library cannot (sm_90a
+    prefill, sm_100a) runs in place at the speed of the output's bytes: one 16-byte load and
+    store per 8 (bf16/f16) or 4 (f32) elements, the accurate expf/tanhf, no local memory."""
+    kernels = kernel_sass(arch, r"activation_in_place_kernel")
+    assert len(kernels) == 3, sorted(kernels)  # float32, bf16 and f16 outputs
+    for name, sass in kernels.items():
+        assert "LDG.E.128" in sass and "STG.E.128" in sass, f"{name}: no 16-byte accesses"
+        assert "MUFU.EX2" in sass, f"{name}: no exponential"
+        assert "LDL" not in sass and "STL" not in sass, f"{name} spills to local memory"

@@ -19,8 +19,8 @@ blocks the tokens are split over the devices, the norms run on each device's tok
 column-parallel GEMMs take the all-gathered tokens, and the row-parallel ones reduce-scatter their
 sums instead of all-reducing them). --profile adds where the GPU time of a batch-1 decode step
 goes, kernel by kernel (jax.profiler). --reduce-dtype bfloat16 makes both models add their
-row-parallel partial products across devices in bfloat16 (half the bytes). --small shrinks the model so it runs on forced CPU devices
-(XLA_FLAGS=--xla_force_host_platform_device_count=8).
+row-parallel partial products across devices in bfloat16 (half the bytes). --small shrinks the
+model so it runs on forced CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8).
 """
 
 from __future__ import annotations

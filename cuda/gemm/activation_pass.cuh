@@ -10,35 +10,12 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "common/activation.cuh"
 #include "common/dtype_io.cuh"
 
 namespace jax_nvfp4 {
 namespace {
-
-template <typename T>
-__device__ __forceinline__ float to_float(T v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(v);
-  } else {
-    return __half2float(v);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v) {  // round to nearest even
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16_rn(v);
-  } else {
-    return __float2half_rn(v);
-  }
-}
 
 // y[i] = act(y[i]) over `count` contiguous elements of T (16-byte aligned), 16 bytes per thread
 // and step: the sm_90a prefill path's output in place, at the speed of its bytes.

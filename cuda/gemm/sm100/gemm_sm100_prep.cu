@@ -5,26 +5,19 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "common/dtype_io.cuh"
 #include "gemm/sm100/gemm_sm100_prep.h"
 
 namespace jax_nvfp4 {
 namespace sm100 {
 namespace {
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-
 template <class Dst, class Src>
 __device__ __forceinline__ Dst convert(Src x) {
   if constexpr (std::is_same_v<Dst, Src>) {
     return x;
-  } else if constexpr (std::is_same_v<Dst, float>) {
-    return to_float(x);
-  } else if constexpr (std::is_same_v<Dst, __half>) {
-    return __float2half_rn(to_float(x));
   } else {
-    return __float2bfloat16_rn(to_float(x));
+    return from_float<Dst>(to_float(x));
   }
 }
 

@@ -188,8 +188,16 @@ def output_dtype(out_dtype, op: str):
     return out_dtype
 
 
-# Activations the GEMM epilogue applies after alpha and the bias (reference.activation).
-ACTIVATIONS = ("relu", "gelu", "silu")
+# Activations the GEMM epilogue applies after alpha and the bias (reference.activation). The
+# gated ones (GLU variants: swiglu = silu(gate) * up, geglu = gelu(gate) * up) take the weight's
+# rows in interleaved pairs, 2j the gate and 2j + 1 the up projection of output column j.
+GATED_ACTIVATIONS = ("swiglu", "geglu")
+ACTIVATIONS = ("relu", "gelu", "silu", *GATED_ACTIVATIONS)
+
+
+def output_columns(n: int, activation: str) -> int:
+    """Columns of an op's output from its weight's N rows: N / 2 with a gated activation."""
+    return n // 2 if activation in GATED_ACTIVATIONS else n
 
 
 def activation_of(activation, op: str) -> str:

@@ -6,9 +6,10 @@ import math
 
 import jax.numpy as jnp
 
-from jax_nvfp4.format import (BLOCK, TILE_ROWS, NVFP4Array, activation_of, checked_activation,
-                              checked_bias, checked_s_enc, checked_weight, output_dtype,
-                              plain_to_tiled, reduce_dtype_of, tiled_to_plain)
+from jax_nvfp4.format import (BLOCK, GATED_ACTIVATIONS, TILE_ROWS, NVFP4Array, activation_of,
+                              checked_activation, checked_bias, checked_s_enc, checked_weight,
+                              output_columns, output_dtype, plain_to_tiled, reduce_dtype_of,
+                              tiled_to_plain)
 from jax_nvfp4.sharding.matmul import partitioned_matmul_p as matmul_p
 
 
@@ -34,6 +35,23 @@ def _scales_from_matrix(scales, lead, n):
     return plain_to_tiled(plain.reshape(*lead, n // BLOCK))
 
 
+def interleave_gate_up(gate, up):
+    """The weight (or bias) of a gated matmul activation from its two halves: rows of `gate` and
+    `up` ([F, ...] each, e.g. a SwiGLU MLP's gate and up projections stored [out, in]) interleaved
+    along axis 0 into [2F, ...], row 2j = gate[j], row 2j + 1 = up[j]. Quantize the result:
+    `matmul(x, quantize(interleave_gate_up(w_gate, w_up)), activation="swiglu")` is
+    silu(x @ w_gate.T) * (x @ w_up.T). The pairs stay whole under any split of its rows into
+    even pieces, so a column-parallel (N-sharded) layer needs no regrouping."""
+    gate, up = jnp.asarray(gate), jnp.asarray(up)
+    if gate.shape != up.shape or gate.ndim == 0:
+        raise ValueError(f"interleave_gate_up: gate and up must have the same shape of at least one "
+                         f"axis, got {tuple(gate.shape)} and {tuple(up.shape)}")
+    if gate.dtype != up.dtype:
+        raise TypeError(f"interleave_gate_up: gate and up must have the same dtype, got {gate.dtype} "
+                        f"and {up.dtype}")
+    return jnp.stack([gate, up], axis=1).reshape(2 * gate.shape[0], *gate.shape[1:])
+
+
 def matmul(x, w: NVFP4Array, *, bias=None, activation=None, out_dtype=None, out_s_enc=None,
            reduce_dtype=None):
     """y = act(x @ w.T + bias) with NVFP4 weights: y[..., n] = act(sum_k x[..., k] * w[n, k]
@@ -46,12 +64,15 @@ def matmul(x, w: NVFP4Array, *, bias=None, activation=None, out_dtype=None, out_
     activation: None, "relu", "gelu" (tanh approximation, jax.nn.gelu's default) or "silu",
        applied in float32 to the epilogue value (after alpha and the bias, before the output
        cast or the NVFP4 output quantization), in the kernels' epilogue (formulas:
-       jax_nvfp4.reference.activation). Differentiable: the JVP recomputes the float32
-       pre-activation with a second GEMM.
+       jax_nvfp4.reference.activation). Or a gated one, "swiglu" (silu(gate) * up) or "geglu"
+       (gelu(gate) * up): N must be even, w's rows are interleaved gate/up pairs (row 2j the gate,
+       2j + 1 the up projection of output column j; see interleave_gate_up; the bias too) and y
+       has N / 2 columns. Differentiable: the JVP recomputes the float32 pre-activation with a
+       second GEMM.
     out_dtype: float dtype of y (default bfloat16).
     out_s_enc: if given (a float32 scalar, finite and positive), y is returned as an NVFP4Array
-       quantized with this encode scale straight from the float32 epilogue value (N must be a
-       multiple of 16), so a following W4A4 layer needs no float round trip.
+       quantized with this encode scale straight from the float32 epilogue value (y's columns
+       must be a multiple of 16), so a following W4A4 layer needs no float round trip.
     reduce_dtype: where K is split over devices (row-parallel, jax_nvfp4.sharding), the dtype the
        partial products are summed in across them: float32 (default; equal to one device up to
        the order of the sum) or bfloat16 (half the bytes on the links, as Megatron's row-parallel
@@ -67,14 +88,19 @@ def matmul(x, w: NVFP4Array, *, bias=None, activation=None, out_dtype=None, out_
     out_dtype = output_dtype(out_dtype, "matmul")
     reduce_dtype = reduce_dtype_of(reduce_dtype, "matmul")
     activation = activation_of(activation, "matmul")
+    if activation in GATED_ACTIVATIONS and n % 2:
+        raise ValueError(f"matmul: activation={activation!r} pairs w's rows (gate, up), so N must be "
+                         f"even, got N={n}")
+    cols = output_columns(n, activation)
     bias = checked_bias(bias, n, "matmul")
     out_nvfp4 = out_s_enc is not None
     if out_nvfp4:
         out_s_enc = checked_s_enc(out_s_enc, "matmul: out_s_enc")
         if out_s_enc.shape != ():
             raise ValueError(f"matmul: out_s_enc must be a scalar, got shape {out_s_enc.shape}")
-        if n % BLOCK:
-            raise ValueError(f"matmul: NVFP4 output needs N a multiple of {BLOCK}, got N={n}")
+        if cols % BLOCK:
+            got = f"N / 2 = {cols} (activation={activation!r}, N={n})" if cols != n else f"N={n}"
+            raise ValueError(f"matmul: NVFP4 output needs its columns a multiple of {BLOCK}, got {got}")
 
     lead = tuple(x.shape[:-1])
     m = math.prod(lead)
@@ -92,5 +118,5 @@ def matmul(x, w: NVFP4Array, *, bias=None, activation=None, out_dtype=None, out_
                          reduce_dtype=reduce_dtype)
     if out_nvfp4:
         codes, scales, s_dec = outs
-        return NVFP4Array(codes.reshape(*lead, n), _scales_from_matrix(scales, lead, n), s_dec)
-    return outs[0].reshape(*lead, n)
+        return NVFP4Array(codes.reshape(*lead, cols), _scales_from_matrix(scales, lead, cols), s_dec)
+    return outs[0].reshape(*lead, cols)

@@ -106,7 +106,9 @@ def activation(y, name: str):
     """The GEMM epilogue's activation of a float32 y, with the kernels' formulas
     (cuda/common/activation.cuh): relu = y < 0 ? 0 : y (NaN stays NaN, -0 stays -0), gelu in its
     tanh approximation (jax.nn.gelu's default) 0.5 y (1 + tanh(sqrt(2/pi) (y + 0.044715 y^3))),
-    silu = y / (1 + exp(-y)); "none" is the identity."""
+    silu = y / (1 + exp(-y)); "none" is the identity. The gated ones pair y's last axis
+    (interleaved: 2j the gate, 2j + 1 the up value) into half as many columns:
+    swiglu = silu(gate) * up, geglu = gelu(gate) * up."""
     if name == "none":
         return y
     if name == "relu":
@@ -115,12 +117,16 @@ def activation(y, name: str):
         return 0.5 * y * (1.0 + jnp.tanh(_SQRT_2_OVER_PI * (y + 0.044715 * (y * y * y))))
     if name == "silu":
         return y / (1.0 + jnp.exp(-y))
+    if name in ("swiglu", "geglu"):
+        gate, up = y[..., 0::2], y[..., 1::2]
+        return activation(gate, "silu" if name == "swiglu" else "gelu") * up
     raise ValueError(f"unknown activation {name!r}")
 
 
 def matmul(a, b_codes, b_scales, b_s_dec, *, a_scales=None, a_s_dec=None, bias=None,
            activation_name="none", out_dtype=jnp.bfloat16):
-    """out[m, n] = act(alpha * sum_k a[m, k] * b[n, k] (+ bias)), in float32, then `out_dtype`.
+    """out[m, n] = act(alpha * sum_k a[m, k] * b[n, k] (+ bias)), in float32, then `out_dtype`
+    (a gated act halves the columns).
 
     `a` is float [M, K] (W4A16) or float4 codes with `a_scales`/`a_s_dec` (W4A4). The block-scaled
     products are exact in float32; alpha = s_dec_a * s_dec_b is applied after the sum, then the

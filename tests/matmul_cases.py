@@ -30,9 +30,12 @@ def nvfp4_to_f64(q):
 
 
 def activation_f64(y, name):
-    """The epilogue activations in float64 (relu, gelu's tanh approximation, silu)."""
+    """The epilogue activations in float64 (relu, gelu's tanh approximation, silu; the gated
+    ones pair y's interleaved columns: act(y[:, 0::2]) * y[:, 1::2])."""
     if name is None:
         return y
+    if name in ("swiglu", "geglu"):
+        return activation_f64(y[..., 0::2], "silu" if name == "swiglu" else "gelu") * y[..., 1::2]
     if name == "relu":
         return np.where(y < 0, 0.0, y)
     if name == "gelu":

@@ -55,7 +55,7 @@ def test_scale_layout_equals_cutlass_layouts(host_program):
     assert batched == 2
 
 
-ACTIVATION_CODES = {"none": 0, "relu": 1, "gelu": 2, "silu": 3}
+ACTIVATION_CODES = {"none": 0, "relu": 1, "gelu": 2, "silu": 3, "swiglu": 4, "geglu": 5}
 
 
 def _plan(host_program, m, n, k, a_nvfp4, out, bias, sms=148, qws=4096, activation="none"):
@@ -68,6 +68,7 @@ def _plan(host_program, m, n, k, a_nvfp4, out, bias, sms=148, qws=4096, activati
 def _expected(m, n, k, a_nvfp4, out, bias, sms, qws, activation="none"):
     """The plan as documented in docs/gemm_blackwell.md, computed independently."""
     act = activation != "none"  # D is float32, then a pass applies the activation
+    gated = activation in ("swiglu", "geglu")  # D [m, n] -> output [m, n / 2]: never in place
     bits = 32 if act else {"f32": 32, "f16": 32, "bf16": 16, "nvfp4": 4}[out]
     k_pad = _round_up(k, 32)
     n_pad = _round_up(n, 128 // bits)
@@ -75,7 +76,7 @@ def _expected(m, n, k, a_nvfp4, out, bias, sms, qws, activation="none"):
     pad_a = k_pad != k
     pad_b = k_pad != k or n_pad != n
     copy_bias = bias != "none" and (bias != "f32" or n_pad != n)
-    stage = n_pad != n or out == "f16" or (act and out != "f32")
+    stage = n_pad != n or out == "f16" or (act and out != "f32") or gated
     e = dict(k_pad=k_pad, n_pad=n_pad, quantize_a=quantize, pad_a=pad_a, pad_b=pad_b,
              copy_bias=copy_bias, stage_out=stage, activation_pass=act,
              two_sm=m >= 256 and _ceil(m, 256) * _ceil(n, 128) >= sms // 2)
@@ -97,6 +98,7 @@ def _expected(m, n, k, a_nvfp4, out, bias, sms, qws, activation="none"):
     take("b_padded", n_pad * k_pad // 2, pad_b)
     take("bias", n_pad * 4, copy_bias)
     take("out_staged", m * n_pad * bits // 8, stage)
+    take("activated", m * (n // 2) * 4, gated and out == "nvfp4")
     offs["cutlass"] = top
     e["offs"] = offs
     return e
@@ -123,6 +125,11 @@ ACTIVATION_SHAPES = [
     (7, 100, 64, True, "bf16", "f32", "gelu"),       # N tail: f32 pitch 100 (no pad needed)
     (7, 102, 64, True, "f32", "none", "relu"),       # f32 N tail 102 -> 104: staged
     (512, 2048, 1024, False, "nvfp4", "bf16", "gelu"),  # NVFP4 out: f32 staged, then quantized
+    # Gated: D [m, n] is always staged, the pass writes [m, n / 2] (its own f32 region before an
+    # NVFP4 output's quantization).
+    (1, 8192, 4096, True, "bf16", "none", "swiglu"),
+    (300, 200, 80, True, "f32", "f32", "geglu"),     # f32 output: staged all the same
+    (512, 4096, 1024, False, "nvfp4", "bf16", "swiglu"),
 ]
 
 
@@ -179,13 +186,19 @@ def test_two_sm_rule_follows_sm_count(host_program):
     assert _plan(host_program, 512, 4096, 256, True, "bf16", "none", sms=148)["two_sm"] == "0"
 
 
-@pytest.mark.parametrize("m,n,k,out,reason", [
-    (16, 64, 40, "bf16", "k must be a multiple of 16"),
-    (16, 64, 0, "bf16", "m and n must be >= 0 and k > 0"),
-    (16, 40, 64, "nvfp4", "NVFP4 output needs n % 16 == 0"),
+NVFP4_COLS = "NVFP4 output needs its columns (n, or n / 2 gated) a multiple of 16"
+
+
+@pytest.mark.parametrize("m,n,k,out,activation,reason", [
+    (16, 64, 40, "bf16", "none", "k must be a multiple of 16"),
+    (16, 64, 0, "bf16", "none", "m and n must be >= 0 and k > 0"),
+    (16, 40, 64, "nvfp4", "none", NVFP4_COLS),
+    (16, 48, 64, "nvfp4", "swiglu", NVFP4_COLS),  # 24 output columns
+    (16, 33, 64, "bf16", "geglu", "a gated activation needs n even"),
 ])
-def test_unsupported_problems_are_named(host_program, m, n, k, out, reason):
-    assert _plan(host_program, m, n, k, True, out, "none")["unsupported"] == reason
+def test_unsupported_problems_are_named(host_program, m, n, k, out, activation, reason):
+    got = _plan(host_program, m, n, k, True, out, "none", activation=activation)
+    assert got["unsupported"] == reason
 
 
 @pytest.fixture(scope="module")

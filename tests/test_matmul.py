@@ -85,7 +85,13 @@ def test_nvfp4_output_is_the_quantized_float32_result(lead):
     np.testing.assert_array_equal(np.asarray(q.s_dec), s_dec)
 
 
-ACTIVATIONS = ["relu", "gelu", "silu"]
+ACTIVATIONS = ["relu", "gelu", "silu", "swiglu", "geglu"]
+# jax.nn's functions of the same names (y's interleaved gate/up pairs for the gated ones).
+FLOAT_ACTIVATIONS = {
+    "relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu,
+    "swiglu": lambda y: jax.nn.silu(y[..., 0::2]) * y[..., 1::2],
+    "geglu": lambda y: jax.nn.gelu(y[..., 0::2]) * y[..., 1::2],
+}
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
@@ -115,7 +121,7 @@ def test_relu_keeps_nan():
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_nvfp4_output_quantizes_the_activated_result(activation):
-    k, n = 64, 48
+    k, n = 64, 96
     x = mc.random_float((6, k), jnp.bfloat16, 24)
     w = mc.random_weight(n, k, 25)
     q = jn.matmul(x, w, activation=activation, out_s_enc=np.float32(1500.0))
@@ -133,7 +139,7 @@ def test_activation_gradients_match_the_float_function(activation):
     w = mc.random_weight(48, 64, 27)
     b = mc.random_float((48,), jnp.float32, 28, 0.5)
     w_hat = jn.dequantize(w, jnp.float32)
-    fn = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu}[activation]
+    fn = FLOAT_ACTIVATIONS[activation]
     ours = lambda x, b: jnp.sum(jn.matmul(x, w, bias=b, activation=activation,  # noqa: E731
                                           out_dtype=jnp.float32) ** 2)
     theirs = lambda x, b: jnp.sum(fn(x @ w_hat.T + b) ** 2)  # noqa: E731
@@ -156,8 +162,46 @@ def test_activation_under_vmap_and_jit():
 def test_activation_is_checked():
     x, w = mc.random_float((2, 32), jnp.float32, 0), mc.random_weight(16, 32, 1)
     with pytest.raises(ValueError, match=r"matmul: activation must be None or one of \('relu', "
-                                         r"'gelu', 'silu'\), got 'tanh'"):
+                                         r"'gelu', 'silu', 'swiglu', 'geglu'\), got 'tanh'"):
         jn.matmul(x, w, activation="tanh")
+
+
+def test_gated_activation_pairs_interleaved_rows():
+    """matmul(x, quantize(interleave_gate_up(g, u)), activation="swiglu") is silu(x @ g.T) *
+    (x @ u.T) on the dequantized rows, [M, F] from a [2F, K] weight; the bias pairs the same way."""
+    m, f, k = 9, 40, 96
+    x = mc.random_float((m, k), jnp.float32, 40)
+    g, u = mc.random_float((f, k), jnp.float32, 41), mc.random_float((f, k), jnp.float32, 42)
+    bg, bu = mc.random_float((f,), jnp.float32, 43), mc.random_float((f,), jnp.float32, 44)
+    w = jn.quantize(jn.interleave_gate_up(g, u))
+    bias = jn.interleave_gate_up(bg, bu)
+    assert w.shape == (2 * f, k) and bias.shape == (2 * f,)
+    np.testing.assert_array_equal(np.asarray(bias[0::2]), np.asarray(bg))
+    np.testing.assert_array_equal(np.asarray(bias[1::2]), np.asarray(bu))
+    wv = mc.nvfp4_to_f64(w)
+    xv = np.asarray(x, np.float64)
+    gate = xv @ wv[0::2].T + np.asarray(bg, np.float64)
+    up = xv @ wv[1::2].T + np.asarray(bu, np.float64)
+    y = jn.matmul(x, w, bias=bias, activation="swiglu", out_dtype=jnp.float32)
+    assert y.shape == (m, f)
+    mc.assert_close(y, gate / (1 + np.exp(-gate)) * up, 1e-5)
+
+
+def test_gated_activation_is_checked():
+    x = mc.random_float((2, 32), jnp.float32, 0)
+    with pytest.raises(ValueError, match=r"matmul: activation='swiglu' pairs w's rows \(gate, up\), "
+                                         r"so N must be even, got N=17"):
+        jn.matmul(x, mc.random_weight(17, 32, 1), activation="swiglu")
+    with pytest.raises(ValueError, match=r"NVFP4 output needs its columns a multiple of 16, got "
+                                         r"N / 2 = 24 \(activation='geglu', N=48\)"):
+        jn.matmul(x, mc.random_weight(48, 32, 1), activation="geglu", out_s_enc=1.0)
+    with pytest.raises(ValueError, match=r"bias must have shape \(48,\)"):
+        jn.matmul(x, mc.random_weight(48, 32, 1), bias=jnp.zeros(24), activation="geglu")
+    with pytest.raises(ValueError, match=r"interleave_gate_up: gate and up must have the same "
+                                         r"shape.*\(4, 32\) and \(5, 32\)"):
+        jn.interleave_gate_up(jnp.zeros((4, 32)), jnp.zeros((5, 32)))
+    with pytest.raises(TypeError, match=r"same dtype, got float32 and bfloat16"):
+        jn.interleave_gate_up(jnp.zeros((4, 32)), jnp.zeros((4, 32), jnp.bfloat16))
 
 
 def test_nan_propagates_to_its_row_and_column_only():
@@ -225,7 +269,7 @@ class TestValidation:
 
     def test_nvfp4_out_needs_n_multiple_of_16(self):
         w = mc.random_weight(40, 64, 1)
-        with pytest.raises(ValueError, match="N a multiple of 16, got N=40"):
+        with pytest.raises(ValueError, match="columns a multiple of 16, got N=40"):
             jn.matmul(jnp.zeros((2, 64)), w, out_s_enc=1.0)
 
     def test_out_s_enc_scalar(self):
@@ -301,12 +345,14 @@ def test_sm90_decode_kernel_uses_tensor_cores(kernel_sass):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_activation_pass_moves_16_bytes_per_access(kernel_sass, arch):
-    """The pass that applies the epilogue activation where the GEMM library cannot (sm_90a
-    prefill, sm_100a) runs in place at the speed of the output's bytes: one 16-byte load and
-    store per 8 (bf16/f16) or 4 (f32) elements, the accurate expf/tanhf, no local memory."""
-    kernels = kernel_sass(arch, r"activation_in_place_kernel")
-    assert len(kernels) == 3, sorted(kernels)  # float32, bf16 and f16 outputs
+    """The passes that apply the epilogue activation where the GEMM library cannot (sm_90a
+    prefill, sm_100a; a gated one on every sm_90a path but decode) run at the speed of their
+    bytes: 16-byte loads and stores in place (8 bf16/f16 or 4 f32 elements), gated 16-byte loads
+    of pairs and 8-byte stores of their outputs; the accurate expf/tanhf, no local memory."""
+    kernels = kernel_sass(arch, r"activation_in_place_kernel|gated_kernel")
+    assert len(kernels) == 6, sorted(kernels)  # both passes: float32, bf16 and f16 outputs
     for name, sass in kernels.items():
-        assert "LDG.E.128" in sass and "STG.E.128" in sass, f"{name}: no 16-byte accesses"
+        store = "STG.E.64" if "gated" in name else "STG.E.128"  # gated: half as many outputs
+        assert "LDG.E.128" in sass and store in sass, f"{name}: no 16-byte loads or {store}"
         assert "MUFU.EX2" in sass, f"{name}: no exponential"
         assert "LDL" not in sass and "STL" not in sass, f"{name} spills to local memory"

@@ -22,6 +22,7 @@ import pytest
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
+from jax_nvfp4.format import output_columns
 from jax_nvfp4.primitives.matmul import GEMM_NVFP4_OUT_TARGET, GEMM_TARGET, PATH_ENV
 
 HERE = Path(__file__).resolve().parent
@@ -71,7 +72,7 @@ def poison(nbytes):
 
 def run(path, x, w, **kw):
     m = int(np.prod(x.shape[:-1]))
-    poison(m * w.shape[0] * 4)
+    poison(m * output_columns(w.shape[0], kw.get("activation") or "none") * 4)
     with forced_path(path):
         y = jn.matmul(x, w, **kw)
         jax.block_until_ready(y)
@@ -136,12 +137,13 @@ def test_nvfp4_output(kernels, path, m):
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu", "swiglu", "geglu"])
 def test_activation_epilogue(kernels, path, activation):
-    """act(alpha * acc + bias) in every path's epilogue (the prefill path's separate pass), for
-    float outputs against float64, and an NVFP4 output equal to the quantization of the same
-    path's float32 result."""
-    n, k = 208, 272  # N a multiple of 16 (NVFP4 output), of no tile
+    """act(alpha * acc + bias) in every path's epilogue (the prefill path's separate pass; a gated
+    one's pass on every path but decode), for float outputs against float64, and an NVFP4 output
+    equal to the quantization of the same path's float32 result."""
+    # Output columns a multiple of 16 (NVFP4 output), N of no tile.
+    n, k = (224 if activation in ("swiglu", "geglu") else 208), 272
     w = mc.random_weight(n, k, 10)
     bias = mc.random_float((n,), jnp.float32, 11, 0.5)
     for m in (3, 200):
@@ -155,6 +157,24 @@ def test_activation_epilogue(kernels, path, activation):
     np.testing.assert_array_equal(
         np.asarray(jax.lax.bitcast_convert_type(q.codes, jnp.uint4)).astype(np.uint8), codes)
     np.testing.assert_array_equal(np.asarray(q.scales).view(np.uint8), scales)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_gated_activation_tails_and_w4a4(kernels, path):
+    """swiglu over N = 114 weight rows (57 output columns: the last 16-row tile of pairs is
+    partial) at M = 1, 16 and 33 (the decode kernel's three tile heights), W4A16 and W4A4."""
+    n, k = 114, 272
+    w = mc.random_weight(n, k, 30)
+    bias = mc.random_float((n,), jnp.float32, 31, 0.5)
+    for m in (1, 16, 33):
+        x = mc.random_float((m, k), jnp.bfloat16, 32 + m)
+        y = run(path, x, w, bias=bias, activation="swiglu", out_dtype=jnp.float32)
+        assert y.shape == (m, n // 2)
+        want = mc.activation_f64(w4a16_oracle(kernels, x, w, bias), "swiglu")
+        mc.assert_close(y, want, 1e-5)
+        xq = jn.quantize(x)
+        y = run(path, xq, w, bias=bias, activation="swiglu", out_dtype=jnp.float32)
+        mc.assert_close(y, mc.oracle(xq, w, bias, "swiglu"), 1e-5)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -248,8 +268,11 @@ MEMCHECK_SCRIPT = textwrap.dedent("""
             jn.matmul(jn.quantize(x.astype(jnp.float32)), w, out_dtype=jnp.float32).block_until_ready()
             jn.matmul(x, w, activation="silu", out_dtype=jnp.bfloat16).block_until_ready()
             jn.matmul(x, w, activation="relu", out_dtype=jnp.float32).block_until_ready()
+            if n % 2 == 0:
+                jn.matmul(x, w, activation="swiglu", out_dtype=jnp.bfloat16).block_until_ready()
         jn.matmul(x, jn.quantize(jnp.ones((32, 16))), out_s_enc=1.0).codes.block_until_ready()
         jn.matmul(x, jn.quantize(jnp.ones((32, 16))), activation="gelu", out_s_enc=1.0).codes.block_until_ready()
+        jn.matmul(x, jn.quantize(jnp.ones((32, 16))), activation="geglu", out_s_enc=1.0).codes.block_until_ready()
     print("memcheck-done")
 """)
 

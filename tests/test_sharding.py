@@ -264,6 +264,62 @@ def test_activation_applies_once_after_the_sum(mesh, operands, pattern):
     np.testing.assert_allclose(np.asarray(got), np.asarray(f(x, w, bias)), rtol=1e-5, atol=1e-5)
 
 
+@multidevice
+@pytest.mark.parametrize("out", ["float32", "nvfp4"])
+@pytest.mark.parametrize("pattern", ["column", "data+column", "row", "data+row"])
+def test_gated_activation_keeps_pairs_whole(mesh, operands, pattern, out):
+    """swiglu: y's column j is w's rows 2j, 2j + 1 (interleaved). A column-parallel shard holds
+    whole pairs and yields its own half-width columns without traffic; a row-parallel one pairs
+    them after the sum. Equal to one device (NVFP4 y: the float32 result, quantized)."""
+    x, w, bias = operands
+    x = x / 16
+    s_enc = jnp.float32(64.0)
+
+    def float_y(a, b, c):
+        return nv.matmul(a, b, bias=c, activation="swiglu", out_dtype=jnp.float32)
+
+    f = jax.jit(float_y if out == "float32" else
+                lambda a, b, c: nv.matmul(a, b, bias=c, activation="swiglu", out_s_enc=s_enc))
+    args = _place(mesh, x, w, bias, pattern)
+    got = f(*args)
+    if out == "float32":
+        assert got.shape == (M, N // 2)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(f(x, w, bias)), rtol=1e-5,
+                                   atol=1e-5)
+    else:
+        assert same_bytes(got, jax.jit(lambda *a: nv.quantize(float_y(*a), s_enc=s_enc))(*args))
+    text = hlo(f, *args)
+    assert "all-gather" not in text
+    column = pattern.endswith("column")
+    assert ("all-reduce" in text) == (not column and mesh.shape["y"] > 1)
+    if column:
+        y = got if out == "float32" else got.codes
+        y_spec = P(PATTERNS[pattern][0][0], "y")  # x's rows, w's rows
+        assert y.sharding.is_equivalent_to(NamedSharding(mesh, y_spec), 2)
+
+
+@multidevice
+@pytest.mark.parametrize("scattered", ["rows", "columns"])
+def test_gated_activation_after_a_reduce_scatter(mesh, operands, scattered):
+    """Row-parallel swiglu with y asked split over the K axes too: the pre-activation partial sums
+    are reduce-scattered in whole (gate, up) pairs and each shard pairs its own."""
+    if mesh.shape["y"] < 2:
+        pytest.skip("needs a K split")
+    x, w, bias = operands
+    y_spec = P("y", None) if scattered == "rows" else P(None, "y")
+
+    def f(a, b, c):
+        y = nv.matmul(a / 16, b, bias=c, activation="swiglu", out_dtype=jnp.float32)
+        return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, y_spec))
+
+    g = jax.jit(f)
+    args = _place(mesh, x, w, bias, "row")
+    text = hlo(g, *args)
+    assert "reduce-scatter" in text and "all-reduce" not in text and "all-gather" not in text
+    np.testing.assert_allclose(np.asarray(g(*args)), np.asarray(g(x, w, bias)), rtol=1e-5,
+                               atol=1e-5)
+
+
 def _all_reduce_dtypes(text):
     return set(re.findall(r"(\w+)\[[\d,]*\]\{[\d,]*\} (?:all-reduce|reduce-scatter)", text))
 

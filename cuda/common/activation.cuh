@@ -1,4 +1,5 @@
-// An epilogue activation of a float32 value, with the formulas of jax_nvfp4.reference.activation.
+// An epilogue activation of a float32 value (or of a gate/up pair), with the formulas of
+// jax_nvfp4.reference.activation.
 // expf and tanhf are CUDA's accurate functions (2 ulp), so kernels and reference agree to a few
 // float32 ulps.
 #pragma once
@@ -17,6 +18,11 @@ __device__ __forceinline__ float apply_activation(float v, Activation act) {
     case Activation::kSilu: return v / (1.f + expf(-v));
     default: return v;
   }
+}
+
+// A gated activation's output from its gate and up values (both after alpha and the bias).
+__device__ __forceinline__ float apply_gated(float gate, float up, Activation act) {
+  return apply_activation(gate, gate_activation(act)) * up;
 }
 
 }  // namespace jax_nvfp4

@@ -9,10 +9,12 @@
 //   b_codes    [N, K] float4_e2m1fn;  b_scales  tiled e4m3;  b_s_dec  f32 scalar
 //   bias       [N] bf16/f16/f32, or f32[0]
 //   out_s_enc  f32 scalar (NVFP4 output), or f32[0]
-// Results: out [M, N] bf16/f16/f32; or codes [M, N] float4_e2m1fn, tiled scales, s_dec f32;
-// then the workspace (uint8, common/workspace_registry.h).
+// Results: out [M, C] bf16/f16/f32; or codes [M, C] float4_e2m1fn, tiled scales, s_dec f32;
+// then the workspace (uint8, common/workspace_registry.h). C = N, or N / 2 with a gated
+// activation (N even).
 // Attributes: path (GemmPath: 0 the launcher's choice, 1 decode, 2 prefill, 3 fused, 4 fused_ws,
-// 5 prefill_cutlass) and activation (Activation: 0 none, 1 relu, 2 gelu, 3 silu).
+// 5 prefill_cutlass) and activation (Activation: 0 none, 1 relu, 2 gelu, 3 silu, 4 swiglu,
+// 5 geglu).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -53,11 +55,14 @@ ffi::Error decode_path(int64_t path, GemmProblem* p) {
 }
 
 ffi::Error decode_activation(int64_t activation, GemmProblem* p) {
-  if (activation < 0 || activation > static_cast<int64_t>(Activation::kSilu)) {
-    return invalid("activation must be 0 (none), 1 (relu), 2 (gelu) or 3 (silu), got " +
-                   std::to_string(activation));
+  if (activation < 0 || activation > static_cast<int64_t>(Activation::kGeglu)) {
+    return invalid("activation must be 0 (none), 1 (relu), 2 (gelu), 3 (silu), 4 (swiglu) or "
+                   "5 (geglu), got " + std::to_string(activation));
   }
   p->activation = static_cast<Activation>(activation);
+  if (is_gated(p->activation) && p->n % 2 != 0) {
+    return invalid("a gated activation needs N (the weight's rows) even, got " + std::to_string(p->n));
+  }
   return ffi::Error::Success();
 }
 
@@ -157,11 +162,11 @@ size_t gemm_call_workspace(const WorkspaceQuery& q) {
   GemmProblem p;
   const auto path = q.attrs.find("path");
   if (path != q.attrs.end()) decode_path(path->second, &p);
-  const auto activation = q.attrs.find("activation");
-  if (activation != q.attrs.end()) decode_activation(activation->second, &p);
   p.m = a.dims.at(0);
   p.k = a.dims.at(1);
   p.n = q.args.at(3).dims.at(0);
+  const auto activation = q.attrs.find("activation");
+  if (activation != q.attrs.end()) decode_activation(activation->second, &p);
   p.a_is_nvfp4 = a.type == ffi::DataType::F4E2M1FN;
   if (!p.a_is_nvfp4) to_dtype(a.type, &p.a_dtype);
   if (q.args.at(6).elements() > 0) {
@@ -194,7 +199,10 @@ ffi::Error gemm_impl(cudaStream_t stream, ffi::AnyBuffer a,
   if (auto err = decode_path(path, &p); err.failure()) return err;
   if (auto err = decode_activation(activation, &p); err.failure()) return err;
   const auto od = out->dimensions();
-  if (od.size() != 2 || od[0] != p.m || od[1] != p.n) return invalid("out must be [M, N], got " + dims_str(od));
+  if (od.size() != 2 || od[0] != p.m || od[1] != out_cols(p)) {
+    return invalid("out must be [M, " + std::string(is_gated(p.activation) ? "N / 2" : "N") + "], got " +
+                   dims_str(od));
+  }
   if (!to_dtype(out->element_type(), &p.out_dtype)) return invalid("out must be bf16, f16 or f32");
   p.out = out->untyped_data();
   return run(stream, workspace, p);
@@ -216,14 +224,17 @@ ffi::Error gemm_nvfp4_out_impl(cudaStream_t stream, ffi::AnyBuffer a,
   }
   if (auto err = decode_path(path, &p); err.failure()) return err;
   if (auto err = decode_activation(activation, &p); err.failure()) return err;
-  if (p.n % kBlockSize != 0) return invalid("NVFP4 output needs N a multiple of 16, got " + std::to_string(p.n));
+  const int64_t cols = out_cols(p);
+  if (cols % kBlockSize != 0) {
+    return invalid("NVFP4 output needs its columns a multiple of 16, got " + std::to_string(cols));
+  }
   const auto od = out_codes->dimensions();
   if (out_codes->element_type() != ffi::DataType::F4E2M1FN || od.size() != 2 || od[0] != p.m ||
-      od[1] != p.n) {
-    return invalid("out codes must be float4_e2m1fn [M, N], got " + dims_str(od));
+      od[1] != cols) {
+    return invalid("out codes must be float4_e2m1fn [M, " + std::to_string(cols) + "], got " + dims_str(od));
   }
-  if (static_cast<int64_t>(out_scales->element_count()) != scale_matrix_bytes(p.m, p.n / kBlockSize)) {
-    return invalid("out scales must be the tiled scales of [M, N]");
+  if (static_cast<int64_t>(out_scales->element_count()) != scale_matrix_bytes(p.m, cols / kBlockSize)) {
+    return invalid("out scales must be the tiled scales of [M, " + std::to_string(cols) + "]");
   }
   if (out_s_enc.element_type() != ffi::DataType::F32 || out_s_enc.element_count() != 1) {
     return invalid("out_s_enc must be a float32 scalar");

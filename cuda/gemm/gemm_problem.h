@@ -2,6 +2,9 @@
 //
 //   out[m, n] = act(alpha * sum_k a(m, k) * b(n, k) (+ bias[n])),   alpha = s_dec_a * s_dec_b
 //
+// With a gated activation (common/activation.h) n is even and the output has n / 2 columns:
+//   out[m, j] = act(z[m, 2j]) * z[m, 2j + 1],   z = alpha * sum_k a(m, k) * b(n, k) (+ bias[n]).
+//
 // All pointers are device pointers. Matrices are row-major with K contiguous ("TN"), the
 // NVFP4 codes packed two per byte (element 2i in the low nibble), scales in the tiled layout
 // of common/scale_layout.h. alpha is never read on the host (no sync): kernels load the
@@ -44,15 +47,16 @@ struct GemmProblem {
   const void* bias = nullptr;  // optional [n]
   DType bias_dtype = DType::kF32;
   // Applied in float32 after alpha and the bias, before the output cast or the NVFP4 output
-  // quantization (formulas: common/activation.cuh).
+  // quantization (formulas: common/activation.cuh; a gated one pairs the rows of b).
   Activation activation = Activation::kNone;
 
-  // Float output [m, n]; null when the output is NVFP4.
+  // Float output [m, out_cols(*this)]; null when the output is NVFP4.
   void* out = nullptr;
   DType out_dtype = DType::kBF16;
 
-  // NVFP4 output (optional): codes [m, n/2], tiled scales over (m rows, n/16 blocks), quantized
-  // with the caller's encode scale; out_s_dec receives 1/out_s_enc.
+  // NVFP4 output (optional): codes [m, out_cols / 2] bytes, tiled scales over (m rows,
+  // out_cols / 16 blocks), quantized with the caller's encode scale; out_s_dec receives
+  // 1/out_s_enc.
   uint8_t* out_codes = nullptr;
   uint8_t* out_scales = nullptr;
   const float* out_s_enc = nullptr;
@@ -61,5 +65,8 @@ struct GemmProblem {
   void* workspace = nullptr;  // the call's workspace result (common/workspace_registry.h)
   size_t workspace_bytes = 0;
 };
+
+// Columns of the output: n, or n / 2 with a gated activation.
+inline int64_t out_cols(const GemmProblem& p) { return is_gated(p.activation) ? p.n / 2 : p.n; }
 
 }  // namespace jax_nvfp4

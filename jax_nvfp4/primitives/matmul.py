@@ -5,8 +5,9 @@ matmul_p.bind(a, [a_scales, a_s_dec,] b_codes, b_scales, b_s_dec, [bias,] [out_s
     a        float [M, K] (W4A16) or float4 codes [M, K] (W4A4, then a_scales/a_s_dec follow)
     b_*      the weight [N, K] as codes, tiled scales, scalar s_dec
     bias     optional [N], any float dtype
-    out      float [M, N] of out_dtype; or, with out_nvfp4, the result quantized with the scalar
-             out_s_enc: (codes [M, N], tiled scales, s_dec)
+    out      float [M, C] of out_dtype; or, with out_nvfp4, the result quantized with the scalar
+             out_s_enc: (codes [M, C], tiled scales, s_dec). C = N, or N / 2 with a gated
+             activation (format.output_columns)
 
 out = act(s_dec_a * s_dec_b * sum_k a(m, k) * b(n, k) + bias), in float32; act is "none" or one
 of format.ACTIVATIONS (reference.activation).
@@ -27,7 +28,7 @@ import numpy as np
 from jax.interpreters import batching
 
 from jax_nvfp4 import reference
-from jax_nvfp4.format import CODE_DTYPE, SCALE_DTYPE, tiled_scales_shape
+from jax_nvfp4.format import CODE_DTYPE, SCALE_DTYPE, output_columns, tiled_scales_shape
 from jax_nvfp4.primitives._base import (ShapedArray, define_primitive, empty_f32, env_choice,
                                         ffi_kernel_call, map_batcher)
 
@@ -40,7 +41,7 @@ GEMM_NVFP4_OUT_TARGET = "jax_nvfp4_gemm_nvfp4_out"
 # (jax.clear_caches() drops compiled ones).
 PATH_ENV = "JAX_NVFP4_GEMM_SM90_PATH"
 # The FFI attribute of each activation (cuda/gemm/gemm_problem.h, enum Activation).
-ACTIVATION_CODES = {"none": 0, "relu": 1, "gelu": 2, "silu": 3}
+ACTIVATION_CODES = {"none": 0, "relu": 1, "gelu": 2, "silu": 3, "swiglu": 4, "geglu": 5}
 _PATHS = {"": 0, "auto": 0, "decode": 1, "prefill": 2, "fused": 3, "fused_ws": 4, "prefill_cutlass": 5}
 
 
@@ -70,7 +71,8 @@ def _out_avals(m, n, out_nvfp4, out_dtype):
 
 def _abstract(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype, activation):
     ops = _unpack(args, a_nvfp4, has_bias, out_nvfp4)
-    return _out_avals(ops["a"].shape[0], ops["b_codes"].shape[0], out_nvfp4, out_dtype)
+    cols = output_columns(ops["b_codes"].shape[0], activation)
+    return _out_avals(ops["a"].shape[0], cols, out_nvfp4, out_dtype)
 
 
 def _reference(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype, activation):
@@ -87,7 +89,7 @@ def _reference(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype, activation):
 def gemm_kernel(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype, activation="none"):
     """The FFI call of matmul_p's CUDA lowering (also the GEMM that pointwise convs lower to)."""
     ops = _unpack(args, a_nvfp4, has_bias, out_nvfp4)
-    m, n = ops["a"].shape[0], ops["b_codes"].shape[0]
+    m, cols = ops["a"].shape[0], output_columns(ops["b_codes"].shape[0], activation)
     operands = (
         ops["a"],
         ops["a_scales"] if a_nvfp4 else jnp.zeros((0,), SCALE_DTYPE),
@@ -96,7 +98,7 @@ def gemm_kernel(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype, activation="none
         ops["bias"] if has_bias else empty_f32(),
         ops["out_s_enc"] if out_nvfp4 else empty_f32(),
     )
-    outs = _out_avals(m, n, out_nvfp4, out_dtype)
+    outs = _out_avals(m, cols, out_nvfp4, out_dtype)
     target = GEMM_NVFP4_OUT_TARGET if out_nvfp4 else GEMM_TARGET
     return ffi_kernel_call(target, [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs], *operands,
                            path=np.int64(forced_path()),

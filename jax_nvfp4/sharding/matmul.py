@@ -3,6 +3,8 @@
 Shardings honoured (and combined on meshes of several axes):
   M (data-parallel)    x's rows; by whole 128-row tiles when x or y is NVFP4.
   N (column-parallel)  w's rows by whole 128-row scale tiles; y's columns follow; no traffic.
+                       With a gated activation y's column j is w's rows 2j, 2j + 1: a tile of
+                       w's rows is 64 of y's columns, and every pair stays on one shard.
   K (row-parallel)     w's and x's K by whole 64-element scale tiles: each shard multiplies its
                        K slice in float32 (alpha = s_dec_x * s_dec_w applies to every partial
                        sum, which is linear), the partial sums are all-reduced (psum) in
@@ -22,7 +24,7 @@ import jax.numpy as jnp
 from jax.experimental.custom_partitioning import CompoundFactor
 
 from jax_nvfp4 import reference
-from jax_nvfp4.format import TILE_ROWS
+from jax_nvfp4.format import GATED_ACTIVATIONS, TILE_ROWS, output_columns
 from jax_nvfp4.primitives.matmul import matmul_batcher, matmul_p
 from jax_nvfp4.primitives.quantize import quantize_p
 from jax_nvfp4.sharding._partitioned import (Plan, define_partitioned_primitive, local_body,
@@ -59,16 +61,28 @@ class _MatmulOp:
             m_dim, m_tiles = b.tiled("m", m, TILE_ROWS)
         else:
             m_dim, m_tiles = "m", None
-        if out_nvfp4:
+        whole_n_tiles = n % TILE_ROWS == 0 and n // TILE_ROWS > 1
+        if params["activation"] in GATED_ACTIVATIONS:
+            # y's column j is w's rows 2j, 2j + 1: N = (nt, nq, gu) with nq = 64 and gu = 2, y's
+            # columns (nt, nq), and an NVFP4 y's 64-column scale tiles are nt as well.
+            if whole_n_tiles:
+                n_dim = b.compound("nt", ("nq", TILE_K), ("gu", 2))
+                y_n_dim, n_tiles, y_n_tiles = CompoundFactor("nt", "nq"), "nt", "nt"
+            else:
+                n_dim, y_n_dim, n_tiles = (b.replicated(f) for f in ("n", "f", "nt"))
+                y_n_tiles = b.replicated("fk") if out_nvfp4 else None
+        elif out_nvfp4:
             # N is both w's rows (128-row tiles) and y's K (64-element tiles): N = (nt, nh, nq)
             # with nh = 2, nq = 64, so the y scales' tile dim is the compound (nt, nh).
-            if n % TILE_ROWS == 0 and n // TILE_ROWS > 1:
+            if whole_n_tiles:
                 n_dim = b.compound("nt", ("nh", 2), ("nq", TILE_K))
                 n_tiles, y_n_tiles = "nt", CompoundFactor("nt", "nh")
             else:
                 n_dim, n_tiles, y_n_tiles = (b.replicated(f) for f in ("n", "nt", "nk"))
+            y_n_dim = n_dim
         else:
             n_dim, n_tiles = b.tiled("n", n, TILE_ROWS)
+            y_n_dim = n_dim
         mappings = {
             "a": (m_dim, k_dim),
             "a_scales": b.scales(m_tiles, k_tiles),
@@ -81,7 +95,7 @@ class _MatmulOp:
         }
         for name in names:
             b.operand(*mappings[name])
-        b.result(m_dim, n_dim)
+        b.result(m_dim, y_n_dim)
         if out_nvfp4:
             b.result(*b.scales(m_tiles, y_n_tiles))
             b.result(*_SCALARS)
@@ -108,7 +122,8 @@ class _MatmulOp:
             y_rows, y_cols = result_dims[0][:2]
             if scatters(mesh, y_rows, m_ax, k_ax, m, row_axes if out_nvfp4 else even_split):
                 scatter = 0
-            elif scatters(mesh, y_cols, n_ax, k_ax, n, k_axes if out_nvfp4 else even_split):
+            elif scatters(mesh, y_cols, n_ax, k_ax, output_columns(n, params["activation"]),
+                          k_axes if out_nvfp4 else even_split):
                 scatter = 1
         y_m_ax = m_ax + k_ax if scatter == 0 else m_ax
         y_n_ax = n_ax + k_ax if scatter == 1 else n_ax
@@ -120,7 +135,7 @@ class _MatmulOp:
             "b_codes": [n_ax, k_ax],
             "b_scales": scale_dims([], n_ax, k_ax),
             "b_s_dec": [],
-            "bias": [y_n_ax],  # added after the sum, to y's columns
+            "bias": [y_n_ax],  # added after the sum, to y's columns (gated: their pairs)
             "out_s_enc": [],
         }
         results = [[y_m_ax, y_n_ax]]

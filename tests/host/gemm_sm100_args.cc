@@ -3,7 +3,7 @@
 // expectations. Pointers are fake device addresses, printed as <buffer>+<byte offset>.
 //
 //   gemm_sm100_args M N K a_nvfp4(0|1) out(f32|bf16|f16|nvfp4) bias(none|f32|bf16) SMS QWS
-//                   [activation(0 none|1 relu|2 gelu|3 silu)]
+//                   [activation(0 none|1 relu|2 gelu|3 silu|4 swiglu|5 geglu)]
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -132,6 +132,7 @@ int main(int argc, char** argv) {
   print_offset("off_b_padded", plan.b_padded);
   print_offset("off_bias", plan.bias);
   print_offset("off_out_staged", plan.out_staged);
+  print_offset("off_activated", plan.activated);
   print_offset("off_cutlass", plan.cutlass_ws);
 
   const sm100::Args args = sm100::make_args(p, plan);

@@ -1,8 +1,8 @@
 // The sm_100a GEMM launcher: plans the problem (gemm_sm100_args.h), runs the preparation steps
 // (quantize A for W4A16, pad K/N where TMA needs it, epilogue scalars), the CUTLASS kernel, and
 // copies a staged output into place; with an activation, D is float32 and one pass applies it
-// (before the output cast, or before quantizing an NVFP4 output). Everything is enqueued on the
-// stream; nothing syncs.
+// (before the output cast, or before quantizing an NVFP4 output; a gated one pairs D's columns).
+// Everything is enqueued on the stream; nothing syncs.
 #include "gemm/sm100/gemm_sm100.h"
 
 #include "gemm/activation_pass.cuh"
@@ -102,7 +102,7 @@ cudaError_t gemm_sm100(const GemmProblem& p, cudaStream_t stream) {
   if (sm100::unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
   const bool nvfp4_out = p.out_codes != nullptr;
   if (nvfp4_out) {  // padding scale entries (rows past m, blocks past n/16) must read as zero
-    JAX_NVFP4_TRY(cudaMemsetAsync(p.out_scales, 0, scale_matrix_bytes(p.m, p.n / kBlockSize),
+    JAX_NVFP4_TRY(cudaMemsetAsync(p.out_scales, 0, scale_matrix_bytes(p.m, out_cols(p) / kBlockSize),
                                   stream));
   }
   if (p.m == 0 || p.n == 0) {
@@ -151,13 +151,15 @@ cudaError_t gemm_sm100(const GemmProblem& p, cudaStream_t stream) {
       return activation_pass(d, DType::kF32, p.m, p.n, plan.n_pad, p.out, p.out_dtype, p.activation,
                              stream);
     }
-    // NVFP4 output: n % 16 == 0, so n_pad == n and the staged D is contiguous.
-    JAX_NVFP4_TRY(activation_pass(d, DType::kF32, p.m, p.n, plan.n_pad, d, DType::kF32, p.activation,
+    // NVFP4 output: n % 16 == 0, so n_pad == n and the staged D is contiguous. The activated
+    // float32 [m, out_cols] replaces D, or, gated, goes to its own region.
+    float* y = plan.activated != sm100::kUnused ? sm100::at<float>(ws, plan.activated) : d;
+    JAX_NVFP4_TRY(activation_pass(d, DType::kF32, p.m, p.n, plan.n_pad, y, DType::kF32, p.activation,
                                   stream));
     QuantizeProblem q;
     q.rows = q.rows_per_matrix = p.m;
-    q.k = p.n;
-    q.x = d;
+    q.k = out_cols(p);
+    q.x = y;
     q.x_dtype = DType::kF32;
     q.s_enc = p.out_s_enc;  // given: no amax, no workspace
     q.codes = p.out_codes;

@@ -41,7 +41,7 @@ using LayoutSFD = OutScaleConfig::LayoutSF;
 inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 // CUTLASS's epilogue here applies no activation: with one, D is float32 and a pass applies it
-// (then converts, or quantizes an NVFP4 output).
+// (then converts, or quantizes an NVFP4 output; a gated one halves the columns).
 inline OutKind out_kind(const GemmProblem& p) {
   if (p.activation != Activation::kNone) return OutKind::kF32;
   if (p.out_codes != nullptr) return OutKind::kNvfp4;
@@ -78,6 +78,7 @@ struct Plan {
 
   size_t a_codes = kUnused, a_scales = kUnused, a_s_dec = kUnused, quantize_ws = kUnused;
   size_t a_padded = kUnused, b_padded = kUnused, bias = kUnused, out_staged = kUnused;
+  size_t activated = kUnused;  // gated activation, NVFP4 output: float32 [m, n / 2] to quantize
   size_t quantize_ws_bytes = 0;  // size of the quantizer's scratch region
   size_t scalars = 0;  // float alpha
   size_t cutlass_ws = 0;  // CUTLASS's own workspace starts here; its size comes from the kernel
@@ -87,7 +88,10 @@ struct Plan {
 inline const char* unsupported_reason(const GemmProblem& p) {
   if (p.m < 0 || p.n < 0 || p.k <= 0) return "m and n must be >= 0 and k > 0";
   if (p.k % kBlockSize != 0) return "k must be a multiple of 16";
-  if (p.out_codes != nullptr && p.n % kBlockSize != 0) return "NVFP4 output needs n % 16 == 0";
+  if (is_gated(p.activation) && p.n % 2 != 0) return "a gated activation needs n even";
+  if (p.out_codes != nullptr && out_cols(p) % kBlockSize != 0) {
+    return "NVFP4 output needs its columns (n, or n / 2 gated) a multiple of 16";
+  }
   if (p.out_codes == nullptr && p.out_dtype != DType::kF32 && p.out_dtype != DType::kBF16 &&
       p.out_dtype != DType::kF16) {
     return "unsupported output dtype";
@@ -114,7 +118,7 @@ inline Plan make_plan(const GemmProblem& p, int sm_count, size_t quantize_ws_byt
   plan.pad_b = plan.k_pad != p.k || plan.n_pad != p.n;
   plan.copy_bias = p.bias != nullptr && (p.bias_dtype != DType::kF32 || plan.n_pad != p.n);
   plan.activation_pass = p.activation != Activation::kNone;
-  plan.stage_out = plan.n_pad != p.n ||
+  plan.stage_out = plan.n_pad != p.n || is_gated(p.activation) ||
                    (plan.kind == OutKind::kF32 && (p.out_dtype != DType::kF32 || p.out_codes != nullptr));
 
   size_t top = 0;
@@ -135,6 +139,9 @@ inline Plan make_plan(const GemmProblem& p, int sm_count, size_t quantize_ws_byt
   if (plan.pad_b) plan.b_padded = take(plan.n_pad * plan.k_pad / 2);
   if (plan.copy_bias) plan.bias = take(plan.n_pad * static_cast<int64_t>(sizeof(float)));
   if (plan.stage_out) plan.out_staged = take(p.m * plan.n_pad * out_bits(plan.kind) / 8);
+  if (is_gated(p.activation) && p.out_codes != nullptr) {
+    plan.activated = take(p.m * out_cols(p) * static_cast<int64_t>(sizeof(float)));
+  }
   plan.cutlass_ws = top;
   return plan;
 }

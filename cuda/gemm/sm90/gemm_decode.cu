@@ -18,7 +18,8 @@
 //
 // Split-K, deterministic and without workspace: the parts of a tile leave their partial sums in
 // shared memory and rank r adds every part in rank order for its share of the fragment slots,
-// then applies alpha, bias, the activation and the output cast.
+// then applies alpha, bias, the activation and the output cast. A gated activation pairs weight
+// rows 2j, 2j+1 as MMA rows g, g+8 (weight_row), so one thread finishes both.
 // - T == 1 (M <= 8): a block is one 16-row tile, its warps are the K parts (no cluster).
 // - T >= 2: a block of 4 warps owns 64 rows and walks one K part; its warps read the same
 //   activation chunk at once, from L1 (at M = 16 the activation loads bound the kernel). The
@@ -243,20 +244,28 @@ __device__ __forceinline__ void act_pairs(const ActRaw<XK>& x, int q, uint32_t (
   }
 }
 
+// The weight row of MMA row g (r = 0) or g + 8 (r = 1) of the 16-row tile at n0. With a gated
+// activation the interleaved pair 2g, 2g + 1 (gate, up): the epilogue then holds both values of
+// output column n0 / 2 + g in one thread. The tile reads the same 16 rows either way.
+__device__ __forceinline__ int64_t weight_row(int64_t n0, int g, int r, bool gated) {
+  return gated ? n0 + 2 * g + r : n0 + g + 8 * r;
+}
+
 template <int T, XKind XK>
 struct Chunk {
   WeightRaw w;
   ActRaw<XK> x[T];
 };
 
-// The chunk from element c0 (checked: it may end past K), lane t of its quad.
+// The chunk from element c0 (checked: it may end past K) of the tile at n0, lane (g, t).
 template <int T, XKind XK, bool IL>
-__device__ __forceinline__ void load_chunk(const GemmProblem& p, int64_t n_row, int64_t m_row,
+__device__ __forceinline__ void load_chunk(const GemmProblem& p, int64_t n0, int g, int64_t m_row,
                                            int64_t c0, int t, bool vec16, Chunk<T, XK>& c) {
   const int64_t e0 = c0 + 32 * t, kb = p.k / kBlockSize;  // the lane's 16 code bytes
+  const bool gated = is_gated(p.activation);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int64_t n = n_row + 8 * r;
+    const int64_t n = weight_row(n0, g, r, gated);
     const bool ok = n < p.n;
     uint32_t codes[4];
     load_codes(p.b.codes + n * (p.k / 2), ok ? e0 : p.k, p.k, vec16, codes);
@@ -280,7 +289,7 @@ __device__ __forceinline__ void load_chunk(const GemmProblem& p, int64_t n_row, 
 // or M are clamped to the last row: they load valid memory and their results are not stored.
 template <int T, XKind XK, bool IL>
 struct Cursor {
-  const uint8_t* codes[2];   // weight rows g, g+8 at the lane's first code byte
+  const uint8_t* codes[2];   // weight rows of MMA rows g, g+8 at the lane's first code byte
   const uint8_t* scales[2];  // their two block scales (IL: the first of them; the other is a tile on)
   const uint8_t* x[T];       // activation rows (float bytes or NVFP4 codes)
   const uint8_t* x_scales[T];
@@ -288,12 +297,14 @@ struct Cursor {
   static constexpr int kScaleStep = static_cast<int>(row_scale_step(kChunk));
   static constexpr int kXStep = XK == XKind::kNvfp4 ? kChunk / 2 : kChunk * (XK == XKind::kF32 ? 4 : 2);
 
-  // c0: the chunk's first element; t: the lane in its quad.
-  __device__ __forceinline__ Cursor(const GemmProblem& p, int64_t n_row, int64_t m_row, int64_t c0, int t) {
+  // n0: the weight tile's first row; c0: the chunk's first element; (g, t): the lane.
+  __device__ __forceinline__ Cursor(const GemmProblem& p, int64_t n0, int g, int64_t m_row, int64_t c0,
+                                    int t) {
     const int64_t kb = p.k / kBlockSize, e0 = c0 + 32 * t;
+    const bool gated = is_gated(p.activation);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int64_t n = min(n_row + 8 * r, p.n - 1);
+      const int64_t n = min(weight_row(n0, g, r, gated), p.n - 1);
       codes[r] = p.b.codes + n * (p.k / 2) + e0 / 2;
       const int64_t block = IL ? c0 / kBlockSize + interleaved_block(t) : e0 / kBlockSize;
       scales[r] = p.b.scales + scale_offset(n, block, kb);
@@ -446,7 +457,7 @@ __global__ void __launch_bounds__(max_threads<T>()) decode_kernel(const GemmProb
   // split then lost up to 18% back to back (14336 x 4096, M = 1-16, H200).
   wait_for_prior_grids();
   if (c < c_full) {
-    Cursor<T, XK, IL> cur(p, n0 + g, m0 + g, c * kChunk, t);
+    Cursor<T, XK, IL> cur(p, n0, g, m0 + g, c * kChunk, t);
     const int n_full = static_cast<int>(c_full - c);
     WeightRaw w[kDepth];
     ActRaw<XK> x[2][T];
@@ -480,7 +491,7 @@ __global__ void __launch_bounds__(max_threads<T>()) decode_kernel(const GemmProb
   }
   for (; c < c_end; ++c) {  // the partial last chunk
     Chunk<T, XK> tail;
-    load_chunk<T, XK, IL>(p, n0 + g, m0 + g, c * kChunk, t, vec16, tail);
+    load_chunk<T, XK, IL>(p, n0, g, m0 + g, c * kChunk, t, vec16, tail);
     compute_chunk<T, XK, IL>(tail.w, tail.x, t, acc);
   }
 
@@ -504,19 +515,31 @@ __global__ void __launch_bounds__(max_threads<T>()) decode_kernel(const GemmProb
     cg::this_cluster().sync();
   }
 
-  // Rank r finishes fragment slots e = r, r+split, ...: the sum over ranks in rank order.
+  // Rank r finishes the outputs o = r, r+split, ... of this thread: fragment slot e = o, or with a
+  // gated activation the slot pair e = 4 (o / 2) + o % 2 (gate) and e + 2 (up). Each slot is the
+  // sum over ranks in rank order, then alpha and the bias of its weight row.
   float alpha = *p.b.s_dec * (1.0f / kDequantFactor);
   if (p.a_is_nvfp4) alpha *= *p.a_q.s_dec * (1.0f / kDequantFactor);
-  for (int e = rank; e < 4 * T; e += split) {
+  const bool gated = is_gated(p.activation);
+  const auto slot_value = [&](int e) -> float {
     float sum = 0.f;
     for (int r = 0; r < split; ++r) sum += part(e, r);
+    float v = sum * alpha;
+    if (p.bias) v += load_as_float(p.bias, p.bias_dtype, weight_row(n0, g, (e % 4) / 2, gated));
+    return v;
+  };
+  const int outputs = gated ? 2 * T : 4 * T;
+  for (int o = rank; o < outputs; o += split) {
+    const int e = gated ? 4 * (o / 2) + o % 2 : o;
     const int tt = e / 4, i = e % 4;
-    const int64_t n = n0 + g + (i >= 2 ? 8 : 0);
     const int64_t m = m0 + 8 * tt + 2 * t + (i & 1);
-    if (n < p.n && m < p.m) {
-      float v = sum * alpha;
-      if (p.bias) v += load_as_float(p.bias, p.bias_dtype, n);
-      store_as(p.out, p.out_dtype, m * p.n + n, apply_activation(v, p.activation));
+    const int64_t n = weight_row(n0, g, i / 2, gated);
+    if (n >= p.n || m >= p.m) continue;
+    if (gated) {
+      store_as(p.out, p.out_dtype, m * (p.n / 2) + n / 2,
+               apply_gated(slot_value(e), slot_value(e + 2), p.activation));
+    } else {
+      store_as(p.out, p.out_dtype, m * p.n + n, apply_activation(slot_value(e), p.activation));
     }
   }
   // Keep this block's partials alive until every rank of the cluster has read them.

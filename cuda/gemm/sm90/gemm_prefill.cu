@@ -158,7 +158,6 @@ __global__ void crop_columns(const uint8_t* src, int64_t m, int64_t n, int64_t n
 constexpr size_t kRegionAlign = 256;
 size_t align_up(size_t v) { return (v + kRegionAlign - 1) / kRegionAlign * kRegionAlign; }
 
-int elem_bytes(DType t) { return t == DType::kF32 ? 4 : 2; }
 
 // The workspace carving of one prefill problem.
 struct Plan {
@@ -185,7 +184,7 @@ size_t gemm_workspace(DType out, int m, int n, int k) {
 
 Plan make_plan(const GemmProblem& p) {
   Plan plan;
-  const int64_t align_elems = 16 / elem_bytes(p.out_dtype);
+  const int64_t align_elems = 16 / dtype_bytes(p.out_dtype);
   plan.n_pad = ceil_div(p.n, align_elems) * align_elems;
   plan.crop = plan.n_pad != p.n;
   const bool split = !p.a_is_nvfp4 && p.a_dtype != DType::kBF16;
@@ -202,7 +201,7 @@ Plan make_plan(const GemmProblem& p) {
   plan.off_bias = off;
   off = align_up(off + static_cast<size_t>(plan.n_pad) * sizeof(float));
   plan.off_d = off;
-  if (plan.crop) off = align_up(off + static_cast<size_t>(p.m * plan.n_pad) * elem_bytes(p.out_dtype));
+  if (plan.crop) off = align_up(off + static_cast<size_t>(p.m * plan.n_pad) * dtype_bytes(p.out_dtype));
   plan.off_gemm = off;
   off = align_up(off + gemm_workspace(p.out_dtype, static_cast<int>(p.m),
                                          static_cast<int>(plan.n_pad), static_cast<int>(plan.k_gemm)));
@@ -296,7 +295,7 @@ cudaError_t prefill_gemm(const GemmProblem& p, cudaStream_t stream) {
   if (err != cudaSuccess || !plan.crop) return err;
   LaunchConfig launch(grid_rows(p.m), 256, 0, stream, 0, /*pdl=*/true);
   return cudaLaunchKernelEx(&launch.cfg, crop_columns, static_cast<const uint8_t*>(ws + plan.off_d), p.m, p.n,
-                            plan.n_pad, elem_bytes(p.out_dtype), static_cast<uint8_t*>(p.out));
+                            plan.n_pad, dtype_bytes(p.out_dtype), static_cast<uint8_t*>(p.out));
 }
 
 }  // namespace sm90

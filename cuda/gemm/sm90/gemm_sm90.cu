@@ -2,7 +2,10 @@
 // float32 result (kept in the workspace) with quantize_sm90. The decode and fused kernels apply
 // the activation in their epilogue; the prefill path's GEMM library cannot, so there one
 // elementwise pass applies it to the GEMM's output in place (after the output cast: a 2-byte
-// output is rounded twice) or to the float32 result an NVFP4 output is quantized from.
+// output is rounded twice) or to the float32 result an NVFP4 output is quantized from. A gated
+// activation is fused in the decode kernel only (its epilogue holds a row pair in one thread);
+// elsewhere the GEMM writes its [m, n] result to the workspace in the output dtype and the pass
+// pairs the columns into the output.
 #include "gemm/sm90/gemm_sm90.h"
 
 #include "common/scale_layout.h"
@@ -20,10 +23,18 @@ size_t align_up(size_t v) { return (v + kRegionAlign - 1) / kRegionAlign * kRegi
 bool nvfp4_out(const GemmProblem& p) { return p.out_codes != nullptr; }
 
 bool separate_activation(const GemmProblem& p) {
-  return p.activation != Activation::kNone && gemm_sm90_path(p) == GemmSm90Path::kPrefill;
+  const GemmSm90Path path = gemm_sm90_path(p);
+  if (is_gated(p.activation)) return path != GemmSm90Path::kDecode;
+  return p.activation != Activation::kNone && path == GemmSm90Path::kPrefill;
 }
 
-// The float32 result [m, n] at `out_f32` that the quantizer reads, as a problem of its own.
+// Bytes of the staged [m, n] GEMM result a separate gated activation reads.
+size_t gated_stage_bytes(const GemmProblem& p) {
+  if (!is_gated(p.activation) || !separate_activation(p)) return 0;
+  return align_up(static_cast<size_t>(p.m * p.n) * dtype_bytes(p.out_dtype));
+}
+
+// The float32 result [m, out_cols] at `out_f32` that the quantizer reads, as a problem of its own.
 GemmProblem float_stage(const GemmProblem& p, void* out_f32) {
   GemmProblem f = p;
   f.out = out_f32;
@@ -36,7 +47,7 @@ GemmProblem float_stage(const GemmProblem& p, void* out_f32) {
 QuantizeProblem quantize_stage(const GemmProblem& p, const float* y, void* ws, size_t ws_bytes) {
   QuantizeProblem q;
   q.rows = p.m;
-  q.k = p.n;
+  q.k = out_cols(p);
   q.rows_per_matrix = p.m;
   q.groups = 1;
   q.x = y;
@@ -59,6 +70,10 @@ size_t path_workspace(const GemmProblem& p) {
   }
 }
 
+// The workspace of one float-output problem: its kernel's, after the staged result of a separate
+// gated activation.
+size_t float_workspace(const GemmProblem& p) { return gated_stage_bytes(p) + path_workspace(p); }
+
 cudaError_t run_path(const GemmProblem& p, cudaStream_t stream) {
   switch (gemm_sm90_path(p)) {
     case GemmSm90Path::kDecode: return sm90::decode_gemm(p, stream);
@@ -69,14 +84,21 @@ cudaError_t run_path(const GemmProblem& p, cudaStream_t stream) {
 }
 
 // The kernels of one float-output problem: with a separate activation, the GEMM without it, then
-// the pass over its output in place.
+// the pass over its output in place, or, gated, from the staged result at the workspace's start.
 cudaError_t run_float(const GemmProblem& p, cudaStream_t stream) {
+  const bool separate = separate_activation(p);
   GemmProblem g = p;
-  if (separate_activation(p)) g.activation = Activation::kNone;
+  if (separate) g.activation = Activation::kNone;
+  const size_t stage = gated_stage_bytes(p);
+  if (stage > 0) {
+    g.out = p.workspace;
+    g.workspace = static_cast<uint8_t*>(p.workspace) + stage;
+    g.workspace_bytes = p.workspace_bytes - stage;
+  }
   cudaError_t err = run_path(g, stream);
   if (err == cudaSuccess) err = cudaGetLastError();
-  if (err != cudaSuccess || !separate_activation(p)) return err;
-  return activation_pass(p.out, p.out_dtype, p.m, p.n, p.n, p.out, p.out_dtype, p.activation, stream);
+  if (err != cudaSuccess || !separate) return err;
+  return activation_pass(g.out, p.out_dtype, p.m, p.n, p.n, p.out, p.out_dtype, p.activation, stream);
 }
 
 }  // namespace
@@ -119,16 +141,17 @@ GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
 }
 
 size_t gemm_sm90_workspace_bytes(const GemmProblem& p) {
-  if (!nvfp4_out(p)) return path_workspace(p);
-  const size_t y_bytes = align_up(static_cast<size_t>(p.m * p.n) * sizeof(float));
+  if (!nvfp4_out(p)) return float_workspace(p);
+  const size_t y_bytes = align_up(static_cast<size_t>(p.m * out_cols(p)) * sizeof(float));
   const GemmProblem f = float_stage(p, nullptr);
   const QuantizeProblem q = quantize_stage(p, nullptr, nullptr, 0);
-  return y_bytes + align_up(path_workspace(f)) + align_up(quantize_workspace_bytes(q));
+  return y_bytes + align_up(float_workspace(f)) + align_up(quantize_workspace_bytes(q));
 }
 
 cudaError_t gemm_sm90(const GemmProblem& p, cudaStream_t stream) {
   if (p.k <= 0 || p.k % kBlockSize != 0 || p.m < 0 || p.n < 0) return cudaErrorInvalidValue;
   if (p.workspace_bytes < gemm_sm90_workspace_bytes(p)) return cudaErrorInvalidValue;
+  if (is_gated(p.activation) && p.n % 2 != 0) return cudaErrorInvalidValue;
   if (p.m == 0 && p.n > 0 && nvfp4_out(p)) {  // nothing to multiply, but out_s_dec is still set
     const QuantizeProblem probe = quantize_stage(p, nullptr, nullptr, 0);
     return quantize_sm90(quantize_stage(p, nullptr, p.workspace, quantize_workspace_bytes(probe)), stream);
@@ -137,9 +160,9 @@ cudaError_t gemm_sm90(const GemmProblem& p, cudaStream_t stream) {
   if (!nvfp4_out(p)) return run_float(p, stream);
   uint8_t* ws = static_cast<uint8_t*>(p.workspace);
   float* y = reinterpret_cast<float*>(ws);
-  const size_t y_bytes = align_up(static_cast<size_t>(p.m * p.n) * sizeof(float));
+  const size_t y_bytes = align_up(static_cast<size_t>(p.m * out_cols(p)) * sizeof(float));
   GemmProblem f = float_stage(p, y);
-  const size_t f_bytes = align_up(path_workspace(f));
+  const size_t f_bytes = align_up(float_workspace(f));
   f.workspace = ws + y_bytes;
   f.workspace_bytes = f_bytes;
   const cudaError_t err = run_float(f, stream);

@@ -3,24 +3,28 @@
     python examples/sharded_llama.py [--small] [--layers 4] [--out result.md] [--profile DIR]
                                      [--reduce-dtype bfloat16]
 
-A stack of decoder blocks with the dimensions of an 8B-class Llama (hidden 4096, MLP 14336,
-32 query heads, 8 KV heads of 128) and random weights: RMSNorm, q/k/v/o projections with plain
+A stack of decoder blocks with the dimensions of an 8B-class Llama (hidden 4096, MLP 14336, 32
+query heads, 8 KV heads of 128) and random weights: RMSNorm, q/k/v/o projections with plain
 grouped-query softmax attention (no rotary embedding: it changes no matmul), SwiGLU MLP. The
-weights are NVFP4 (jax_nvfp4.quantize of each [out, in] matrix) placed Megatron-style on a 1-D
-mesh "tp": the fused q/k/v and gate/up projections column-parallel (output features split: no
+weights are NVFP4 (jax_nvfp4.quantize of each [out, in] matrix) placed Megatron-style on a 1-D mesh
+"tp": the fused q/k/v and gate/up projections column-parallel (output features split: no
 communication), o/down row-parallel (input features split: local GEMM, then one all-reduce), so
-each block does four GEMMs and two all-reduces and never gathers a weight. A fused projection
-stacks its parts device by device ([q_0 k_0 v_0 q_1 k_1 v_1 ...] for tp devices), so each
-device's slice of the output holds its own heads of q, k and v (split_fused). The same model in bfloat16, sharded the same way, is the
-baseline. The script checks that the sharded NVFP4 model matches a one-device run of itself,
-then times a decode step (batch 1 and 16, against a KV cache) and a prefill, and writes a
-markdown table. The prefill is timed twice: as above, and sequence-parallel (Megatron's: between
-blocks the tokens are split over the devices, the norms run on each device's tokens, the
-column-parallel GEMMs take the all-gathered tokens, and the row-parallel ones reduce-scatter their
-sums instead of all-reducing them). --profile adds where the GPU time of a batch-1 decode step
-goes, kernel by kernel (jax.profiler). --reduce-dtype bfloat16 makes both models add their
-row-parallel partial products across devices in bfloat16 (half the bytes). --small shrinks the
-model so it runs on forced CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8).
+each block does four GEMMs and two all-reduces and never gathers a weight. The fused q/k/v
+projection stacks its parts device by device ([q_0 k_0 v_0 q_1 k_1 v_1 ...] for tp devices), so
+each device's slice of the output holds its own heads of q, k and v (split_fused); the bf16 gate/up
+projection likewise ([gate_0 up_0 gate_1 up_1 ...]), paired after the GEMM. The NVFP4 model holds
+the same gate/up rows interleaved (gate j, up j: jax_nvfp4.interleave_gate_up's layout, which any
+split keeps in pairs) and applies SwiGLU in the GEMM (activation="swiglu"). The same model in
+bfloat16, sharded the same way, is the baseline. The script checks that the sharded NVFP4 model
+matches a one-device run of itself, then times a decode step (batch 1 and 16, against a KV cache)
+and a prefill, and writes a markdown table. The prefill is timed twice: as above, and
+sequence-parallel (Megatron's: between blocks the tokens are split over the devices, the norms run
+on each device's tokens, the column-parallel GEMMs take the all-gathered tokens, and the
+row-parallel ones reduce-scatter their sums instead of all-reducing them). --profile adds where the
+GPU time of a batch-1 decode step goes, kernel by kernel (jax.profiler). --reduce-dtype bfloat16
+makes both models add their row-parallel partial products across devices in bfloat16 (half the
+bytes). --small shrinks the model so it runs on forced CPU devices
+(XLA_FLAGS=--xla_force_host_platform_device_count=8).
 """
 
 from __future__ import annotations
@@ -66,18 +70,17 @@ COLUMN = ("wqkv", "wgu")  # output features split
 ROW = ("wo", "wd")  # input features split
 
 
-def fused_parts(cfg: Config) -> dict[str, tuple[int, ...]]:
-    """Output features of each part of the fused projections."""
+def qkv_parts(cfg: Config) -> tuple[int, int, int]:
+    """Output features of q, k and v in the fused projection."""
     q, kv = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-    return {"wqkv": (q, kv, kv), "wgu": (cfg.intermediate, cfg.intermediate)}
+    return q, kv, kv
 
 
 def weight_shapes(cfg: Config) -> dict[str, tuple[int, int]]:
-    """[out, in] of each projection of one block."""
+    """[out, in] of each projection of one block (wgu: the gate and up projections)."""
     h, f = cfg.hidden, cfg.intermediate
-    parts = fused_parts(cfg)
-    return {"wqkv": (sum(parts["wqkv"]), h), "wo": (h, parts["wqkv"][0]),
-            "wgu": (sum(parts["wgu"]), h), "wd": (h, f)}
+    parts = qkv_parts(cfg)
+    return {"wqkv": (sum(parts), h), "wo": (h, parts[0]), "wgu": (2 * f, h), "wd": (h, f)}
 
 
 def weight_spec(name: str) -> P:
@@ -145,20 +148,28 @@ def block(x, layer, cache, cfg: Config, linear, tp, sp: SequenceParallel | None 
     tokens, the column-parallel GEMMs take them gathered, the row-parallel outputs are asked
     split by tokens (so the matmul reduce-scatters instead of all-reducing)."""
     b, s, _ = x.shape
-    parts = fused_parts(cfg)
     gather = sp.gather if sp else (lambda a: a)
     shard = sp.shard if sp else (lambda a: a)
     h = gather(rms_norm(x, layer["attn_norm"], cfg.eps))
-    q, k, v = split_fused(linear(h, layer["wqkv"]), parts["wqkv"], tp)
+    q, k, v = split_fused(linear(h, layer["wqkv"]), qkv_parts(cfg), tp)
     q = q.reshape(b, s, cfg.heads, cfg.head_dim)
     k = k.reshape(b, s, cfg.kv_heads, cfg.head_dim)
     v = v.reshape(b, s, cfg.kv_heads, cfg.head_dim)
     chunks = [(k, v)] if cache is None else [cache, (k, v)]
     x = x + shard(linear(attention(q, chunks, cfg), layer["wo"]))
     h = gather(rms_norm(x, layer["mlp_norm"], cfg.eps))
-    gate, up = split_fused(linear(h, layer["wgu"]), parts["wgu"], tp)
-    act = jax.nn.silu(gate.astype(jnp.float32)) * up
-    return x + shard(linear(act.astype(x.dtype), layer["wd"]))
+    act = swiglu(h, layer["wgu"], linear, tp)
+    return x + shard(linear(act, layer["wd"]))
+
+
+def swiglu(h, w, linear, tp):
+    """silu(gate) * up of the gate/up projection: an NVFP4 weight's rows are interleaved pairs and
+    its GEMM applies it; the bf16 weight stacks [gate_d up_d] device by device and XLA pairs them
+    after its GEMM."""
+    if isinstance(w, nv.NVFP4Array):
+        return linear(h, w, activation="swiglu")
+    gate, up = split_fused(linear(h, w), (w.shape[0] // 2,) * 2, tp)
+    return (jax.nn.silu(gate.astype(jnp.float32)) * up).astype(h.dtype)
 
 
 def forward(x, params, caches, cfg: Config, linear, tp, sp: SequenceParallel | None = None):
@@ -167,8 +178,8 @@ def forward(x, params, caches, cfg: Config, linear, tp, sp: SequenceParallel | N
     return x
 
 
-def nvfp4_linear(x, w, reduce_dtype=None):
-    return nv.matmul(x, w, out_dtype=x.dtype, reduce_dtype=reduce_dtype)
+def nvfp4_linear(x, w, reduce_dtype=None, activation=None):
+    return nv.matmul(x, w, activation=activation, out_dtype=x.dtype, reduce_dtype=reduce_dtype)
 
 
 def bf16_linear(x, w, reduce_dtype=None):
@@ -193,16 +204,27 @@ def make_params(cfg: Config, mesh: Mesh, key):
     norms = jax.device_put({"attn_norm": jnp.ones((cfg.hidden,), jnp.float32),
                             "mlp_norm": jnp.ones((cfg.hidden,), jnp.float32)},
                            NamedSharding(mesh, P()))
+    tp = mesh.shape["tp"]
+    gate_up_pairs = jax.jit(functools.partial(interleaved_gate_up, tp=tp))
     bf16, nvfp4 = [], []
     for layer_key in jax.random.split(key, cfg.layers):
         wkeys = dict(zip(shapes, jax.random.split(layer_key, len(shapes))))
         layer_bf16 = {name: init[name](wkeys[name]) for name in shapes}
-        layer_nvfp4 = {name: jax.device_put(quantize(w), nvfp4_sharding(mesh, weight_spec(name),
-                                                                      w.shape))
+        layer_nvfp4 = {name: jax.device_put(quantize(gate_up_pairs(w) if name == "wgu" else w),
+                                            nvfp4_sharding(mesh, weight_spec(name), w.shape))
                        for name, w in layer_bf16.items()}
         bf16.append({**norms, **layer_bf16})
         nvfp4.append({**norms, **layer_nvfp4})
     return bf16, nvfp4
+
+
+def interleaved_gate_up(w, tp):
+    """The bf16 gate/up weight's rows ([gate_d up_d] stacked device by device for tp devices)
+    regrouped into interleaved pairs (jax_nvfp4.interleave_gate_up): the same projection, in the
+    layout activation="swiglu" reads."""
+    f = w.shape[0] // 2
+    stacked = w.reshape(tp, 2, f // tp, w.shape[1])
+    return nv.interleave_gate_up(stacked[:, 0].reshape(f, -1), stacked[:, 1].reshape(f, -1))
 
 
 def _random_weight(key, shape):

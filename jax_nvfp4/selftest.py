@@ -142,28 +142,50 @@ def _matmul_operands(m, n, k, seed):
     return x, w, bias
 
 
-def check_matmul(device) -> str:
-    """jax_nvfp4.matmul on `device` (W4A16 bf16, W4A4, bias, float32 out) against the reference
-    on the CPU: relative Frobenius error <= 1e-5 (only the accumulation order differs). Blackwell
-    runs W4A16 on quantize(x) (DESIGN.md §4), so there its reference takes quantize(x) too."""
+def _matmul_error(device, a, w, bias, activation=None) -> float:
+    """Relative Frobenius error of matmul(a, w, bias, activation) on `device` (float32 out)
+    against the reference on the CPU. Blackwell runs W4A16 on quantize(x) (DESIGN.md §4), so
+    there the reference takes quantize(x) too."""
     from jax_nvfp4.gemm import matmul
     from jax_nvfp4.quantization import quantize
 
-    quantizes_x = _extension.device_arch(device) == "sm_100a"
+    got = matmul(_on(device, a), _on(device, w), bias=_on(device, bias), activation=activation,
+                 out_dtype=jnp.float32)
+    ref_a = _on(_cpu(), a)
+    if _extension.device_arch(device) == "sm_100a" and not isinstance(a, NVFP4Array):
+        ref_a = quantize(ref_a)
+    want = matmul(ref_a, w, bias=_on(_cpu(), bias), activation=activation, out_dtype=jnp.float32)
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def check_matmul(device) -> str:
+    """jax_nvfp4.matmul on `device` (W4A16 bf16, W4A4, bias, float32 out) against the reference
+    on the CPU: relative Frobenius error <= 1e-5 (only the accumulation order differs)."""
+    from jax_nvfp4.quantization import quantize
+
     worst = 0.0
     for i, (m, n, k) in enumerate(_MATMUL_PROBLEMS):
         x, w, bias = _matmul_operands(m, n, k, seed=200 + i)
         for a in (x.astype(jnp.bfloat16), quantize(_on(_cpu(), x))):
-            got = matmul(_on(device, a), _on(device, w), bias=_on(device, bias), out_dtype=jnp.float32)
-            ref_a = _on(_cpu(), a)
-            if quantizes_x and not isinstance(a, NVFP4Array):
-                ref_a = quantize(ref_a)
-            want = matmul(ref_a, w, bias=_on(_cpu(), bias), out_dtype=jnp.float32)
-            got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-            err = np.linalg.norm(got - want) / np.linalg.norm(want)
+            err = _matmul_error(device, a, w, bias)
             kind = "W4A4" if isinstance(a, NVFP4Array) else "W4A16"
             assert np.isfinite(err) and err <= 1e-5, (
                 f"matmul {kind} M={m} N={n} K={k}: relative error {err:.3g}")
+            worst = max(worst, err)
+    return f"{2 * len(_MATMUL_PROBLEMS)} problems, worst relative error {worst:.1e}"
+
+
+def check_matmul_activation(device) -> str:
+    """matmul's epilogue activations on `device` (silu, and the gated swiglu over interleaved
+    rows; W4A16 bf16, bias, float32 out) against the reference on the CPU, as check_matmul."""
+    worst = 0.0
+    for i, (m, n, k) in enumerate(_MATMUL_PROBLEMS):
+        x, w, bias = _matmul_operands(m, n, k, seed=400 + i)
+        for activation in ("silu", "swiglu"):
+            err = _matmul_error(device, x.astype(jnp.bfloat16), w, bias, activation)
+            assert np.isfinite(err) and err <= 1e-5, (
+                f"matmul activation={activation} M={m} N={n} K={k}: relative error {err:.3g}")
             worst = max(worst, err)
     return f"{2 * len(_MATMUL_PROBLEMS)} problems, worst relative error {worst:.1e}"
 
@@ -187,6 +209,7 @@ def check_matmul_nvfp4_out(device) -> str:
 
 register_check("matmul", "jax_nvfp4_gemm", check_matmul)
 register_check("matmul->nvfp4", "jax_nvfp4_gemm_nvfp4_out", check_matmul_nvfp4_out)
+register_check("matmul+activation", "jax_nvfp4_gemm", check_matmul_activation)
 
 
 # (N, H, W, C, K, R, S, stride, dilation, padding): taps, padding, stride and dilation cases,
@@ -261,5 +284,5 @@ def selftest(verbose: bool = True) -> list[CheckResult]:
         print(f"jax_nvfp4 selftest on {where}; built for: "
               f"{', '.join(_extension.cuda_archs()) or 'no GPU arch'}")
         for r in results:
-            print(f"  {r.name:<12} {r.ffi_target:<28} {r.status:<10} {r.detail}")
+            print(f"  {r.name:<18} {r.ffi_target:<28} {r.status:<10} {r.detail}")
     return results

@@ -1,18 +1,20 @@
 """The matmul's epilogue activation against the same activation applied by XLA after the call,
 in one run on one GPU.
 
-    python bench/bench_activation.py --out DIR
+    python bench/bench_activation.py [--activation silu|swiglu] --out DIR
 
-Two layer shapes of Llama-3-8B's MLP (the up projection 14336 x 4096 and, with K = 14336, the
-down projection 4096 x 14336) at decode and prefill M, with `silu`:
-- W4A16, bf16 output: `matmul(x, w, activation="silu")` against `jax.nn.silu(matmul(x, w))`
-  (XLA's elementwise kernel reads and writes y again), beside the bf16 `jnp.dot` + silu;
-- W4A4 chain, NVFP4 output for the next layer: `matmul(xq, w, activation="silu", out_s_enc=s)`
-  against `quantize(silu(matmul(xq, w, out_dtype=float32)), s_enc=s)` (a float32 y, XLA's silu,
-  the quantize kernel).
+Layer shapes of Llama-3-8B's MLP at decode and prefill M. With `silu` (default): the up
+projection 14336 x 4096 and, with K = 14336, the down projection 4096 x 14336. With `swiglu`: the
+fused gate/up projection 28672 x 4096 (rows interleaved, jax_nvfp4.interleave_gate_up), whose
+output is silu(gate) * up, 14336 columns.
+- W4A16, bf16 output: `matmul(x, w, activation=A)` against A applied by XLA to `matmul(x, w)`
+  (XLA's elementwise kernel reads and writes y again), beside the bf16 `jnp.dot` + XLA's A;
+- W4A4 chain, NVFP4 output for the next layer: `matmul(xq, w, activation=A, out_s_enc=s)`
+  against `quantize(A(matmul(xq, w, out_dtype=float32)), s_enc=s)` (a float32 y, XLA's A, the
+  quantize kernel).
 Decode calls rotate through weight copies larger than the L2 (jax_nvfp4/timing.py); prefill uses
 one operand set. Times are medians of LoopTimer readings taken round-robin, us per call.
-Results: DIR/activation_<device>.md.
+Results: DIR/activation_<device>.md (silu) or DIR/activation_swiglu_<device>.md.
 """
 
 from __future__ import annotations
@@ -28,48 +30,57 @@ import numpy as np
 import jax_nvfp4 as nv
 from jax_nvfp4.timing import LoopTimer, interleaved_times
 
-SHAPES = [(14336, 4096), (4096, 14336)]
+SHAPES = {"silu": [(14336, 4096), (4096, 14336)], "swiglu": [(2 * 14336, 4096)]}
 MS = [1, 16, 256, 4096]
 DECODE_MAX_M = 16
 S_ENC = np.float32(64.0)
 
 
-def _ops():
+def xla_activation(y, activation):
+    """The activation as XLA computes it after the call (swiglu: y's interleaved gate/up pairs)."""
+    if activation == "swiglu":
+        return (jax.nn.silu(y[..., 0::2].astype(jnp.float32)) * y[..., 1::2]).astype(y.dtype)
+    return jax.nn.silu(y)
+
+
+def _ops(activation):
     """name -> (operand kind, fn): "x" takes bf16 x, "xq" the NVFP4 x; w NVFP4, w16 bf16."""
     def fused_w4a16(x, w):
-        return nv.matmul(x, w, activation="silu")
+        return nv.matmul(x, w, activation=activation)
 
     def xla_w4a16(x, w):
-        return jax.nn.silu(nv.matmul(x, w))
+        return xla_activation(nv.matmul(x, w), activation)
 
     def bf16_dot(x, w16):
-        return jax.nn.silu(jnp.dot(x, w16.T))
+        return xla_activation(jnp.dot(x, w16.T), activation)
 
     # The codes stand for the NVFP4 result (LoopTimer keeps array outputs): codes, scales and
     # s_dec come out of one kernel, so none of them can be skipped.
     def fused_chain(xq, w):
-        return nv.matmul(xq, w, activation="silu", out_s_enc=S_ENC).codes
+        return nv.matmul(xq, w, activation=activation, out_s_enc=S_ENC).codes
 
     def xla_chain(xq, w):
         y = nv.matmul(xq, w, out_dtype=jnp.float32)
-        return nv.quantize(jax.nn.silu(y), s_enc=S_ENC).codes
+        return nv.quantize(xla_activation(y, activation), s_enc=S_ENC).codes
 
-    return {"W4A16 fused": ("x", "w", fused_w4a16), "W4A16 + XLA silu": ("x", "w", xla_w4a16),
-            "bf16 dot + XLA silu": ("x", "w16", bf16_dot),
+    return {"W4A16 fused": ("x", "w", fused_w4a16),
+            f"W4A16 + XLA {activation}": ("x", "w", xla_w4a16),
+            f"bf16 dot + XLA {activation}": ("x", "w16", bf16_dot),
             "W4A4 -> NVFP4 fused": ("xq", "w", fused_chain),
-            "W4A4 -> f32, XLA silu, quantize": ("xq", "w", xla_chain)}
+            f"W4A4 -> f32, XLA {activation}, quantize": ("xq", "w", xla_chain)}
 
 
-def run(out_dir: Path, rounds: int):
+def run(out_dir: Path, rounds: int, activation: str):
     name = jax.devices()[0].device_kind
-    ops = _ops()
-    lines = [f"# matmul epilogue activation (silu) vs XLA's after the call ({name})", "",
+    ops = _ops(activation)
+    names = list(ops)
+    lines = [f"# matmul epilogue activation ({activation}) vs XLA's after the call ({name})", "",
              f"{datetime.date.today()} · jax {jax.__version__} · us per call (median of "
              "round-robin LoopTimer readings)", "",
              "| M | N x K | " + " | ".join(ops) + " | W4A16 fused vs + XLA | "
              "W4A4 chain fused vs unfused |",
              "|---|---|" + "---:|" * (len(ops) + 2)]
-    for n, k in SHAPES:
+    for n, k in SHAPES[activation]:
         keys = jax.random.split(jax.random.key(n + k), 2)
         w16 = (jax.random.normal(keys[0], (n, k), jnp.float32) / np.sqrt(k)).astype(jnp.bfloat16)
         weights = {"w": nv.quantize(w16), "w16": w16}
@@ -81,12 +92,12 @@ def run(out_dir: Path, rounds: int):
             us = {op: t * 1e6 for op, t in interleaved_times(timers, rounds).items()}
             lines.append(
                 f"| {m} | {n} x {k} | " + " | ".join(f"{us[op]:.1f}" for op in ops) +
-                f" | {us['W4A16 + XLA silu'] / us['W4A16 fused']:.2f}x | "
-                f"{us['W4A4 -> f32, XLA silu, quantize'] / us['W4A4 -> NVFP4 fused']:.2f}x |")
+                f" | {us[names[1]] / us[names[0]]:.2f}x | {us[names[4]] / us[names[3]]:.2f}x |")
             print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"activation_{name.replace(' ', '_')}.md"
+    stem = "activation" if activation == "silu" else f"activation_{activation}"
+    path = out_dir / f"{stem}_{name.replace(' ', '_')}.md"
     path.write_text(text)
     print(f"wrote {path}")
 
@@ -95,8 +106,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--activation", choices=sorted(SHAPES), default="silu")
     args = parser.parse_args()
-    run(args.out, args.rounds)
+    run(args.out, args.rounds, args.activation)
 
 
 if __name__ == "__main__":

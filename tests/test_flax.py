@@ -536,3 +536,58 @@ def test_demo_section_reports_accuracy_and_memory():
     saved = 2 * 64 * 128 * 2 - (2 * 64 * 128 // 2 + 3 * 512 + 2 * 4)
     assert figures["bytes_float"] - figures["bytes_nvfp4"] == saved
     assert any("cosine similarity" in line for line in lines)
+
+
+# ---- epilogue activation ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("activation", ["silu", "swiglu"])
+def test_linear_activation_runs_in_the_matmul(weights, activation):
+    """nnx Linear and linen Dense with `activation`: matmul(..., activation=) on the transposed,
+    quantized kernel; a gated one's kernel has twice the output columns (interleaved gate/up)."""
+    kernel, bias, x = weights  # [IN, OUT]: OUT / 2 gated outputs
+    out = OUT // 2 if activation == "swiglu" else OUT
+    want = jn.matmul(x, jn.quantize(kernel.T), bias=bias, activation=activation,
+                     out_dtype=jnp.float32)
+    layer = nvnnx.Linear.from_float(kernel, bias, activation=activation)
+    assert layer.out_features == out and layer(x).shape == (3, 5, out)
+    np.testing.assert_array_equal(layer(x), want)
+    dense = nvlinen.Dense(out, activation=activation)
+    params = dense.init(jax.random.key(0), x)
+    assert params["params"]["kernel"].shape == (OUT, IN) and params["params"]["bias"].shape == (OUT,)
+    params["params"]["kernel"], params["params"]["bias"] = jn.quantize(kernel.T), bias
+    np.testing.assert_array_equal(dense.apply(params, x), want)
+    fresh = nvnnx.Linear(IN, out, activation=activation, rngs=nnx.Rngs(0))
+    assert fresh.weight.shape == (OUT, IN) and fresh.bias[...].shape == (OUT,)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_qat_activation_converts_and_trains(weights, activation):
+    """A QAT Linear applies the activation to its straight-through result in float32; its
+    gradients reach the master kernel; quantize_model keeps the activation, and the inference
+    layer gives the QAT forward to float32 rounding."""
+    kernel, bias, x = weights
+    out = OUT // 2 if activation == "swiglu" else OUT
+    qat = nvnnx.Linear(IN, out, qat=True, activation=activation, rngs=nnx.Rngs(0))
+    qat.kernel[...], qat.bias[...] = kernel, bias
+    want = jn.matmul(x, jn.quantize(kernel.T), bias=bias, activation=activation,
+                     out_dtype=jnp.float32)
+    np.testing.assert_allclose(qat(x), want, rtol=1e-5, atol=1e-5)
+    grad = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(qat)
+    assert np.isfinite(grad.kernel[...]).all() and np.abs(grad.kernel[...]).sum() > 0
+    inference = convert.quantize_model(nnx.clone(qat))
+    assert isinstance(inference.weight, jn.NVFP4Array) and inference.activation == activation
+    np.testing.assert_allclose(inference(x), qat(x), rtol=1e-5, atol=1e-5)
+    y, _ = nvlinen.Dense(out, qat=True, activation=activation).init_with_output(
+        jax.random.key(0), x)
+    assert y.shape == (3, 5, out)
+
+
+def test_bad_activation_is_rejected(weights):
+    kernel, bias, x = weights
+    with pytest.raises(ValueError, match=r"Linear: activation must be None or one of .*got 'tanh'"):
+        nvnnx.Linear(IN, OUT, activation="tanh", rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"activation='geglu' needs an even number of kernel "
+                                         r"columns \(gate/up pairs\), got kernel shape \(64, 47\)"):
+        nvnnx.Linear.from_float(kernel[:, :47], activation="geglu")
+    with pytest.raises(ValueError, match=r"Dense 'd': activation must be None or one of"):
+        nvlinen.Dense(OUT, activation="tanh", name="d").init(jax.random.key(0), x)

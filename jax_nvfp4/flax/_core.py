@@ -9,7 +9,9 @@ import jax.numpy as jnp
 
 from jax_nvfp4.convolution import conv as nvfp4_conv
 from jax_nvfp4.convolution import quantize_conv_weight
-from jax_nvfp4.format import BLOCK, NVFP4Array, check_float_dtype, reduce_dtype_of
+from jax_nvfp4 import reference
+from jax_nvfp4.format import (BLOCK, GATED_ACTIVATIONS, NVFP4Array, activation_of,
+                              check_float_dtype, reduce_dtype_of)
 from jax_nvfp4.gemm import matmul
 from jax_nvfp4.primitives.autodiff import qat_conv, qat_matmul
 from jax_nvfp4.quantization import quantize
@@ -37,6 +39,14 @@ def check_act_quant(act_quant: bool, act_s_enc, layer: str) -> None:
                          "a static activation scale only applies to W4A4 (act_quant=True)")
     if not (isinstance(act_s_enc, (int, float)) and math.isfinite(act_s_enc) and act_s_enc > 0):
         raise ValueError(f"{layer}: act_s_enc must be a finite positive float, got {act_s_enc!r}")
+
+
+def kernel_outputs(out_features: int, activation, layer: str) -> int:
+    """The kernel's output columns for `out_features` outputs: twice as many with a gated
+    activation (interleaved gate/up columns, jax_nvfp4.interleave_gate_up's pairs transposed).
+    Checks `activation` (None or one of jax_nvfp4.format.ACTIVATIONS)."""
+    gated = activation_of(activation, layer) in GATED_ACTIVATIONS
+    return 2 * out_features if gated else out_features
 
 
 def activation_s_enc(samples) -> float:
@@ -67,21 +77,28 @@ def _input(x, dtype, param_dtype, in_features, min_ndim, layer):
 
 
 def dense(x, kernel, bias, *, in_features: int, dtype, param_dtype, act_quant: bool, act_s_enc,
-          reduce_dtype, layer: str):
-    """y = x @ W^T + bias for x [..., in_features].
+          reduce_dtype, layer: str, activation=None):
+    """y = act(x @ W^T + bias) for x [..., in_features].
 
     kernel: an NVFP4Array [out, in] (inference) or a float array [in, out] in Flax's layout
     (quantization-aware training: quantized here, straight-through gradients).
     The output dtype is `dtype`, else that Flax's Dense would give: x's promoted with
     param_dtype. With `dtype` given, x is cast to it first. reduce_dtype: matmul's (the dtype
-    a row-parallel layer sums its partial products in across devices)."""
+    a row-parallel layer sums its partial products in across devices). activation: matmul's
+    (a gated one halves the outputs); QAT applies it in float32 to the straight-through result,
+    with the same formulas (jax_nvfp4.reference.activation)."""
     x, out_dtype = _input(x, dtype, param_dtype, in_features, 1, layer)
     reduce_dtype = reduce_dtype_of(reduce_dtype, layer)
+    activation = activation_of(activation, layer)
     if isinstance(kernel, NVFP4Array):
         x_in = quantize(x, s_enc=act_s_enc) if act_quant else x
-        return matmul(x_in, kernel, bias=bias, out_dtype=out_dtype, reduce_dtype=reduce_dtype)
-    return qat_matmul(x, kernel.T, bias, quantize_activations=act_quant, act_s_enc=act_s_enc,
+        return matmul(x_in, kernel, bias=bias,
+                      activation=None if activation == "none" else activation,
                       out_dtype=out_dtype, reduce_dtype=reduce_dtype)
+    y = qat_matmul(x, kernel.T, bias, quantize_activations=act_quant, act_s_enc=act_s_enc,
+                   out_dtype=out_dtype if activation == "none" else jnp.float32,
+                   reduce_dtype=reduce_dtype)
+    return reference.activation(y, activation).astype(out_dtype)
 
 
 def pair(value, name: str, layer: str) -> tuple[int, int]:

@@ -130,6 +130,8 @@ def _to_nvfp4(module, act_quant: bool, act_s_enc, reduce_dtype):
         reduce_dtype = module.reduce_dtype
     kwargs = dict(dtype=module.dtype, act_quant=act_quant, act_s_enc=act_s_enc,
                   reduce_dtype=reduce_dtype)
+    if isinstance(module, nvfp4_nnx.Linear):
+        kwargs["activation"] = module.activation
     if isinstance(module, (nnx.Conv, nvfp4_nnx.Conv)):
         cls = nvfp4_nnx.Conv
         kwargs.update(strides=module.strides, padding=module.padding,

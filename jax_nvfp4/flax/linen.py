@@ -8,7 +8,9 @@ bias_init; DenseGeneral's axis; Conv's kernel_size, strides, padding, kernel_dil
 - `act_quant` / `act_s_enc`: W4A4 (quantize activations per call, or with a calibrated static
   encode scale) instead of the default W4A16;
 - `reduce_dtype`: the dtype a row-parallel layer (input features split over devices) sums its
-  partial products in across them: float32 (None, the default) or bfloat16 (`jax_nvfp4.matmul`).
+  partial products in across them: float32 (None, the default) or bfloat16 (`jax_nvfp4.matmul`);
+- `activation` (Dense only): matmul's, in the GEMM's epilogue; with the gated "swiglu"/"geglu"
+  the kernel has 2 * features columns (interleaved gate/up pairs) and the bias 2 * features.
 
 Sharding: wrap `kernel_init` with `nn.with_logical_partitioning(init, names)` (or
 `nn.with_partitioning`) in Flax's order, as for nn.Dense / nn.Conv. The NVFP4 fields are boxed
@@ -71,14 +73,18 @@ def _params(module, layer: str, kernel_shape, bias_shape, **quantize_args):
     return kernel, bias
 
 
-def _apply(module, x, in_shape: tuple[int, ...], out_shape: tuple[int, ...]):
+def _apply(module, x, in_shape: tuple[int, ...], out_shape: tuple[int, ...], activation=None):
     """The parameters and forward pass of Dense/DenseGeneral: x [..., *in_shape] ->
-    [..., *out_shape]."""
+    act(...) [..., *out_shape] (a gated activation: the kernel's and bias's last axis is twice
+    out_shape's)."""
     layer = f"{type(module).__name__} {module.name!r}"
-    k, n = math.prod(in_shape), math.prod(out_shape)
+    columns = _core.kernel_outputs(out_shape[-1], activation, layer)
+    kernel_out = (*out_shape[:-1], columns)
+    k, n = math.prod(in_shape), math.prod(kernel_out)
     _core.check_in_features(k, f"{layer} (input size {in_shape})")
     _core.check_act_quant(module.act_quant, module.act_s_enc, layer)
-    kernel, bias = _params(module, layer, (*in_shape, *out_shape), out_shape, in_ndim=len(in_shape))
+    kernel, bias = _params(module, layer, (*in_shape, *kernel_out), kernel_out,
+                           in_ndim=len(in_shape))
     if module.qat:
         kernel = kernel.reshape(k, n)
     if bias is not None:
@@ -86,13 +92,14 @@ def _apply(module, x, in_shape: tuple[int, ...], out_shape: tuple[int, ...]):
     lead = x.shape[:x.ndim - len(in_shape)]
     y = _core.dense(x.reshape(*lead, k), kernel, bias, in_features=k, dtype=module.dtype,
                     param_dtype=module.param_dtype, act_quant=module.act_quant,
-                    act_s_enc=module.act_s_enc, reduce_dtype=module.reduce_dtype, layer=layer)
+                    act_s_enc=module.act_s_enc, reduce_dtype=module.reduce_dtype, layer=layer,
+                    activation=activation)
     return y.reshape(*lead, *out_shape)
 
 
 class Dense(nn.Module):
-    """nn.Dense with an NVFP4 kernel: y = x @ kernel + bias over x's last axis, whose size
-    must be a multiple of 16."""
+    """nn.Dense with an NVFP4 kernel: y = act(x @ kernel + bias) over x's last axis, whose size
+    must be a multiple of 16 (`activation`: see the module docstring)."""
 
     features: int
     use_bias: bool = True
@@ -104,6 +111,7 @@ class Dense(nn.Module):
     act_quant: bool = False
     act_s_enc: float | None = None
     reduce_dtype: Any = None
+    activation: str | None = None
 
     @nn.compact
     def __call__(self, x):
@@ -111,7 +119,7 @@ class Dense(nn.Module):
         x = jnp.asarray(x)
         if x.ndim < 1:
             raise ValueError(f"Dense {self.name!r}: input must have rank >= 1, got a scalar")
-        return _apply(self, x, (x.shape[-1],), (self.features,))
+        return _apply(self, x, (x.shape[-1],), (self.features,), self.activation)
 
 
 class DenseGeneral(nn.Module):

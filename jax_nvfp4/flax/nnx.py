@@ -12,7 +12,9 @@ kernel_metadata, bias_metadata; Conv's kernel_size, strides, padding, kernel_dil
 Activations stay float (W4A16) unless `act_quant=True` (W4A4), which quantizes them on each call
 with their own amax or with a calibrated static encode scale `act_s_enc`. `reduce_dtype` is the
 dtype a row-parallel layer (input features split over devices) sums its partial products in
-across them: float32 (None, the default) or bfloat16 (`jax_nvfp4.matmul`).
+across them: float32 (None, the default) or bfloat16 (`jax_nvfp4.matmul`). `Linear`'s
+`activation` (None, "relu", "gelu", "silu", or the gated "swiglu"/"geglu") runs in the GEMM's
+epilogue; a gated Linear's kernel has 2 * out_features columns, interleaved gate/up pairs.
 
 Sharding: annotate the kernel as for nnx.Linear / nnx.Conv, in Flax's order
 (`kernel_init=nnx.with_partitioning(init, ("embed", "mlp"))` or `kernel_metadata=`); the NVFP4
@@ -89,10 +91,10 @@ def _make_kernel(kernel, qat: bool, kernel_metadata, layer: str, conv: bool = Fa
                        layer=layer)
 
 
-def _make_bias(use_bias, bias_init, rngs, out_features, param_dtype, bias_metadata):
+def _make_bias(use_bias, bias_init, rngs, size, param_dtype, bias_metadata):
     if not use_bias:
         return nnx.data(None)
-    return nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype), **bias_metadata)
+    return nnx.Param(bias_init(rngs.params(), (size,), param_dtype), **bias_metadata)
 
 
 class _NVFP4Layer(nnx.Module):
@@ -117,7 +119,8 @@ class _NVFP4Layer(nnx.Module):
                       param_dtype, kernel_init, bias_init, qat, act_quant, act_s_enc,
                       reduce_dtype, rngs, kernel_metadata, bias_metadata, conv):
         """Checks the constructor's common arguments, then creates the kernel (float [*, in,
-        out] from `kernel_init`, stored as NVFP4 unless `qat`) and the bias."""
+        out] from `kernel_init`, stored as NVFP4 unless `qat`) and the bias (one per kernel
+        output column)."""
         layer = type(self).__name__
         _core.check_in_features(in_features, layer)
         _core.check_out_features(out_features, layer)
@@ -125,7 +128,7 @@ class _NVFP4Layer(nnx.Module):
         reduce_dtype = reduce_dtype_of(reduce_dtype, layer)
         kernel = kernel_init(rngs.params(), kernel_shape, param_dtype)
         self.kernel = _make_kernel(kernel, qat, kernel_metadata, layer, conv=conv)
-        self.bias = _make_bias(use_bias, bias_init, rngs, out_features, param_dtype,
+        self.bias = _make_bias(use_bias, bias_init, rngs, kernel_shape[-1], param_dtype,
                                bias_metadata)
         self.in_features = in_features
         self.out_features = out_features
@@ -159,16 +162,23 @@ class Linear(_NVFP4Layer):
     Args beyond nnx.Linear's: `qat` (float master weights, straight-through gradients),
     `act_quant` (W4A4: quantize the activations too), `act_s_enc` (a calibrated static
     activation encode scale, e.g. from `activation_s_enc`; None derives it per call),
-    `reduce_dtype` (float32 or bfloat16: what a row-parallel layer's cross-device sum is in).
+    `reduce_dtype` (float32 or bfloat16: what a row-parallel layer's cross-device sum is in),
+    `activation` (matmul's, applied in the GEMM's epilogue; the gated "swiglu"/"geglu" make the
+    kernel [in, 2 * out_features] with gate/up columns interleaved, as
+    `interleave_gate_up(gate.T, up.T).T`, and the bias 2 * out_features).
     `in_features` must be a multiple of 16 (NVFP4 blocks along the input axis)."""
 
     def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True,
                  dtype=None, param_dtype=jnp.float32, kernel_init=default_kernel_init,
                  bias_init=default_bias_init, qat: bool = False, act_quant: bool = False,
-                 act_s_enc: float | None = None, reduce_dtype=None, rngs: nnx.Rngs,
+                 act_s_enc: float | None = None, reduce_dtype=None, activation=None,
+                 rngs: nnx.Rngs,
                  kernel_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({}),
                  bias_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({})):
-        self._init_weights((in_features, out_features), in_features=in_features,
+        _core.check_out_features(out_features, type(self).__name__)
+        columns = _core.kernel_outputs(out_features, activation, type(self).__name__)
+        self.activation = activation
+        self._init_weights((in_features, columns), in_features=in_features,
                            out_features=out_features, use_bias=use_bias, dtype=dtype,
                            param_dtype=param_dtype, kernel_init=kernel_init, bias_init=bias_init,
                            qat=qat, act_quant=act_quant, act_s_enc=act_s_enc,
@@ -178,17 +188,29 @@ class Linear(_NVFP4Layer):
     @classmethod
     def from_float(cls, kernel, bias=None, *, kernel_metadata: tp.Mapping = MappingProxyType({}),
                    bias_metadata: tp.Mapping = MappingProxyType({}), **kwargs) -> "Linear":
-        """An inference-mode layer from trained float weights: kernel [in, out] (Flax layout),
-        bias [out] or None. Metadata (e.g. sharding) is that of the float variables; other
-        keyword arguments are the constructor's (dtype, act_quant, act_s_enc, ...)."""
-        return cls._from_float(kernel, bias, "[in, out]", 2, lambda shape: shape, kernel_metadata,
+        """An inference-mode layer from trained float weights: kernel [in, out] (Flax layout;
+        with a gated `activation`, out = 2 * out_features interleaved gate/up columns), bias
+        [out] or None. Metadata (e.g. sharding) is that of the float variables; other keyword
+        arguments are the constructor's (dtype, act_quant, act_s_enc, activation, ...)."""
+        activation = kwargs.get("activation")
+
+        def shape_args(shape):  # kernel [in, columns] -> (in_features, out_features)
+            per_output = _core.kernel_outputs(1, activation, f"{cls.__name__}.from_float")
+            if shape[1] % per_output:
+                raise ValueError(f"{cls.__name__}.from_float: activation={activation!r} needs an "
+                                 f"even number of kernel columns (gate/up pairs), got kernel "
+                                 f"shape {tuple(shape)}")
+            return shape[0], shape[1] // per_output
+
+        return cls._from_float(kernel, bias, "[in, out]", 2, shape_args, kernel_metadata,
                                bias_metadata, kwargs)
 
     def __call__(self, x):
         return _core.dense(x, self.weight, self._bias(), in_features=self.in_features,
                            dtype=self.dtype, param_dtype=self.param_dtype,
                            act_quant=self.act_quant, act_s_enc=self.act_s_enc,
-                           reduce_dtype=self.reduce_dtype, layer=type(self).__name__)
+                           reduce_dtype=self.reduce_dtype, layer=type(self).__name__,
+                           activation=self.activation)
 
 
 class Conv(_NVFP4Layer):

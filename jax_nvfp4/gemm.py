@@ -42,6 +42,9 @@ def interleave_gate_up(gate, up):
     `matmul(x, quantize(interleave_gate_up(w_gate, w_up)), activation="swiglu")` is
     silu(x @ w_gate.T) * (x @ w_up.T). The pairs stay whole under any split of its rows into
     even pieces, so a column-parallel (N-sharded) layer needs no regrouping."""
+    if isinstance(gate, NVFP4Array) or isinstance(up, NVFP4Array):
+        raise TypeError("interleave_gate_up: interleave the float weights, then quantize the result "
+                        "(NVFP4 scales come in 128-row tiles, which interleaving would split)")
     gate, up = jnp.asarray(gate), jnp.asarray(up)
     if gate.shape != up.shape or gate.ndim == 0:
         raise ValueError(f"interleave_gate_up: gate and up must have the same shape of at least one "

@@ -202,6 +202,8 @@ def test_gated_activation_is_checked():
         jn.interleave_gate_up(jnp.zeros((4, 32)), jnp.zeros((5, 32)))
     with pytest.raises(TypeError, match=r"same dtype, got float32 and bfloat16"):
         jn.interleave_gate_up(jnp.zeros((4, 32)), jnp.zeros((4, 32), jnp.bfloat16))
+    with pytest.raises(TypeError, match=r"interleave the float weights, then quantize"):
+        jn.interleave_gate_up(mc.random_weight(16, 32, 1), mc.random_weight(16, 32, 2))
 
 
 def test_nan_propagates_to_its_row_and_column_only():

@@ -31,7 +31,7 @@ import jax_nvfp4 as nv
 from jax_nvfp4.timing import LoopTimer, interleaved_times
 
 SHAPES = {"silu": [(14336, 4096), (4096, 14336)], "swiglu": [(2 * 14336, 4096)]}
-MS = [1, 16, 256, 4096]
+MS = [1, 16, 64, 256, 4096]
 DECODE_MAX_M = 16
 S_ENC = np.float32(64.0)
 

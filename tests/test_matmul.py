@@ -348,7 +348,7 @@ def test_sm90_decode_kernel_uses_tensor_cores(kernel_sass):
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_activation_pass_moves_16_bytes_per_access(kernel_sass, arch):
     """The passes that apply the epilogue activation where the GEMM library cannot (sm_90a
-    prefill, sm_100a; a gated one on every sm_90a path but decode) run at the speed of their
+    prefill, sm_100a; gated ones included) run at the speed of their
     bytes: 16-byte loads and stores in place (8 bf16/f16 or 4 f32 elements), gated 16-byte loads
     of pairs and 8-byte stores of their outputs; the accurate expf/tanhf, no local memory."""
     kernels = kernel_sass(arch, r"activation_in_place_kernel|gated_kernel")

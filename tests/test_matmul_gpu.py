@@ -139,9 +139,9 @@ def test_nvfp4_output(kernels, path, m):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("activation", ["relu", "gelu", "silu", "swiglu", "geglu"])
 def test_activation_epilogue(kernels, path, activation):
-    """act(alpha * acc + bias) in every path's epilogue (the prefill path's separate pass; a gated
-    one's pass on every path but decode), for float outputs against float64, and an NVFP4 output
-    equal to the quantization of the same path's float32 result."""
+    """act(alpha * acc + bias) in every path's epilogue (the prefill path's separate pass), for
+    float outputs against float64, and an NVFP4 output equal to the quantization of the same
+    path's float32 result."""
     # Output columns a multiple of 16 (NVFP4 output), N of no tile.
     n, k = (224 if activation in ("swiglu", "geglu") else 208), 272
     w = mc.random_weight(n, k, 10)

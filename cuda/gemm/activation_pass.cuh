@@ -1,9 +1,8 @@
 // The activation of the GEMM paths whose GEMM library's epilogue has none (the sm_90a prefill
-// path, sm_100a) and of the gated activations where a kernel's epilogue does not pair rows (every
-// sm_90a path but decode): one elementwise pass over the GEMM's result that applies it and
-// converts to the output dtype, in place or from a staged copy (a gated one halves the columns:
-// it always reads a staged copy). Included by one launcher per architecture; internal linkage, so
-// each architecture's object file has its own kernels.
+// path, sm_100a): one elementwise pass over the GEMM's result that applies it and converts to the
+// output dtype, in place or from a staged copy (a gated one halves the columns: it always reads a
+// staged copy). Included by one launcher per architecture; internal linkage, so each
+// architecture's object file has its own kernels.
 #pragma once
 
 #include <cuda_bf16.h>

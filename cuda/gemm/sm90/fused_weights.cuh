@@ -84,7 +84,15 @@ struct WeightCopier {
   }
 };
 
-// The A registers of k-steps 2q and 2q + 1 from word q of rows r0 (w0) and r0 + 8 (w1), each
+// The stage rows a thread dequantizes as its MMA rows r0 and r0 + 8 (r0 = 16 w + g): those rows,
+// or with a gated activation the interleaved pair 16 w + 2g, 16 w + 2g + 1 (the gate and up rows
+// of one output column), so the epilogue holds both in one thread.
+__device__ __forceinline__ int2 mma_row_sources(int r0, bool gated) {
+  const int first = gated ? r0 + r0 % 16 : r0;
+  return make_int2(first, gated ? first + 1 : r0 + 8);
+}
+
+// The A registers of k-steps 2q and 2q + 1 from word q of MMA rows r0 (w0) and r0 + 8 (w1), each
 // word times its block's widened scale (s0, s1).
 template <int kWords>
 __device__ __forceinline__ void dequant_words(const uint32_t (&w0)[kWords], const uint32_t (&w1)[kWords],
@@ -105,17 +113,18 @@ __device__ __forceinline__ void dequant_words(const uint32_t (&w0)[kWords], cons
   }
 }
 
-// This thread's A registers of the chunk in `w` (a stage as WeightCopier fills it): rows r0 and
-// r0 + 8 of the tile, elements 32t .. 32t+31; k-step 2q + h takes pairs 2h, 2h + 1 of word q
-// (fused_staging.h orders the activations to match). Scales of blocks past K are zeroed (their
-// padding bytes may hold anything; the codes there are zero).
-__device__ __forceinline__ void dequant_chunk(const uint8_t* w, int r0, int t, int64_t first_block,
+// This thread's A registers of the chunk in `w` (a stage as WeightCopier fills it): stage rows
+// rows.x and rows.y (mma_row_sources) as MMA rows r0 and r0 + 8, elements 32t .. 32t+31; k-step
+// 2q + h takes pairs 2h, 2h + 1 of word q (fused_staging.h orders the activations to match).
+// Scales of blocks past K are zeroed (their padding bytes may hold anything; the codes there are
+// zero).
+__device__ __forceinline__ void dequant_chunk(const uint8_t* w, int2 rows, int t, int64_t first_block,
                                               int64_t k_blocks, uint32_t (&frag)[kSteps][4]) {
-  const uint4 c0 = *reinterpret_cast<const uint4*>(w + r0 * 64 + t * 16);
-  const uint4 c1 = *reinterpret_cast<const uint4*>(w + (r0 + 8) * 64 + t * 16);
+  const uint4 c0 = *reinterpret_cast<const uint4*>(w + rows.x * 64 + t * 16);
+  const uint4 c1 = *reinterpret_cast<const uint4*>(w + rows.y * 64 + t * 16);
   const uint32_t keep = (first_block < k_blocks ? 0x00FFu : 0u) | (first_block + 1 < k_blocks ? 0xFF00u : 0u);
-  const uint32_t two0 = *reinterpret_cast<const uint16_t*>(w + kCodeBytes + scale_offset(r0, 2 * t, 2 * kTileKBlocks));
-  const uint32_t two1 = *reinterpret_cast<const uint16_t*>(w + kCodeBytes + scale_offset(r0 + 8, 2 * t, 2 * kTileKBlocks));
+  const uint32_t two0 = *reinterpret_cast<const uint16_t*>(w + kCodeBytes + scale_offset(rows.x, 2 * t, 2 * kTileKBlocks));
+  const uint32_t two1 = *reinterpret_cast<const uint16_t*>(w + kCodeBytes + scale_offset(rows.y, 2 * t, 2 * kTileKBlocks));
   uint32_t sc0[2], sc1[2];  // blocks 2t and 2t + 1: words 0-1 and 2-3
   widen_scales(two0 & keep, sc0[0], sc0[1]);
   widen_scales(two1 & keep, sc1[0], sc1[1]);
@@ -126,13 +135,13 @@ __device__ __forceinline__ void dequant_chunk(const uint8_t* w, int r0, int t, i
 
 // Half h (k-steps 4h .. 4h + 3, words 2h and 2h + 1 of each row) of dequant_chunk's registers:
 // the same values with half the registers live.
-__device__ __forceinline__ void dequant_half(const uint8_t* w, int r0, int t, int h, int64_t first_block,
+__device__ __forceinline__ void dequant_half(const uint8_t* w, int2 rows, int t, int h, int64_t first_block,
                                              int64_t k_blocks, uint32_t (&frag)[kSteps / 2][4]) {
-  const uint2 c0 = *reinterpret_cast<const uint2*>(w + r0 * 64 + t * 16 + h * 8);
-  const uint2 c1 = *reinterpret_cast<const uint2*>(w + (r0 + 8) * 64 + t * 16 + h * 8);
+  const uint2 c0 = *reinterpret_cast<const uint2*>(w + rows.x * 64 + t * 16 + h * 8);
+  const uint2 c1 = *reinterpret_cast<const uint2*>(w + rows.y * 64 + t * 16 + h * 8);
   const bool keep = first_block + h < k_blocks;
-  const uint32_t b0 = keep ? w[kCodeBytes + scale_offset(r0, 2 * t + h, 2 * kTileKBlocks)] : 0u;
-  const uint32_t b1 = keep ? w[kCodeBytes + scale_offset(r0 + 8, 2 * t + h, 2 * kTileKBlocks)] : 0u;
+  const uint32_t b0 = keep ? w[kCodeBytes + scale_offset(rows.x, 2 * t + h, 2 * kTileKBlocks)] : 0u;
+  const uint32_t b1 = keep ? w[kCodeBytes + scale_offset(rows.y, 2 * t + h, 2 * kTileKBlocks)] : 0u;
   uint32_t sc0, sc1, unused;
   widen_scales(b0, sc0, unused);
   widen_scales(b1, sc1, unused);
@@ -163,6 +172,24 @@ __device__ __forceinline__ void store_pair(const GemmProblem& p, int64_t n, int6
   } else {
     if (col < p.m) store_as(p.out, p.out_dtype, col * p.n + n, epilogue(v0));
     if (col + 1 < p.m) store_as(p.out, p.out_dtype, (col + 1) * p.n + n, epilogue(v1));
+  }
+}
+
+// store_pair for a gated activation: the accumulator pairs of MMA rows r0 (gate: weight row n,
+// even) and r0 + 8 (up: row n + 1) for staged rows col and col + 1 give output column n / 2.
+__device__ __forceinline__ void store_gated(const GemmProblem& p, int64_t n, int64_t col, int rows_per_x_row,
+                                            float a, float g0, float g1, float u0, float u1) {
+  if (n >= p.n) return;
+  const float bg = p.bias ? load_as_float(p.bias, p.bias_dtype, n) : 0.f;
+  const float bu = p.bias ? load_as_float(p.bias, p.bias_dtype, n + 1) : 0.f;
+  const auto epilogue = [&](float g, float u) { return apply_gated(g * a + bg, u * a + bu, p.activation); };
+  const int64_t cols = p.n / 2, j = n / 2;
+  if (rows_per_x_row == 2) {
+    const int64_t m = col / 2;
+    if (m < p.m) store_as(p.out, p.out_dtype, m * cols + j, epilogue(g0 + g1, u0 + u1));
+  } else {
+    if (col < p.m) store_as(p.out, p.out_dtype, col * cols + j, epilogue(g0, u0));
+    if (col + 1 < p.m) store_as(p.out, p.out_dtype, (col + 1) * cols + j, epilogue(g1, u1));
   }
 }
 

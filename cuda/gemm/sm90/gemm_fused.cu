@@ -93,6 +93,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int r0 = warp * 16 + g;  // warpgroup warp / 4 owns rows 64 (warp / 4) .. + 63
+  const bool gated = is_gated(p.activation);
+  const int2 rows = fused::mma_row_sources(r0, gated);
   const bool x_loader = threadIdx.x < kLoaderThreads;
   const int lid = threadIdx.x % kLoaderThreads;
 
@@ -141,7 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (!x_loader && j + Cfg::kLw < n_local) load_w(j + Cfg::kLw);
     if (x_loader && j + Cfg::kLx < n_local) load_x(j + Cfg::kLx);
     cp_async_commit();
-    fused::dequant_chunk(w_stage(j), r0, t, (c_begin + j) * (kChunk / kBlockSize) + 2 * t, k_blocks, frag);
+    fused::dequant_chunk(w_stage(j), rows, t, (c_begin + j) * (kChunk / kBlockSize) + 2 * t, k_blocks, frag);
     const uint32_t x_addr = smem_addr(x_stage(j));
     wgmma_fence();
 #pragma unroll
@@ -167,18 +169,30 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const float alpha = fused::alpha(p);
   // Accumulators 2i and 2i + 1: weight row n0 + r0 (+ 8 for odd i), staged rows col and col + 1.
+  // Gated, accumulators 4q .. 4q + 3 (pairs 2q and 2q + 1) are one output column's gate and up.
   const int64_t staged0 = static_cast<int64_t>(blockIdx.y) * MT;
   auto store_pair = [&](int i, float v0, float v1) {
     fused::store_pair(p, n0 + r0 + 8 * (i % 2), staged0 + 8 * (i / 2) + 2 * t, rows_per_x_row, alpha, v0, v1);
   };
+  auto store_gated = [&](int q, float g0, float g1, float u0, float u1) {
+    fused::store_gated(p, n0 + rows.x, staged0 + 8 * q + 2 * t, rows_per_x_row, alpha, g0, g1, u0, u1);
+  };
 
   if (split == 1) {
+    if (gated) {
 #pragma unroll
-    for (int i = 0; i < Cfg::kAcc / 2; ++i) store_pair(i, acc[2 * i], acc[2 * i + 1]);
+      for (int q = 0; q < Cfg::kAcc / 4; ++q) {
+        store_gated(q, acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < Cfg::kAcc / 2; ++i) store_pair(i, acc[2 * i], acc[2 * i + 1]);
+    }
     return;
   }
-  // Split-K: partials through the (now idle) activation ring; rank r finishes the pairs
-  // i = r, r + split, ..., summing over ranks in rank order (deterministic).
+  // Split-K: partials through the (now idle) activation ring; rank r finishes the output units
+  // u = r, r + split, ... (accumulator pairs, or gated quadruples), summing over ranks in rank
+  // order (deterministic).
   cp_async_wait<0>();
   __syncthreads();
   float* partial = reinterpret_cast<float*>(x_ring);
@@ -186,14 +200,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < Cfg::kAcc; ++i) partial[i * kThreads + threadIdx.x] = acc[i];
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
-  for (int i = rank; i < Cfg::kAcc / 2; i += split) {
-    float v0 = 0.f, v1 = 0.f;
+  const int unit = gated ? 4 : 2;  // accumulators per output unit
+  for (int u = rank; u < Cfg::kAcc / unit; u += split) {
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
     for (int r = 0; r < split; ++r) {
       const float* remote = cluster.map_shared_rank(partial, r);
-      v0 += remote[2 * i * kThreads + threadIdx.x];
-      v1 += remote[(2 * i + 1) * kThreads + threadIdx.x];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (e < unit) v[e] += remote[(unit * u + e) * kThreads + threadIdx.x];
+      }
     }
-    store_pair(i, v0, v1);
+    if (gated) {
+      store_gated(u, v[0], v[1], v[2], v[3]);
+    } else {
+      store_pair(u, v[0], v[1]);
+    }
   }
   cluster.sync();  // keep this CTA's partials alive until every rank has read them
 }

@@ -151,9 +151,11 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
   const int w = threadIdx.x / 128, ct = threadIdx.x % 128;
   const int lane = ct % 32, t = lane % 4;
   const int r0 = w * 64 + (ct / 32) * 16 + lane / 4;  // this thread's rows r0, r0 + 8 of the tile
+  const bool gated = is_gated(p.activation);
+  const int2 rows = fused::mma_row_sources(r0, gated);
   const int64_t k_blocks = p.k / kBlockSize;
   const float alpha = fused::alpha(p);
-  const bool staged_store = p.out_dtype != DType::kF32 && p.n % 8 == 0 && rows_per_x_row == 1;
+  const bool staged_store = p.out_dtype != DType::kF32 && p.n % 8 == 0 && rows_per_x_row == 1 && !gated;
   uint8_t* epi = smem + kStages * kStageBytes + w * kEpiBytes;
   float acc[kAcc];
   // A chunk is decoded and multiplied in two halves of 4 k-steps, alternating between two
@@ -166,7 +168,7 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
     const int buf = it % kStages;
     if (h == 0) Barrier::wait(&full[buf], (it / kStages) & 1);
     const uint8_t* stage = smem + buf * kStageBytes;
-    fused::dequant_half(stage + kXStageBytes, r0, t, h, c * (kChunk / kBlockSize) + 2 * t, k_blocks, frag[h]);
+    fused::dequant_half(stage + kXStageBytes, rows, t, h, c * (kChunk / kBlockSize) + 2 * t, k_blocks, frag[h]);
     const uint32_t x_addr = smem_addr(stage);
     wgmma_fence();
 #pragma unroll
@@ -200,6 +202,13 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
       store_staged<__half>(p, n0, m0, acc, alpha, reinterpret_cast<__half*>(epi), ct, 1 + w);
     } else if (staged_store) {
       store_staged<__nv_bfloat16>(p, n0, m0, acc, alpha, reinterpret_cast<__nv_bfloat16*>(epi), ct, 1 + w);
+    } else if (gated) {
+      // Accumulators 4q .. 4q + 3: gate (weight row rows.x) and up of staged rows col, col + 1.
+#pragma unroll
+      for (int q = 0; q < kAcc / 4; ++q) {
+        fused::store_gated(p, n_tile * kRows + rows.x, m0 + 8 * q + 2 * t, rows_per_x_row, alpha, acc[4 * q],
+                           acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+      }
     } else {
       // Accumulators 2i and 2i + 1: weight row r0 (+ 8 for odd i), staged rows col and col + 1.
 #pragma unroll

@@ -3,9 +3,9 @@
 // the activation in their epilogue; the prefill path's GEMM library cannot, so there one
 // elementwise pass applies it to the GEMM's output in place (after the output cast: a 2-byte
 // output is rounded twice) or to the float32 result an NVFP4 output is quantized from. A gated
-// activation is fused in the decode kernel only (its epilogue holds a row pair in one thread);
-// elsewhere the GEMM writes its [m, n] result to the workspace in the output dtype and the pass
-// pairs the columns into the output.
+// activation is fused in the decode, fused and fused_ws kernels (each thread's MMA rows are a
+// gate/up pair); on the prefill path the GEMM writes its [m, n] result to the workspace in the
+// output dtype and the pass pairs the columns into the output.
 #include "gemm/sm90/gemm_sm90.h"
 
 #include "common/scale_layout.h"
@@ -23,9 +23,7 @@ size_t align_up(size_t v) { return (v + kRegionAlign - 1) / kRegionAlign * kRegi
 bool nvfp4_out(const GemmProblem& p) { return p.out_codes != nullptr; }
 
 bool separate_activation(const GemmProblem& p) {
-  const GemmSm90Path path = gemm_sm90_path(p);
-  if (is_gated(p.activation)) return path != GemmSm90Path::kDecode;
-  return p.activation != Activation::kNone && path == GemmSm90Path::kPrefill;
+  return p.activation != Activation::kNone && gemm_sm90_path(p) == GemmSm90Path::kPrefill;
 }
 
 // Bytes of the staged [m, n] GEMM result a separate gated activation reads.

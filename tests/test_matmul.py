@@ -319,6 +319,15 @@ def test_sm90_fused_kernel_uses_wgmma_with_register_a(kernel_sass):
         assert "LDL" not in sass and "STL" not in sass, f"{name} spills to local memory"
         # ptxas inserts a wait after each wgmma when it cannot prove the pipeline safe.
         assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass, f"{name}: no wgmma left in flight"
+        assert_tile_epilogue(name, sass)
+
+
+def assert_tile_epilogue(name, sass):
+    """The fused kernels' epilogue through shared memory (tile_epilogue.cuh): stmatrix into the
+    tile, 16-byte reads of it and 16-byte stores of output rows."""
+    assert "STSM" in sass, f"{name} has no stmatrix"
+    assert re.search(r"LDS\.128 ", sass), f"{name} reads no 16-byte pieces of its tile"
+    assert re.search(r"STG\.E\.128 ", sass), f"{name} stores no 16-byte pieces of output rows"
 
 
 def test_sm90_fused_ws_kernel_is_warp_specialized(kernel_sass):
@@ -333,6 +342,7 @@ def test_sm90_fused_ws_kernel_is_warp_specialized(kernel_sass):
         assert "SYNCS.PHASECHK" in sass, f"{name} waits on no mbarrier"
         assert "LDL" not in sass and "STL" not in sass, f"{name} spills to local memory"
         assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass, f"{name}: no wgmma left in flight"
+        assert_tile_epilogue(name, sass)
 
 
 def test_sm90_decode_kernel_uses_tensor_cores(kernel_sass):

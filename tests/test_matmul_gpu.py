@@ -178,6 +178,39 @@ def test_gated_activation_tails_and_w4a4(kernels, path):
 
 
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float16])
+def test_gated_two_byte_outputs(kernels, path, out_dtype):
+    """geglu to 2-byte outputs with N / 2 = 80 columns (a multiple of 8, so fused_ws pairs into
+    its shared-memory tile and stores 16-byte rows; 80 is no multiple of a warpgroup's 32) at
+    M = 150 (a partial second tile of 128 rows), with a bf16 bias."""
+    n, k, m = 160, 256, 150
+    w = mc.random_weight(n, k, 40)
+    bias = mc.random_float((n,), jnp.bfloat16, 41, 0.5)
+    x = mc.random_float((m, k), jnp.bfloat16, 42)
+    y = run(path, x, w, bias=bias, activation="geglu", out_dtype=out_dtype)
+    assert y.dtype == out_dtype and y.shape == (m, n // 2)
+    mc.assert_close(y, mc.activation_f64(w4a16_oracle(kernels, x, w, bias), "geglu"), 1e-2)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("out_dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 1e-2), (jnp.float16, 2e-3)])
+def test_output_row_widths(kernels, path, out_dtype, tol):
+    """Every output dtype, plain and gated, with output rows of whole 16-byte pieces (the fused
+    kernels' shared-memory tile) and without (N = 196 and 200 gated give 2-byte rows of 4 pieces
+    and a half: element-wise stores), W4A16 and W4A4, at M = 150 (a partial tile of rows)."""
+    k, m = 256, 150
+    x = mc.random_float((m, k), jnp.bfloat16, 50)
+    xq = jn.quantize(x)
+    for n, activation in ((200, "silu"), (196, None), (208, "swiglu"), (200, "swiglu")):
+        w = mc.random_weight(n, k, 51 + n)
+        bias = mc.random_float((n,), jnp.float32, 52 + n, 0.5)
+        want = mc.activation_f64(w4a16_oracle(kernels, x, w, bias), activation)
+        mc.assert_close(run(path, x, w, bias=bias, activation=activation, out_dtype=out_dtype), want, tol)
+        mc.assert_close(run(path, xq, w, bias=bias, activation=activation, out_dtype=out_dtype),
+                        mc.oracle(xq, w, bias, activation), tol)
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_nan_propagation(kernels, path):
     m, n, k = 40, 64, 256
     x = np.array(mc.random_float((m, k), jnp.float32, 10))

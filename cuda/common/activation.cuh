@@ -4,6 +4,8 @@
 // float32 ulps.
 #pragma once
 
+#include <type_traits>
+
 #include "common/activation.h"
 
 namespace jax_nvfp4 {
@@ -23,6 +25,23 @@ __device__ __forceinline__ float apply_activation(float v, Activation act) {
 // A gated activation's output from its gate and up values (both after alpha and the bias).
 __device__ __forceinline__ float apply_gated(float gate, float up, Activation act) {
   return apply_activation(gate, gate_activation(act)) * up;
+}
+
+// Calls f(std::integral_constant<Activation, A>{}) for the runtime activation act == A, so that
+// an epilogue unrolled over many accumulators holds one activation's code, not every
+// activation's behind a branch per element (tens of thousands of instructions a kernel, whose
+// fetch slowed the fused GEMMs' epilogues).
+template <typename F>
+__device__ __forceinline__ void with_activation(Activation act, F&& f) {
+  using A = Activation;
+  switch (act) {
+    case A::kRelu: f(std::integral_constant<A, A::kRelu>{}); break;
+    case A::kGelu: f(std::integral_constant<A, A::kGelu>{}); break;
+    case A::kSilu: f(std::integral_constant<A, A::kSilu>{}); break;
+    case A::kSwiglu: f(std::integral_constant<A, A::kSwiglu>{}); break;
+    case A::kGeglu: f(std::integral_constant<A, A::kGeglu>{}); break;
+    default: f(std::integral_constant<A, A::kNone>{}); break;
+  }
 }
 
 }  // namespace jax_nvfp4

@@ -28,8 +28,10 @@
 // swizzled K-major layout, which makes a stage one contiguous copy; f16 and f32 x become a bf16
 // hi row and lo row, whose two results the epilogue adds.
 //
-// Split-K over a thread-block cluster when the output tiles alone do not fill the GPU; the
-// partial sums meet through distributed shared memory in rank order (cluster_split.cuh).
+// Epilogue: unsplit, each warpgroup's results leave through a shared-memory tile in 16-byte
+// pieces of output rows (tile_epilogue.cuh). Split-K over a thread-block cluster when the output
+// tiles alone do not fill the GPU; the partial sums meet through distributed shared memory in
+// rank order (cluster_split.cuh) and are stored element by element.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -43,6 +45,7 @@
 #include "gemm/sm90/fused_staging.h"
 #include "gemm/sm90/fused_weights.cuh"
 #include "gemm/sm90/gemm_sm90_internal.h"
+#include "gemm/sm90/tile_epilogue.cuh"
 
 namespace jax_nvfp4 {
 namespace sm90 {
@@ -72,6 +75,7 @@ struct Tile {
   static constexpr int kAcc = MT / 2;  // accumulators per thread of an m64 x MT wgmma
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(kThreads * kAcc * 4 <= kSx * kXStageBytes, "split-K partials fit the activation ring");
+  static_assert(2 * fused::kEpilogueTileBytes <= kSx * kXStageBytes, "so do the epilogue tiles");
 };
 
 // --- The GEMM kernel ------------------------------------------------------------------------
@@ -168,31 +172,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   fence_accumulators(acc);
 
   const float alpha = fused::alpha(p);
-  // Accumulators 2i and 2i + 1: weight row n0 + r0 (+ 8 for odd i), staged rows col and col + 1.
-  // Gated, accumulators 4q .. 4q + 3 (pairs 2q and 2q + 1) are one output column's gate and up.
   const int64_t staged0 = static_cast<int64_t>(blockIdx.y) * MT;
-  auto store_pair = [&](int i, float v0, float v1) {
-    fused::store_pair(p, n0 + r0 + 8 * (i % 2), staged0 + 8 * (i / 2) + 2 * t, rows_per_x_row, alpha, v0, v1);
-  };
-  auto store_gated = [&](int q, float g0, float g1, float u0, float u1) {
-    fused::store_gated(p, n0 + rows.x, staged0 + 8 * q + 2 * t, rows_per_x_row, alpha, g0, g1, u0, u1);
-  };
-
   if (split == 1) {
-    if (gated) {
-#pragma unroll
-      for (int q = 0; q < Cfg::kAcc / 4; ++q) {
-        store_gated(q, acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+    // Every wgmma has retired and, after this, every copy has landed: the activation ring is
+    // free to hold the warpgroups' epilogue tiles.
+    cp_async_wait<0>();
+    __syncthreads();
+    const int w = threadIdx.x / 128;
+    with_activation(p.activation, [&](auto act) {
+      constexpr Activation kAct = decltype(act)::value;
+      if (!fused::store_through_tile<kAct, MT>(p, rows_per_x_row, n0 + 64 * w, staged0, acc, alpha,
+                                               x_ring + w * fused::kEpilogueTileBytes, threadIdx.x % 128, 1 + w)) {
+        fused::store_fragment<kAct>(p, n0, r0, staged0, t, rows_per_x_row, alpha, acc);
       }
-    } else {
-#pragma unroll
-      for (int i = 0; i < Cfg::kAcc / 2; ++i) store_pair(i, acc[2 * i], acc[2 * i + 1]);
-    }
+    });
     return;
   }
   // Split-K: partials through the (now idle) activation ring; rank r finishes the output units
-  // u = r, r + split, ... (accumulator pairs, or gated quadruples), summing over ranks in rank
-  // order (deterministic).
+  // u = r, r + split, ... (store_fragment's accumulator pairs, or gated quadruples), summing over
+  // ranks in rank order (deterministic).
   cp_async_wait<0>();
   __syncthreads();
   float* partial = reinterpret_cast<float*>(x_ring);
@@ -200,22 +198,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < Cfg::kAcc; ++i) partial[i * kThreads + threadIdx.x] = acc[i];
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
-  const int unit = gated ? 4 : 2;  // accumulators per output unit
-  for (int u = rank; u < Cfg::kAcc / unit; u += split) {
-    float v[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int r = 0; r < split; ++r) {
-      const float* remote = cluster.map_shared_rank(partial, r);
+  with_activation(p.activation, [&](auto act) {
+    constexpr Activation kAct = decltype(act)::value;
+    constexpr int kUnit = is_gated(kAct) ? 4 : 2;  // accumulators per output unit
+    for (int u = rank; u < Cfg::kAcc / kUnit; u += split) {
+      float v[kUnit] = {};
+      for (int r = 0; r < split; ++r) {
+        const float* remote = cluster.map_shared_rank(partial, r);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (e < unit) v[e] += remote[(unit * u + e) * kThreads + threadIdx.x];
+        for (int e = 0; e < kUnit; ++e) v[e] += remote[(kUnit * u + e) * kThreads + threadIdx.x];
+      }
+      if constexpr (is_gated(kAct)) {
+        fused::store_gated<kAct>(p, n0 + rows.x, staged0 + 8 * u + 2 * t, rows_per_x_row, alpha, v[0], v[1], v[2],
+                                 v[3]);
+      } else {
+        fused::store_pair<kAct>(p, n0 + r0 + 8 * (u % 2), staged0 + 8 * (u / 2) + 2 * t, rows_per_x_row, alpha,
+                                v[0], v[1]);
       }
     }
-    if (gated) {
-      store_gated(u, v[0], v[1], v[2], v[3]);
-    } else {
-      store_pair(u, v[0], v[1]);
-    }
-  }
+  });
   cluster.sync();  // keep this CTA's partials alive until every rank has read them
 }
 

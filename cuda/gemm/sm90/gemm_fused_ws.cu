@@ -20,8 +20,9 @@
 //   persistent one CTA per SM walks the 128 x 128 output tiles in groups of kGroupN weight tiles
 //              (the tiles in flight at once share weight and activation tiles in L2); the
 //              producer runs into the next tile's chunks while the consumers store this one.
-// Epilogue: alpha, bias, activation, output cast; 2-byte outputs go through a per-warpgroup shared-memory
-// tile (stmatrix, transposed) and leave as 16-byte rows, the others element by element.
+// Epilogue: alpha, bias, activation, output cast, through a per-warpgroup shared-memory tile whose
+// rows leave as 16-byte pieces (tile_epilogue.cuh); element by element where the output rows are
+// not whole pieces or f16/f32 x gives two staged rows per x row.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -31,13 +32,13 @@
 #include "common/launch_config.cuh"
 #include "common/scale_layout.h"
 #include "common/sm90_async.cuh"
-#include "common/stmatrix_tile.cuh"
 #include "cute/arch/copy_sm90_tma.hpp"
 #include "cutlass/arch/barrier.h"
 #include "gemm/sm90/cluster_split.cuh"
 #include "gemm/sm90/fused_staging.h"
 #include "gemm/sm90/fused_weights.cuh"
 #include "gemm/sm90/gemm_sm90_internal.h"
+#include "gemm/sm90/tile_epilogue.cuh"
 
 namespace jax_nvfp4 {
 namespace sm90 {
@@ -58,10 +59,7 @@ constexpr int kStageBytes = kXStageBytes + kWeightStageBytes;
 constexpr int kStages = 4;
 constexpr int kConsumers = 2;                           // warpgroups
 constexpr int kThreads = 128 * kConsumers + 32;         // + the producer warp
-constexpr int kEpiRows = 64;                            // output rows per epilogue pass
-constexpr int kEpiPitch = 64 + 8;                       // a staged output row: 64 columns + pad
-constexpr int kEpiBytes = kEpiRows * kEpiPitch * 2;
-constexpr int kBarrierOffset = kStages * kStageBytes + kConsumers * kEpiBytes;
+constexpr int kBarrierOffset = kStages * kStageBytes + kConsumers * fused::kEpilogueTileBytes;
 constexpr int kSmemBytes = kBarrierOffset + 2 * kStages * 8;
 constexpr int kGroupN = 16;  // weight tiles per raster group
 static_assert(kStageBytes % 1024 == 0, "stages keep the activation tiles' swizzle atoms 1024-byte aligned");
@@ -83,10 +81,6 @@ struct Tiles {
     m_tile = idx / width;
   }
 };
-
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 
 template <int kPiece>
 __device__ void produce(const GemmProblem& p, const uint8_t* xs, int64_t chunks, const Tiles& tiles,
@@ -114,38 +108,6 @@ __device__ void produce(const GemmProblem& p, const uint8_t* xs, int64_t chunks,
   }
 }
 
-// The warpgroup's 64 weight rows (output columns n0 ..) x the tile's 128 staged rows (output rows
-// m0 ..) through its shared-memory tile, kEpiRows output rows per pass: stmatrix (transposed),
-// then one 16-byte store per 8 columns of a row. Needs N % 8 == 0 and one staged row per x row.
-template <typename T>
-__device__ void store_staged(const GemmProblem& p, int64_t n0, int64_t m0, const float (&acc)[kAcc], float alpha,
-                             T* tile, int ct, int barrier) {
-  const int warp = ct / 32, lane = ct % 32;
-  const int64_t n_row = n0 + warp * 16 + lane / 4;
-  float bias[2] = {0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    if (p.bias != nullptr && n_row + 8 * i < p.n) bias[i] = load_as_float(p.bias, p.bias_dtype, n_row + 8 * i);
-  }
-  const int part = ct % 8;
-  const int64_t n = n0 + part * 8;
-  T* out = static_cast<T*>(p.out) + n;
-#pragma unroll
-  for (int pass = 0; pass < kMT / kEpiRows; ++pass) {
-    named_sync(barrier, 128);  // the previous pass's (or tile's) reads of the tile are done
-    stmatrix_transposed<T, kEpiRows / 8>(acc + pass * (kEpiRows / 8) * 4, alpha, bias, tile, kEpiPitch, warp * 16,
-                                         lane, p.activation);
-    named_sync(barrier, 128);
-    if (n < p.n) {
-#pragma unroll
-      for (int j = ct / 8; j < kEpiRows; j += 16) {
-        const int64_t m = m0 + pass * kEpiRows + j;
-        if (m < p.m) *reinterpret_cast<uint4*>(out + m * p.n) = *reinterpret_cast<const uint4*>(tile + j * kEpiPitch + part * 8);
-      }
-    }
-  }
-}
-
 __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row, const Tiles& tiles, uint8_t* smem,
                         uint64_t* full, uint64_t* empty) {
   const int w = threadIdx.x / 128, ct = threadIdx.x % 128;
@@ -155,8 +117,7 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
   const int2 rows = fused::mma_row_sources(r0, gated);
   const int64_t k_blocks = p.k / kBlockSize;
   const float alpha = fused::alpha(p);
-  const bool staged_store = p.out_dtype != DType::kF32 && p.n % 8 == 0 && rows_per_x_row == 1 && !gated;
-  uint8_t* epi = smem + kStages * kStageBytes + w * kEpiBytes;
+  uint8_t* epi = smem + kStages * kStageBytes + w * fused::kEpilogueTileBytes;
   float acc[kAcc];
   // A chunk is decoded and multiplied in two halves of 4 k-steps, alternating between two
   // register buffers: half h + 1 is decoded while half h's wgmmas run. (Whole-chunk buffers need
@@ -198,25 +159,12 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
     Barrier::arrive(&empty[(it - 1) % kStages]);
 
     const int64_t n0 = n_tile * kRows + w * 64, m0 = m_tile * kMT;
-    if (staged_store && p.out_dtype == DType::kF16) {
-      store_staged<__half>(p, n0, m0, acc, alpha, reinterpret_cast<__half*>(epi), ct, 1 + w);
-    } else if (staged_store) {
-      store_staged<__nv_bfloat16>(p, n0, m0, acc, alpha, reinterpret_cast<__nv_bfloat16*>(epi), ct, 1 + w);
-    } else if (gated) {
-      // Accumulators 4q .. 4q + 3: gate (weight row rows.x) and up of staged rows col, col + 1.
-#pragma unroll
-      for (int q = 0; q < kAcc / 4; ++q) {
-        fused::store_gated(p, n_tile * kRows + rows.x, m0 + 8 * q + 2 * t, rows_per_x_row, alpha, acc[4 * q],
-                           acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+    with_activation(p.activation, [&](auto act) {
+      constexpr Activation kAct = decltype(act)::value;
+      if (!fused::store_through_tile<kAct, kMT>(p, rows_per_x_row, n0, m0, acc, alpha, epi, ct, 1 + w)) {
+        fused::store_fragment<kAct>(p, n_tile * kRows, r0, m0, t, rows_per_x_row, alpha, acc);
       }
-    } else {
-      // Accumulators 2i and 2i + 1: weight row r0 (+ 8 for odd i), staged rows col and col + 1.
-#pragma unroll
-      for (int i = 0; i < kAcc / 2; ++i) {
-        fused::store_pair(p, n_tile * kRows + r0 + 8 * (i % 2), m0 + 8 * (i / 2) + 2 * t, rows_per_x_row, alpha,
-                          acc[2 * i], acc[2 * i + 1]);
-      }
-    }
+    });
   }
 }
 

@@ -120,14 +120,15 @@ def test_gemm_workspace_follows_the_sm90_path():
         assert 1024 * 2048 * 2 <= _gemm_workspace(90, 1024, 2048, 2048) < 2048 * 2048 * 2  # 16 x 8, one wave
     assert _gemm_workspace(90, 768, 14336, 4096) >= 14336 * 4096 * 2  # 112 x 6 tiles: prefill
     # Small weights (N x K elements): past decode's M, prefill (up to 512 x 512); decode to M = 64,
-    # then prefill (up to 1024 x 1024); decode to M = 32 (up to 2048 x 4096); prefill rather than
-    # the fused kernel on few tiles past M = 128 (up to 2048 x 2048).
+    # then prefill (up to 1024 x 1024); decode to M = 32 (up to 2048 x 4096, or 8192 x 4096 with
+    # K > 1024); prefill rather than the fused kernel on few tiles past M = 128 (up to 2048 x 2048).
     assert _gemm_workspace(90, 24, 512, 512) >= 512 * 512 * 2
     assert _gemm_workspace(90, 64, 1024, 1024) == 0
     assert _gemm_workspace(90, 65, 1024, 1024) >= 1024 * 1024 * 2
     assert _gemm_workspace(90, 32, 2048, 4096) == 0
     assert 0 < _gemm_workspace(90, 33, 2048, 4096) < 2048 * 4096 * 2  # fused: x staged
-    assert _gemm_workspace(90, 32, 4096, 4096) > 0  # 16.7M weights: fused, as before
+    assert _gemm_workspace(90, 32, 4096, 4096) == 0  # 16.7M weights, K > 1024: decode
+    assert _gemm_workspace(90, 32, 14336, 4096) > 0  # 58.7M weights: fused
     assert _gemm_workspace(90, 256, 2048, 2048) >= 2048 * 2048 * 2  # 16 x 2 tiles: prefill
     assert _gemm_workspace(90, 256, 2048, 4096) < 2048 * 4096 * 2  # 8M weights: fused, as before
     assert _gemm_workspace(90, 512, 2048, 4096) >= 2048 * 4096 * 2  # narrow and long: prefill
@@ -145,9 +146,13 @@ _SM90_PATHS = [
     ((64, 1024, 1024), "decode"),       # up to 1024 x 1024: decode to M = 64
     ((65, 1024, 1024), "prefill"),
     ((32, 8192, 1024), "decode"),       # up to 2048 x 4096: decode to M = 32
-    ((65, 4096, 1024), "fused_ws"),     # K <= 1024, N >= 4096: fused_ws to M = 512
-    ((33, 8192, 1024), "fused_ws"),
-    ((48, 4096, 512), "fused_ws"),
+    ((32, 8192, 4096), "decode"),       # ... with K > 1024 up to 8192 x 4096
+    ((33, 8192, 4096), "fused"),
+    ((32, 14336, 4096), "fused"),
+    ((32, 16384, 1024), "fused"),       # K <= 1024, N >= 4096: the fused kernel to M = 64,
+    ((33, 8192, 1024), "fused"),
+    ((48, 4096, 512), "fused"),
+    ((65, 4096, 1024), "fused_ws"),     # then fused_ws to M = 512
     ((512, 16384, 512), "fused_ws"),
     ((64, 4096, 1024), "decode"),       # ... but decode to M = 64 on 2M-4M weights with K > 512
     ((33, 3072, 1024), "decode"),

@@ -110,14 +110,18 @@ GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
   const int64_t weights = p.n * p.k;
   if (weights <= kGemmSm90PrefillWeights) return GemmSm90Path::kPrefill;
   if (weights <= kGemmSm90Decode64Weights) return p.m <= 64 ? GemmSm90Path::kDecode : GemmSm90Path::kPrefill;
-  if (weights <= kGemmSm90Decode32Weights && p.m <= 32) return GemmSm90Path::kDecode;
+  const bool short_k = p.k <= kGemmSm90ShortKMaxK;
+  if (p.m <= 32 && weights <= (short_k ? kGemmSm90Decode32Weights : kGemmSm90Decode32LongKWeights)) {
+    return GemmSm90Path::kDecode;
+  }
   if (p.m > kGemmSm90OneWaveMaxM) return GemmSm90Path::kPrefill;
-  if (p.k <= kGemmSm90ShortKMaxK && p.m <= kGemmSm90FusedWsMaxM) {
+  if (short_k && p.m <= kGemmSm90FusedWsMaxM) {
     if (p.m <= kGemmSm90FusedMt64MaxM && p.k > kGemmSm90ShortKDecodeMinK && weights > kGemmSm90ShortKDecodeMinWeights &&
         weights <= kGemmSm90ShortKDecodeMaxWeights) {
       return GemmSm90Path::kDecode;
     }
-    return p.n >= kGemmSm90ShortKFusedWsMinN ? GemmSm90Path::kFusedWs : GemmSm90Path::kPrefill;
+    if (p.n < kGemmSm90ShortKFusedWsMinN) return GemmSm90Path::kPrefill;
+    return p.m <= kGemmSm90FusedMt64MaxM ? GemmSm90Path::kFused : GemmSm90Path::kFusedWs;
   }
   if (p.n <= kGemmSm90NarrowMaxN && p.k >= kGemmSm90NarrowMinK && p.m > kGemmSm90NarrowFusedMaxM) {
     return GemmSm90Path::kPrefill;

@@ -37,12 +37,14 @@ enum class GemmSm90Path : int { kDecode = 0, kPrefill = 1, kFused = 2, kFusedWs 
 // Small weights (N * K elements) shift the bounds, since the fused kernels' fixed costs
 // (activation staging, the cluster split) outweigh the dequantization pass they save: up to
 // kGemmSm90PrefillWeights prefill past decode's M; up to kGemmSm90Decode64Weights decode to
-// M = 64, then prefill; up to kGemmSm90Decode32Weights decode to M = 32. Where the fused kernel
+// M = 64, then prefill; up to kGemmSm90Decode32Weights (kGemmSm90Decode32LongKWeights where
+// K > kGemmSm90ShortKMaxK) decode to M = 32. Where the fused kernel
 // would take its few tiles past M = 64, prefill does instead on weights up to
 // kGemmSm90Decode32Weights with K <= kGemmSm90MidKMaxK (fused_ws on larger ones), and past
 // M = kGemmSm90FusedMaxM on weights up to kGemmSm90FewTilesPrefillWeights.
 // The shape of the weights shifts them too: with K <= kGemmSm90ShortKMaxK (8 chunks of K or
-// fewer a tile) the fused kernel never leads: fused_ws does to M = kGemmSm90FusedWsMaxM where
+// fewer a tile) the fused kernel leads only on its 64-row activation tile: it takes M <=
+// kGemmSm90FusedMt64MaxM and fused_ws the rest to M = kGemmSm90FusedWsMaxM where
 // N >= kGemmSm90ShortKFusedWsMinN, prefill where N is smaller, except that decode keeps
 // M <= 64 where K > kGemmSm90ShortKDecodeMinK and the weights number more than
 // kGemmSm90ShortKDecodeMinWeights and up to kGemmSm90ShortKDecodeMaxWeights (there fused_ws has
@@ -57,6 +59,7 @@ constexpr int64_t kGemmSm90OneWaveMaxM = 1024;
 constexpr int64_t kGemmSm90PrefillWeights = int64_t{1} << 18;          // 512 x 512
 constexpr int64_t kGemmSm90Decode64Weights = int64_t{1} << 20;         // 1024 x 1024
 constexpr int64_t kGemmSm90Decode32Weights = int64_t{1} << 23;         // 2048 x 4096
+constexpr int64_t kGemmSm90Decode32LongKWeights = int64_t{1} << 25;    // 8192 x 4096
 constexpr int64_t kGemmSm90FewTilesPrefillWeights = int64_t{1} << 22;  // 2048 x 2048
 constexpr int64_t kGemmSm90MidKMaxK = 2048;
 constexpr int64_t kGemmSm90ShortKMaxK = 1024;

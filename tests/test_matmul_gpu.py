@@ -194,11 +194,13 @@ def test_gated_two_byte_outputs(kernels, path, out_dtype):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("out_dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 1e-2), (jnp.float16, 2e-3)])
-def test_output_row_widths(kernels, path, out_dtype, tol):
+@pytest.mark.parametrize("k", [256, 1024])
+def test_output_row_widths(kernels, path, out_dtype, tol, k):
     """Every output dtype, plain and gated, with output rows of whole 16-byte pieces (the fused
     kernels' shared-memory tile) and without (N = 196 and 200 gated give 2-byte rows of 4 pieces
-    and a half: element-wise stores), W4A16 and W4A4, at M = 150 (a partial tile of rows)."""
-    k, m = 256, 150
+    and a half: element-wise stores), W4A16 and W4A4, at M = 150 (a partial tile of rows); with
+    K = 1024 the fused kernel splits K over 2 ranks, which share the tile's rows."""
+    m = 150
     x = mc.random_float((m, k), jnp.bfloat16, 50)
     xq = jn.quantize(x)
     for n, activation in ((200, "silu"), (196, None), (208, "swiglu"), (200, "swiglu")):
@@ -292,7 +294,8 @@ MEMCHECK_SCRIPT = textwrap.dedent("""
     for path in ("decode", "fused", "fused_ws", "prefill", "prefill_cutlass"):
         os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = path
         jax.clear_caches()
-        for m, n, k, xd in ((3, 37, 208, jnp.bfloat16), (150, 48, 256, jnp.bfloat16), (37, 70, 48, jnp.float32),
+        for m, n, k, xd in ((3, 37, 208, jnp.bfloat16), (150, 48, 256, jnp.bfloat16), (150, 208, 1024, jnp.bfloat16),
+                            (37, 70, 48, jnp.float32),
                             (130, 13, 16, jnp.float16)):  # the last x (K = 16) meets the 32 x 16 weight below
             x = jnp.asarray(rng.standard_normal((m, k)), xd)
             w = jn.quantize(jnp.asarray(rng.standard_normal((n, k)), jnp.float32))

@@ -46,13 +46,23 @@ struct TileShape {
   static_assert(sizeof(T) == 2 || (kPitch * 2) % 32 == 8, "float rows 2t apart on distinct bank octets");
 };
 
+// Whether the tile can take a problem's output: one staged row per x row, output rows of whole
+// 16-byte pieces. kAct: p.activation (with_activation).
+template <Activation kAct>
+__device__ __forceinline__ bool tile_fits(const GemmProblem& p, int rows_per_x_row) {
+  const int64_t cols = is_gated(kAct) ? p.n / 2 : p.n;
+  return rows_per_x_row == 1 && cols % (p.out_dtype == DType::kF32 ? 4 : 8) == 0;
+}
+
 // Writes the warpgroup's tile (weight rows n0 .., staged rows m0 ..) to the output. ct: the
-// thread's index in its warpgroup; barrier: a named barrier of the warpgroup's own.
+// thread's index in its warpgroup; barrier: a named barrier of the warpgroup's own; blocks: bit b
+// set where this thread stores block b of 16 staged rows (split-K ranks share a tile's rows).
 template <typename T, Activation kAct, int kMT>
 __device__ __forceinline__ void store_through_tile(const GemmProblem& p, int64_t n0, int64_t m0,
                                                    const float (&acc)[kMT / 2], float alpha, T* tile, int ct,
-                                                   int barrier) {
+                                                   int barrier, uint32_t blocks) {
   constexpr bool kGated = is_gated(kAct);
+  const auto owned = [&](int block) { return (blocks >> block & 1u) != 0; };
   using S = TileShape<T, kGated>;
   static_assert(kMT % S::kPassRows == 0, "whole passes");
   const int warp = ct / 32, lane = ct % 32, g = lane / 4, t = lane % 4;
@@ -83,10 +93,16 @@ __device__ __forceinline__ void store_through_tile(const GemmProblem& p, int64_t
     named_sync(barrier, 128);  // the previous pass's (or tile's) reads of the tile are done
     constexpr int kQuads = S::kPassRows / 8;  // accumulator quads 4a .. 4a + 3: staged rows 8a + 2t, + 1
     if constexpr (!kGated && sizeof(T) == 2) {
-      stmatrix_transposed<T, kQuads>(acc + pass * kQuads * 4, alpha, bias, tile, S::kPitch, warp * 16, lane, kAct);
+#pragma unroll
+      for (int b = 0; b < kQuads / 2; ++b) {  // one stmatrix.x4 a block of 16 staged rows
+        if (!owned(pass * kQuads / 2 + b)) continue;
+        stmatrix_transposed<T, 2>(acc + (pass * kQuads + 2 * b) * 4, alpha, bias, tile + 16 * b * S::kPitch,
+                                  S::kPitch, warp * 16, lane, kAct);
+      }
     } else {
 #pragma unroll
       for (int q = 0; q < kQuads; ++q) {
+        if (!owned((pass * kQuads + q) / 2)) continue;
         const int a = 4 * (pass * kQuads + q);
         T* row = tile + (8 * q + 2 * t) * S::kPitch;
         if constexpr (kGated) {  // gate: acc[a], acc[a + 1]; up: acc[a + 2], acc[a + 3]
@@ -106,32 +122,30 @@ __device__ __forceinline__ void store_through_tile(const GemmProblem& p, int64_t
 #pragma unroll
       for (int r = first_row; r < S::kPassRows; r += kRowStep) {
         const int64_t m = m0 + pass * S::kPassRows + r;
-        if (m < p.m) *reinterpret_cast<uint4*>(out + m * cols) = *reinterpret_cast<const uint4*>(tile + r * S::kPitch + piece * S::kElems);
+        if (m < p.m && owned((pass * S::kPassRows + r) / 16)) *reinterpret_cast<uint4*>(out + m * cols) = *reinterpret_cast<const uint4*>(tile + r * S::kPitch + piece * S::kElems);
       }
     }
   }
 }
 
-// Stores the warpgroup's accumulators through its tile (`tile`: kEpilogueTileBytes) if the
-// problem allows (one staged row per x row, output rows of whole 16-byte pieces) and returns
-// true; false leaves them to the caller's element-wise stores. Uniform over the warpgroup.
-// kAct: p.activation (with_activation).
+// Stores the warpgroup's accumulators through its tile (`tile`: kEpilogueTileBytes) if tile_fits
+// and returns true; false leaves them to the caller's element-wise stores. Uniform over the
+// warpgroup. kAct: p.activation (with_activation); blocks: as above.
 template <Activation kAct, int kMT>
 __device__ __forceinline__ bool store_through_tile(const GemmProblem& p, int rows_per_x_row, int64_t n0, int64_t m0,
                                                    const float (&acc)[kMT / 2], float alpha, uint8_t* tile, int ct,
-                                                   int barrier) {
-  const int64_t cols = is_gated(kAct) ? p.n / 2 : p.n;
-  if (rows_per_x_row != 1 || cols % (p.out_dtype == DType::kF32 ? 4 : 8) != 0) return false;
+                                                   int barrier, uint32_t blocks = ~0u) {
+  if (!tile_fits<kAct>(p, rows_per_x_row)) return false;
   switch (p.out_dtype) {
     case DType::kF32:
-      store_through_tile<float, kAct, kMT>(p, n0, m0, acc, alpha, reinterpret_cast<float*>(tile), ct, barrier);
+      store_through_tile<float, kAct, kMT>(p, n0, m0, acc, alpha, reinterpret_cast<float*>(tile), ct, barrier, blocks);
       break;
     case DType::kBF16:
       store_through_tile<__nv_bfloat16, kAct, kMT>(p, n0, m0, acc, alpha, reinterpret_cast<__nv_bfloat16*>(tile), ct,
-                                                   barrier);
+                                                   barrier, blocks);
       break;
     default:
-      store_through_tile<__half, kAct, kMT>(p, n0, m0, acc, alpha, reinterpret_cast<__half*>(tile), ct, barrier);
+      store_through_tile<__half, kAct, kMT>(p, n0, m0, acc, alpha, reinterpret_cast<__half*>(tile), ct, barrier, blocks);
       break;
   }
   return true;

@@ -28,9 +28,9 @@ __device__ __forceinline__ float apply_gated(float gate, float up, Activation ac
 }
 
 // Calls f(std::integral_constant<Activation, A>{}) for the runtime activation act == A, so that
-// an epilogue unrolled over many accumulators holds one activation's code, not every
-// activation's behind a branch per element (tens of thousands of instructions a kernel, whose
-// fetch slowed the fused GEMMs' epilogues).
+// an epilogue unrolled over many accumulators runs one activation's contiguous code, not every
+// activation's behind a branch per element (H100: fused_ws's bf16 epilogue through its tile,
+// M = 256, 14336 x 4096, 88.0 us of kernel time with the branches, 63.3 without).
 template <typename F>
 __device__ __forceinline__ void with_activation(Activation act, F&& f) {
   using A = Activation;

@@ -40,7 +40,7 @@ QUICK_MS = [1, 16, 256, 4096]
 PATH_MS = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]  # --paths: default M of the forced timings
 DECODE_MAX_FORCED_M = 64  # the decode kernel is not timed beyond this M (far off its range)
 # --paths: JAX_NVFP4_GEMM_SM90_PATH values (prefill takes cuBLASLt's GEMM where built, prefill_cutlass CUTLASS's)
-FORCED_PATHS = ("decode", "fused", "fused_ws", "prefill", "prefill_cutlass")
+FORCED_PATHS = ("decode", "fused", "fused_ws", "fused_ws_wide", "prefill", "prefill_cutlass")
 MMA_CEILING_MIN_M = 1024  # bf16 dots from this M on are compute-bound: the %MMA reference
 
 

@@ -116,11 +116,12 @@ NB_MODULE(_nvfp4_cuda, m) {
           case jax_nvfp4::GemmSm90Path::kDecode: return "decode";
           case jax_nvfp4::GemmSm90Path::kFused: return "fused";
           case jax_nvfp4::GemmSm90Path::kFusedWs: return "fused_ws";
+          case jax_nvfp4::GemmSm90Path::kFusedWsWide: return "fused_ws_wide";
           default: return "prefill";
         }
       },
       nb::arg("m"), nb::arg("n"), nb::arg("k"),
-      "The sm_90a kernel family (decode, fused, fused_ws or prefill) that `matmul` runs for m rows "
+      "The sm_90a kernel family (decode, fused, fused_ws, fused_ws_wide or prefill) that `matmul` runs for m rows "
       "of bf16 activations times NVFP4 weights [n, k] on the current GPU (sized for 132 SMs where "
       "none is visible); JAX_NVFP4_GEMM_SM90_PATH is not consulted.");
 #endif

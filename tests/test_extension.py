@@ -108,17 +108,25 @@ def _gemm_workspace(cc, m, n, k, *, out=None):
 def test_gemm_workspace_follows_the_sm90_path():
     assert _gemm_workspace(90, 1, 4096, 4096) == 0  # decode: split-K through shared memory
     # prefill: the weights dequantized to bf16 in the workspace
-    assert _gemm_workspace(90, 1024, 4096, 4096) >= 4096 * 4096 * 2
+    assert _gemm_workspace(90, 4096, 4096, 4096) >= 4096 * 4096 * 2
     # 128 < M <= 512: fused_ws (only the bf16 activations staged) while its 128 x 128 output tiles
     # number more than half the SMs; up to M = 1024 while they fit one wave, prefill beyond
-    # (the sizing runs without a GPU here: 132 SMs, an H100/H200)
+    # (the sizing runs without a GPU here: 132 SMs, an H100/H200). With K > 1024 and more than 8M
+    # weights, fused_ws on 256-row tiles to M = 2048 where those number more than half the SMs: x
+    # staged in 256-row tiles.
     device = jax.devices()[0]
     sms = device.core_count if device.platform == "gpu" else 132
-    staged = 4096 * 2  # bytes per staged activation row
-    assert 512 * staged <= _gemm_workspace(90, 512, 14336, 4096) < 14336 * 4096 * 2  # 112 x 4 tiles
+    def staged_rows(m, n, k):  # the workspace is the staged tiles (and an alignment pad)
+        ws = _gemm_workspace(90, m, n, k)
+        assert ws % (k * 2) < 1024, ws
+        return ws // (k * 2)
+
+    assert staged_rows(300, 4096, 4096) == 384  # 32 x 3 tiles of 128 rows
     if sms >= 128:
         assert 1024 * 2048 * 2 <= _gemm_workspace(90, 1024, 2048, 2048) < 2048 * 2048 * 2  # 16 x 8, one wave
-    assert _gemm_workspace(90, 768, 14336, 4096) >= 14336 * 4096 * 2  # 112 x 6 tiles: prefill
+        assert staged_rows(300, 14336, 4096) == 512  # 112 x 2 tiles of 256 rows
+        assert staged_rows(1900, 14336, 4096) == 2048
+    assert _gemm_workspace(90, 768, 4096, 2048) >= 4096 * 2048 * 2  # 32 x 6 tiles: prefill
     # Small weights (N x K elements): past decode's M, prefill (up to 512 x 512); decode to M = 64,
     # then prefill (up to 1024 x 1024); decode to M = 32 (up to 2048 x 4096, or 8192 x 4096 with
     # K > 1024); prefill rather than the fused kernel on few tiles past M = 128 (up to 2048 x 2048).
@@ -171,8 +179,19 @@ _SM90_PATHS = [
     ((256, 4096, 2048), "prefill"),
     ((256, 1024, 4096), "prefill"),     # few tiles past M = 128, up to 2048 x 2048 weights
     ((128, 1024, 4096), "fused"),
-    ((512, 14336, 4096), "fused_ws"),
-    ((768, 14336, 4096), "prefill"),    # 672 tiles: more than one wave
+    ((128, 14336, 4096), "fused_ws"),
+    ((129, 14336, 4096), "fused_ws_wide"),  # past M = 128 with K > 1024: 256-row tiles where they
+    ((2048, 14336, 4096), "fused_ws_wide"),  # cover half the SMs (112 to 896 tiles), to M = 2048
+    ((2049, 14336, 4096), "prefill"),
+    ((1024, 4096, 4096), "fused_ws_wide"),   # 128 tiles
+    ((512, 6144, 4096), "fused_ws_wide"),    # 96 tiles
+    ((512, 4096, 4096), "fused_ws"),         # 64 wide tiles: fused_ws's 128
+    ((256, 6144, 4096), "fused_ws"),
+    ((512, 8192, 2048), "fused_ws_wide"),    # K > 1024 and more than 8M weights (here 16M)
+    ((1024, 4096, 2048), "prefill"),         # 8M weights: no wide tiles
+    ((1024, 3072, 4096), "prefill"),         # nor on narrow, long weights
+    ((768, 16384, 1024), "prefill"),         # nor with K <= 1024
+    ((768, 4096, 2048), "prefill"),     # 192 tiles: more than one wave
     ((1024, 2048, 2048), "fused_ws"),   # 128 tiles: one wave
     ((1025, 2048, 2048), "prefill"),
 ]

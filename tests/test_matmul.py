@@ -331,12 +331,16 @@ def assert_tile_epilogue(name, sass):
 
 
 def test_sm90_fused_ws_kernel_is_warp_specialized(kernel_sass):
-    """The large-M kernel: register-A wgmma, the activation tiles by bulk copy (TMA) and the weights
-    by cp.async into an mbarrier ring, 8 k-steps left in flight, no local memory."""
+    """The large-M kernel: register-A wgmma (N = 128, or 256 on the wide tiles, whose producer
+    warpgroup hands its registers to the consumers), the activation tiles by bulk copy (TMA) and
+    the weights by cp.async into an mbarrier ring, 8 k-steps left in flight, no local memory."""
     kernels = kernel_sass("sm_90a", r"15fused_ws_kernel")
-    assert len(kernels) == 2, sorted(kernels)  # 16- or 8-byte weight copies
+    assert len(kernels) == 4, sorted(kernels)  # 128- or 256-row tiles x 16- or 8-byte weight copies
     for name, sass in kernels.items():
-        assert re.search(r"HGMMA\.64x128x16\.F32\.BF16 R\d+, R\d+, gdesc", sass), name
+        wide = "ILi256E" in name
+        n = 256 if wide else 128
+        assert re.search(rf"HGMMA\.64x{n}x16\.F32\.BF16 R\d+, R\d+, gdesc", sass), name
+        assert ("USETMAXREG" in sass) == wide, f"{name}: setmaxnreg only in the wide kernel"
         assert "UBLKCP" in sass, f"{name} has no bulk copy"
         assert "LDGSTS" in sass and "ARRIVES.LDGSTSBAR" in sass, f"{name}: no cp.async arriving on an mbarrier"
         assert "SYNCS.PHASECHK" in sass, f"{name} waits on no mbarrier"

@@ -1,8 +1,8 @@
 """jax_nvfp4.matmul on a CUDA GPU (skips without one) against the float64 NumPy oracle.
 
 Each case runs through every sm_90a kernel family where they exist: JAX_NVFP4_GEMM_SM90_PATH
-forces the decode, fused, fused_ws or prefill path, the last with cuBLASLt's GEMM where the build has it
-and with CUTLASS's (prefill_cutlass); the variable is read when the call is lowered, so the cache is cleared. Before each call the
+forces the decode, fused, fused_ws (on 128- or 256-row tiles: fused_ws_wide) or prefill path, the last
+with cuBLASLt's GEMM where the build has it and with CUTLASS's (prefill_cutlass); the variable is read when the call is lowered, so the cache is cleared. Before each call the
 allocator is handed a NaN-filled buffer of the output's size and gets it back, so an output
 element the kernel fails to write shows up as NaN or garbage instead of a lucky zero."""
 
@@ -30,7 +30,7 @@ _spec = importlib.util.spec_from_file_location("matmul_cases", HERE / "matmul_ca
 mc = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mc)
 
-PATHS = ["auto", "decode", "fused", "fused_ws", "prefill", "prefill_cutlass"]
+PATHS = ["auto", "decode", "fused", "fused_ws", "fused_ws_wide", "prefill", "prefill_cutlass"]
 
 
 @pytest.fixture
@@ -244,16 +244,18 @@ def test_deterministic(kernels, path, m):
     mc.assert_close(a, w4a16_oracle(kernels, x, w), 1e-5)
 
 
+@pytest.mark.parametrize("path,m", [("fused_ws", 1100), ("fused_ws_wide", 2100)])
 @pytest.mark.parametrize("n,out_dtype", [(2200, jnp.bfloat16), (2204, jnp.bfloat16), (2200, jnp.float32)])
-def test_fused_ws_persistent_tiles(kernels, n, out_dtype):
-    """More output tiles (9 x 18) than SMs, and a last raster group of 2 weight tiles: CTAs run
-    several tiles and their stage ring wraps across tiles. N % 8 == 4 takes the element-wise
-    store instead of the staged 16-byte one."""
-    x = mc.random_float((1100, 384), jnp.bfloat16, 16)
+def test_fused_ws_persistent_tiles(kernels, path, m, n, out_dtype):
+    """More output tiles (9 x 18 of 128 or 256 staged rows, the last partial) than SMs, and a last
+    raster group of 2 weight tiles: CTAs run several tiles and their stage ring wraps across tiles
+    (on the wide tiles, through the stage each tile's epilogue borrows). N % 8 == 4 takes the
+    element-wise store instead of the staged 16-byte one."""
+    x = mc.random_float((m, 384), jnp.bfloat16, 16)
     w = mc.random_weight(n, 384, 17)
     bias = mc.random_float((n,), jnp.float32, 18)
     tol = 1e-5 if out_dtype == jnp.float32 else 1e-2
-    mc.assert_close(run("fused_ws", x, w, bias=bias, out_dtype=out_dtype), w4a16_oracle(kernels, x, w, bias), tol)
+    mc.assert_close(run(path, x, w, bias=bias, out_dtype=out_dtype), w4a16_oracle(kernels, x, w, bias), tol)
 
 
 @pytest.mark.parametrize("n,out_dtype,bias_dtype,cublaslt", [
@@ -291,7 +293,7 @@ MEMCHECK_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     import jax_nvfp4 as jn
     rng = np.random.default_rng(0)
-    for path in ("decode", "fused", "fused_ws", "prefill", "prefill_cutlass"):
+    for path in ("decode", "fused", "fused_ws", "fused_ws_wide", "prefill", "prefill_cutlass"):
         os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = path
         jax.clear_caches()
         for m, n, k, xd in ((3, 37, 208, jnp.bfloat16), (150, 48, 256, jnp.bfloat16), (150, 208, 1024, jnp.bfloat16),

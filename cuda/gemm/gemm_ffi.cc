@@ -13,7 +13,7 @@
 // then the workspace (uint8, common/workspace_registry.h). C = N, or N / 2 with a gated
 // activation (N even).
 // Attributes: path (GemmPath: 0 the launcher's choice, 1 decode, 2 prefill, 3 fused, 4 fused_ws,
-// 5 prefill_cutlass) and activation (Activation: 0 none, 1 relu, 2 gelu, 3 silu, 4 swiglu,
+// 5 prefill_cutlass, 6 fused_ws_wide) and activation (Activation: 0 none, 1 relu, 2 gelu, 3 silu, 4 swiglu,
 // 5 geglu).
 #include <cuda_runtime.h>
 
@@ -46,9 +46,9 @@ std::string dims_str(ffi::AnyBuffer::Dimensions d) {
 }
 
 ffi::Error decode_path(int64_t path, GemmProblem* p) {
-  if (path < 0 || path > static_cast<int64_t>(GemmPath::kPrefillCutlass)) {
-    return invalid("path must be 0 (auto), 1 (decode), 2 (prefill), 3 (fused), 4 (fused_ws) or 5 "
-                   "(prefill_cutlass), got " + std::to_string(path));
+  if (path < 0 || path > static_cast<int64_t>(GemmPath::kFusedWsWide)) {
+    return invalid("path must be 0 (auto), 1 (decode), 2 (prefill), 3 (fused), 4 (fused_ws), 5 "
+                   "(prefill_cutlass) or 6 (fused_ws_wide), got " + std::to_string(path));
   }
   p->path = static_cast<GemmPath>(path);
   return ffi::Error::Success();

@@ -29,8 +29,11 @@ struct Nvfp4Operand {
 
 // Which kernel family a launcher with several takes: its own shape heuristic, or a forced one
 // (tests and benchmarks run each of Hopper's on one shape; JAX_NVFP4_GEMM_SM90_PATH).
-// kPrefillCutlass is the prefill path with CUTLASS's GEMM where it would take cuBLASLt's.
-enum class GemmPath : int { kAuto = 0, kDecode = 1, kPrefill = 2, kFused = 3, kFusedWs = 4, kPrefillCutlass = 5 };
+// kPrefillCutlass is the prefill path with CUTLASS's GEMM where it would take cuBLASLt's;
+// kFusedWsWide is fused_ws on tiles of 256 staged rows instead of 128.
+enum class GemmPath : int {
+  kAuto = 0, kDecode = 1, kPrefill = 2, kFused = 3, kFusedWs = 4, kPrefillCutlass = 5, kFusedWsWide = 6
+};
 
 struct GemmProblem {
   int64_t m = 0, n = 0, k = 0;  // k is a multiple of 16

@@ -37,12 +37,13 @@ GEMM_NVFP4_OUT_TARGET = "jax_nvfp4_gemm_nvfp4_out"
 
 # JAX_NVFP4_GEMM_SM90_PATH=decode|fused|fused_ws|prefill forces one of the Hopper kernel families (tests
 # and benchmarks run each on one shape); prefill_cutlass is prefill with CUTLASS's GEMM where it would
-# take cuBLASLt's. It is read when a call is lowered: set it before jit compiles the function
+# take cuBLASLt's, fused_ws_wide fused_ws on its 256-row tiles. It is read when a call is lowered: set it before jit compiles the function
 # (jax.clear_caches() drops compiled ones).
 PATH_ENV = "JAX_NVFP4_GEMM_SM90_PATH"
 # The FFI attribute of each activation (cuda/gemm/gemm_problem.h, enum Activation).
 ACTIVATION_CODES = {"none": 0, "relu": 1, "gelu": 2, "silu": 3, "swiglu": 4, "geglu": 5}
-_PATHS = {"": 0, "auto": 0, "decode": 1, "prefill": 2, "fused": 3, "fused_ws": 4, "prefill_cutlass": 5}
+_PATHS = {"": 0, "auto": 0, "decode": 1, "prefill": 2, "fused": 3, "fused_ws": 4, "prefill_cutlass": 5,
+          "fused_ws_wide": 6}
 
 
 def forced_path() -> int:

@@ -129,7 +129,11 @@ StagedActivations staged_activations(const GemmProblem& p, int mt) {
 
 cudaError_t stage_activations(const GemmProblem& p, const StagedActivations& s, cudaStream_t stream) {
   if (p.workspace_bytes < s.bytes) return cudaErrorInvalidValue;
-  return s.mt == 64 ? launch<64>(p, s, stream) : launch<128>(p, s, stream);
+  switch (s.mt) {
+    case 64: return launch<64>(p, s, stream);
+    case 128: return launch<128>(p, s, stream);
+    default: return launch<256>(p, s, stream);
+  }
 }
 
 }  // namespace sm90

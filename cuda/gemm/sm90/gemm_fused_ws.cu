@@ -6,20 +6,26 @@
 // The fused kernel runs one output tile per CTA as one chain (copies, a CTA barrier per chunk,
 // decode, wgmma) and is bound by that chain's latency; at large M it loses to dequantize + GEMM.
 // Here the roles are split:
-//   producer   one warp. Per K chunk of 128: lane 0 copies the staged [128 x 128] activation tile
-//              (32 KB, contiguous) with one bulk copy (TMA, completion counted in bytes on the
+//   producer   one warp. Per K chunk of 128: lane 0 copies the staged [kMT x 128] activation tile
+//              (32 or 64 KB, contiguous) with one bulk copy (TMA, completion counted in bytes on the
 //              stage's full barrier); all lanes copy the chunk's codes and scale tiles with
 //              cp.async and arrive on the same barrier when those land
 //              (cp.async.mbarrier.arrive). A ring of kStages stages; each is refilled once both
 //              consumer warpgroups have released it.
-//   consumers  two warpgroups, 64 weight rows each (wgmma M) x the tile's 128 activation rows
+//   consumers  two warpgroups, 64 weight rows each (wgmma M) x the tile's kMT activation rows
 //              (N): wait for a stage, dequantize their rows' codes into registers, issue 8
 //              register-A wgmmas; release the stage once the next chunk's wgmmas are issued and
 //              this one's have retired (wgmma.wait_group 1), so the decode of chunk c + 1
 //              overlaps the wgmmas of chunk c.
-//   persistent one CTA per SM walks the 128 x 128 output tiles in groups of kGroupN weight tiles
+//   persistent one CTA per SM walks the 128 x kMT output tiles in groups of kGroupN weight tiles
 //              (the tiles in flight at once share weight and activation tiles in L2); the
 //              producer runs into the next tile's chunks while the consumers store this one.
+// Two tile widths: kMT = 128, and kMT = 256 ("wide"), whose m64n256 wgmmas share each decoded
+// weight fragment between twice the activation rows (half the decode instructions per flop). Its
+// 128 accumulators a thread need more registers than 9 warps leave (168), so there the producer
+// is a warpgroup that gives its registers to the consumers (setmaxnreg); its 64 KB activation
+// stages leave no room for separate epilogue tiles, so the consumers write their tiles into the
+// x half of the tile's last stage and release that stage after the epilogue.
 // Epilogue: alpha, bias, activation, output cast, through a per-warpgroup shared-memory tile whose
 // rows leave as 16-byte pieces (tile_epilogue.cuh); element by element where the output rows are
 // not whole pieces or f16/f32 x gives two staged rows per x row.
@@ -34,6 +40,7 @@
 #include "common/sm90_async.cuh"
 #include "cute/arch/copy_sm90_tma.hpp"
 #include "cutlass/arch/barrier.h"
+#include "cutlass/arch/reg_reconfig.h"
 #include "gemm/sm90/cluster_split.cuh"
 #include "gemm/sm90/fused_staging.h"
 #include "gemm/sm90/fused_weights.cuh"
@@ -52,21 +59,39 @@ using fused::kWeightStageBytes;
 using Barrier = cutlass::arch::ClusterBarrier;
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
-constexpr int kMT = 128;  // staged activation rows per tile: the wgmma's N
-constexpr int kAcc = kMT / 2;
-constexpr int kXStageBytes = kMT * kChunk * 2;
-constexpr int kStageBytes = kXStageBytes + kWeightStageBytes;
-constexpr int kStages = 4;
-constexpr int kConsumers = 2;                           // warpgroups
-constexpr int kThreads = 128 * kConsumers + 32;         // + the producer warp
-constexpr int kBarrierOffset = kStages * kStageBytes + kConsumers * fused::kEpilogueTileBytes;
-constexpr int kSmemBytes = kBarrierOffset + 2 * kStages * 8;
-constexpr int kGroupN = 16;  // weight tiles per raster group
-static_assert(kStageBytes % 1024 == 0, "stages keep the activation tiles' swizzle atoms 1024-byte aligned");
-static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+constexpr int kConsumers = 2;  // warpgroups
+constexpr int kGroupN = 16;    // weight tiles per raster group
 // Full barrier: the producer lanes' cp.async arrivals plus lane 0's arrival with the byte count.
 constexpr int kFullArrivals = 32 + 1;
 constexpr int kEmptyArrivals = 128 * kConsumers;
+constexpr int kConsumersBarrier = 1 + kConsumers;  // named barrier of both consumer warpgroups
+                                                   // (1 + w: warpgroup w's epilogue)
+
+// Shared memory and threads of the kernel whose tiles are kMT staged rows wide.
+template <int kMT>
+struct Config {
+  static constexpr bool kWide = kMT == 256;
+  static constexpr int kAcc = kMT / 2;
+  static constexpr int kXStageBytes = kMT * kChunk * 2;
+  static constexpr int kStageBytes = kXStageBytes + kWeightStageBytes;
+  static constexpr int kStages = kWide ? 3 : 4;
+  static constexpr int kProducerThreads = kWide ? 128 : 32;  // setmaxnreg moves a warpgroup's registers
+  static constexpr int kThreads = 128 * kConsumers + kProducerThreads;
+  // kWide: the epilogue tiles live in the last stage of the tile (see the top of the file).
+  static constexpr int kEpilogueBytes = kWide ? 0 : kConsumers * fused::kEpilogueTileBytes;
+  static constexpr int kBarrierOffset = kStages * kStageBytes + kEpilogueBytes;
+  static constexpr int kSmemBytes = kBarrierOffset + 2 * kStages * 8;
+  // setmaxnreg only moves registers within what the CTA got at launch (65536 / kThreads a thread,
+  // rounded down to 8: 168; asking for more hangs). A consumer needs up to 198 (128
+  // accumulators); the producer's unrolled copies spilled with 80.
+  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
+  static constexpr int kProducerRegs = 104, kConsumerRegs = 200;
+  static_assert(kStageBytes % 1024 == 0, "stages keep the activation tiles' swizzle atoms 1024-byte aligned");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+  static_assert(!kWide || kConsumers * fused::kEpilogueTileBytes <= kXStageBytes, "epilogue tiles in a stage");
+  static_assert(!kWide || kProducerRegs * kProducerThreads + kConsumerRegs * 128 * kConsumers <= kLaunchRegs * kThreads,
+                "the registers the CTA got at launch");
+};
 
 struct Tiles {
   int64_t n_tiles, m_tiles;
@@ -82,9 +107,11 @@ struct Tiles {
   }
 };
 
-template <int kPiece>
+template <int kMT, int kPiece>
 __device__ void produce(const GemmProblem& p, const uint8_t* xs, int64_t chunks, const Tiles& tiles,
                         uint8_t* smem, uint64_t* full, uint64_t* empty) {
+  using S = Config<kMT>;
+  constexpr int kStages = S::kStages, kStageBytes = S::kStageBytes, kXStageBytes = S::kXStageBytes;
   const int lane = threadIdx.x % 32;
   const int64_t k_tiles = scale_k_tiles(p.k / kBlockSize);
   int it = 0;
@@ -108,8 +135,11 @@ __device__ void produce(const GemmProblem& p, const uint8_t* xs, int64_t chunks,
   }
 }
 
+template <int kMT>
 __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row, const Tiles& tiles, uint8_t* smem,
                         uint64_t* full, uint64_t* empty) {
+  using S = Config<kMT>;
+  constexpr int kStages = S::kStages, kStageBytes = S::kStageBytes, kXStageBytes = S::kXStageBytes;
   const int w = threadIdx.x / 128, ct = threadIdx.x % 128;
   const int lane = ct % 32, t = lane % 4;
   const int r0 = w * 64 + (ct / 32) * 16 + lane / 4;  // this thread's rows r0, r0 + 8 of the tile
@@ -117,8 +147,7 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
   const int2 rows = fused::mma_row_sources(r0, gated);
   const int64_t k_blocks = p.k / kBlockSize;
   const float alpha = fused::alpha(p);
-  uint8_t* epi = smem + kStages * kStageBytes + w * fused::kEpilogueTileBytes;
-  float acc[kAcc];
+  float acc[S::kAcc];
   // A chunk is decoded and multiplied in two halves of 4 k-steps, alternating between two
   // register buffers: half h + 1 is decoded while half h's wgmmas run. (Whole-chunk buffers need
   // more registers than the 168 a thread that 9 warps leave: ptxas would serialize the wgmmas.)
@@ -147,7 +176,7 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
     int64_t n_tile, m_tile;
     tiles.coords(tile, n_tile, m_tile);
 #pragma unroll
-    for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+    for (int i = 0; i < S::kAcc; ++i) acc[i] = 0.f;
     fence_accumulators(acc);
 #pragma unroll 1
     for (int64_t c = 0; c < chunks; ++c) {
@@ -156,7 +185,13 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
     }
     wgmma_wait<0>();
     fence_accumulators(acc);
-    Barrier::arrive(&empty[(it - 1) % kStages]);
+    uint8_t* epi = smem + kStages * kStageBytes + w * fused::kEpilogueTileBytes;
+    if constexpr (S::kWide) {
+      fused::named_sync(kConsumersBarrier, 128 * kConsumers);  // both warpgroups' wgmmas are done with the stage
+      epi = smem + ((it - 1) % kStages) * kStageBytes + w * fused::kEpilogueTileBytes;
+    } else {
+      Barrier::arrive(&empty[(it - 1) % kStages]);
+    }
 
     const int64_t n0 = n_tile * kRows + w * 64, m0 = m_tile * kMT;
     with_activation(p.activation, [&](auto act) {
@@ -165,17 +200,22 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
         fused::store_fragment<kAct>(p, n_tile * kRows, r0, m0, t, rows_per_x_row, alpha, acc);
       }
     });
+    if constexpr (S::kWide) {
+      fence_proxy_async();  // this thread's tile writes, ordered before the producer's next bulk copy there
+      Barrier::arrive(&empty[(it - 1) % kStages]);
+    }
   }
 }
 
-template <int kPiece>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int kMT, int kPiece>
+__global__ void __launch_bounds__(Config<kMT>::kThreads, 1)
     fused_ws_kernel(const GemmProblem p, const uint8_t* xs, int64_t chunks, int rows_per_x_row, Tiles tiles) {
+  using S = Config<kMT>;
   extern __shared__ __align__(1024) uint8_t smem[];
-  auto* full = reinterpret_cast<uint64_t*>(smem + kBarrierOffset);
-  uint64_t* empty = full + kStages;
+  auto* full = reinterpret_cast<uint64_t*>(smem + S::kBarrierOffset);
+  uint64_t* empty = full + S::kStages;
   if (threadIdx.x == 0) {
-    for (int i = 0; i < kStages; ++i) {
+    for (int i = 0; i < S::kStages; ++i) {
       Barrier::init(&full[i], kFullArrivals);
       Barrier::init(&empty[i], kEmptyArrivals);
     }
@@ -186,37 +226,49 @@ __global__ void __launch_bounds__(kThreads, 1)
   // still be writing the activations; nothing above touched global memory.
   wait_for_prior_grids();
   if (threadIdx.x >= 128 * kConsumers) {
-    produce<kPiece>(p, xs, chunks, tiles, smem, full, empty);
+    if constexpr (S::kWide) cutlass::arch::warpgroup_reg_dealloc<S::kProducerRegs>();
+    if (threadIdx.x < 128 * kConsumers + 32) produce<kMT, kPiece>(p, xs, chunks, tiles, smem, full, empty);
   } else {
-    consume(p, chunks, rows_per_x_row, tiles, smem, full, empty);
+    if constexpr (S::kWide) cutlass::arch::warpgroup_reg_alloc<S::kConsumerRegs>();
+    consume<kMT>(p, chunks, rows_per_x_row, tiles, smem, full, empty);
   }
 }
 
-template <int kPiece>
+template <int kMT, int kPiece>
 cudaError_t launch(const GemmProblem& p, const StagedActivations& x, cudaStream_t stream) {
+  using S = Config<kMT>;
   // Also raises the kernel's shared-memory limit on this device (once).
-  const ResidentBlocks capacity = resident_blocks<fused_ws_kernel<kPiece>>(dim3(kThreads), kSmemBytes);
+  const ResidentBlocks capacity = resident_blocks<fused_ws_kernel<kMT, kPiece>>(dim3(S::kThreads), S::kSmemBytes);
   if (capacity[1] == 0) return cudaErrorInvalidConfiguration;  // the kernel cannot run here
   const Tiles tiles{ceil_div(p.n, kRows), x.m_tiles};
   const int64_t grid = std::min<int64_t>(tiles.count(), sm_count());
-  const LaunchConfig config(dim3(static_cast<unsigned>(grid)), dim3(kThreads), kSmemBytes, stream, /*cluster_z=*/0,
-                            /*pdl=*/true);
-  return cudaLaunchKernelEx(&config.cfg, fused_ws_kernel<kPiece>, p, static_cast<const uint8_t*>(p.workspace),
+  const LaunchConfig config(dim3(static_cast<unsigned>(grid)), dim3(S::kThreads), S::kSmemBytes, stream,
+                            /*cluster_z=*/0, /*pdl=*/true);
+  return cudaLaunchKernelEx(&config.cfg, fused_ws_kernel<kMT, kPiece>, p, static_cast<const uint8_t*>(p.workspace),
                             x.chunks, x.rows_per_x_row, tiles);
 }
 
-}  // namespace
-
-size_t fused_ws_workspace_bytes(const GemmProblem& p) { return staged_activations(p, kMT).bytes; }
-
-int64_t fused_ws_output_tiles(const GemmProblem& p) { return ceil_div(p.n, kRows) * staged_activations(p, kMT).m_tiles; }
-
-cudaError_t fused_ws_gemm(const GemmProblem& p, cudaStream_t stream) {
+template <int kMT>
+cudaError_t run(const GemmProblem& p, cudaStream_t stream) {
   const StagedActivations x = staged_activations(p, kMT);
   if (p.workspace_bytes < x.bytes) return cudaErrorInvalidValue;
   if (cudaError_t err = stage_activations(p, x, stream); err != cudaSuccess) return err;
   // Rows of K/2 bytes are 16-byte aligned when K % 32 == 0; otherwise the codes come in 8-byte pieces.
-  return p.k % 32 == 0 ? launch<16>(p, x, stream) : launch<8>(p, x, stream);
+  return p.k % 32 == 0 ? launch<kMT, 16>(p, x, stream) : launch<kMT, 8>(p, x, stream);
+}
+
+}  // namespace
+
+size_t fused_ws_workspace_bytes(const GemmProblem& p, bool wide) {
+  return staged_activations(p, wide ? 256 : 128).bytes;
+}
+
+int64_t fused_ws_output_tiles(const GemmProblem& p, bool wide) {
+  return ceil_div(p.n, kRows) * staged_activations(p, wide ? 256 : 128).m_tiles;
+}
+
+cudaError_t fused_ws_gemm(const GemmProblem& p, bool wide, cudaStream_t stream) {
+  return wide ? run<256>(p, stream) : run<128>(p, stream);
 }
 
 }  // namespace sm90

@@ -63,7 +63,8 @@ size_t path_workspace(const GemmProblem& p) {
   switch (gemm_sm90_path(p)) {
     case GemmSm90Path::kDecode: return 0;
     case GemmSm90Path::kFused: return sm90::fused_workspace_bytes(p);
-    case GemmSm90Path::kFusedWs: return sm90::fused_ws_workspace_bytes(p);
+    case GemmSm90Path::kFusedWs: return sm90::fused_ws_workspace_bytes(p, /*wide=*/false);
+    case GemmSm90Path::kFusedWsWide: return sm90::fused_ws_workspace_bytes(p, /*wide=*/true);
     default: return sm90::prefill_workspace_bytes(p);
   }
 }
@@ -76,7 +77,8 @@ cudaError_t run_path(const GemmProblem& p, cudaStream_t stream) {
   switch (gemm_sm90_path(p)) {
     case GemmSm90Path::kDecode: return sm90::decode_gemm(p, stream);
     case GemmSm90Path::kFused: return sm90::fused_gemm(p, stream);
-    case GemmSm90Path::kFusedWs: return sm90::fused_ws_gemm(p, stream);
+    case GemmSm90Path::kFusedWs: return sm90::fused_ws_gemm(p, /*wide=*/false, stream);
+    case GemmSm90Path::kFusedWsWide: return sm90::fused_ws_gemm(p, /*wide=*/true, stream);
     default: return sm90::prefill_gemm(p, stream);
   }
 }
@@ -106,6 +108,7 @@ GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
   if (p.path == GemmPath::kPrefill || p.path == GemmPath::kPrefillCutlass) return GemmSm90Path::kPrefill;
   if (p.path == GemmPath::kFused) return GemmSm90Path::kFused;
   if (p.path == GemmPath::kFusedWs) return GemmSm90Path::kFusedWs;
+  if (p.path == GemmPath::kFusedWsWide) return GemmSm90Path::kFusedWsWide;
   if (p.m <= kGemmSm90DecodeMaxM) return GemmSm90Path::kDecode;
   const int64_t weights = p.n * p.k;
   if (weights <= kGemmSm90PrefillWeights) return GemmSm90Path::kPrefill;
@@ -113,6 +116,12 @@ GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
   const bool short_k = p.k <= kGemmSm90ShortKMaxK;
   if (p.m <= 32 && weights <= (short_k ? kGemmSm90Decode32Weights : kGemmSm90Decode32LongKWeights)) {
     return GemmSm90Path::kDecode;
+  }
+  const int64_t sms = sm90::sm_count();
+  const bool narrow = p.n <= kGemmSm90NarrowMaxN && p.k >= kGemmSm90NarrowMinK;
+  if (!short_k && !narrow && weights > kGemmSm90Decode32Weights && p.m > kGemmSm90FusedMaxM &&
+      p.m <= kGemmSm90WideMaxM && 2 * sm90::fused_ws_output_tiles(p, /*wide=*/true) > sms) {
+    return GemmSm90Path::kFusedWsWide;
   }
   if (p.m > kGemmSm90OneWaveMaxM) return GemmSm90Path::kPrefill;
   if (short_k && p.m <= kGemmSm90FusedWsMaxM) {
@@ -123,11 +132,9 @@ GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
     if (p.n < kGemmSm90ShortKFusedWsMinN) return GemmSm90Path::kPrefill;
     return p.m <= kGemmSm90FusedMt64MaxM ? GemmSm90Path::kFused : GemmSm90Path::kFusedWs;
   }
-  if (p.n <= kGemmSm90NarrowMaxN && p.k >= kGemmSm90NarrowMinK && p.m > kGemmSm90NarrowFusedMaxM) {
-    return GemmSm90Path::kPrefill;
-  }
+  if (narrow && p.m > kGemmSm90NarrowFusedMaxM) return GemmSm90Path::kPrefill;
   if (p.m <= kGemmSm90FusedMt64MaxM) return GemmSm90Path::kFused;
-  const int64_t tiles = sm90::fused_ws_output_tiles(p), sms = sm90::sm_count();
+  const int64_t tiles = sm90::fused_ws_output_tiles(p, /*wide=*/false);
   if (2 * tiles > sms) {
     return p.m <= kGemmSm90FusedWsMaxM || tiles <= sms ? GemmSm90Path::kFusedWs : GemmSm90Path::kPrefill;
   }

@@ -9,7 +9,9 @@
 //            the workspace in the matching K order, are the shared-memory B operand.
 //   fused_ws large M: the fused kernel's math, warp-specialized (a producer warp feeds an
 //            mbarrier ring with bulk and cp.async copies; two consumer warpgroups dequantize and
-//            issue wgmma) and persistent over the output tiles.
+//            issue wgmma) and persistent over the output tiles of 128 weight rows x 128 staged
+//            activation rows, or 256 (fused_ws_wide: each decoded weight fragment feeds twice the
+//            MMA work).
 //   prefill  large M, compute-bound: one pass dequantizes the weights to bf16 in the workspace
 //            (and converts x when it is not bf16), then CUTLASS's TMA warp-specialized
 //            persistent wgmma GEMM runs with alpha and bias in its epilogue.
@@ -26,14 +28,17 @@
 
 namespace jax_nvfp4 {
 
-enum class GemmSm90Path : int { kDecode = 0, kPrefill = 1, kFused = 2, kFusedWs = 3 };
+enum class GemmSm90Path : int { kDecode = 0, kPrefill = 1, kFused = 2, kFusedWs = 3, kFusedWsWide = 4 };
 
 // The path gemm_sm90 takes for M activation rows (docs/gemm_hopper.md has the measurements
 // behind every bound): decode for M <= kGemmSm90DecodeMaxM (there the weights' bytes dominate:
 // 4.5 bits of weight read per 2*M flops); fused up to kGemmSm90FusedMt64MaxM (its 64-row
 // activation tile), and beyond while the 128 x 128 output tiles number at most half the SMs (its
 // split-K fills the GPU); otherwise fused_ws up to kGemmSm90FusedWsMaxM, and up to
-// kGemmSm90OneWaveMaxM while its tiles fit one wave; prefill beyond.
+// kGemmSm90OneWaveMaxM while its tiles fit one wave; prefill beyond. Before those, from
+// kGemmSm90FusedMaxM to kGemmSm90WideMaxM: fused_ws_wide where its 128 x 256 tiles number more
+// than half the SMs, on weights of more than kGemmSm90Decode32Weights elements with
+// K > kGemmSm90ShortKMaxK that are not narrow and long (below).
 // Small weights (N * K elements) shift the bounds, since the fused kernels' fixed costs
 // (activation staging, the cluster split) outweigh the dequantization pass they save: up to
 // kGemmSm90PrefillWeights prefill past decode's M; up to kGemmSm90Decode64Weights decode to
@@ -56,6 +61,7 @@ constexpr int64_t kGemmSm90FusedMt64MaxM = 64;
 constexpr int64_t kGemmSm90FusedMaxM = 128;
 constexpr int64_t kGemmSm90FusedWsMaxM = 512;
 constexpr int64_t kGemmSm90OneWaveMaxM = 1024;
+constexpr int64_t kGemmSm90WideMaxM = 2048;
 constexpr int64_t kGemmSm90PrefillWeights = int64_t{1} << 18;          // 512 x 512
 constexpr int64_t kGemmSm90Decode64Weights = int64_t{1} << 20;         // 1024 x 1024
 constexpr int64_t kGemmSm90Decode32Weights = int64_t{1} << 23;         // 2048 x 4096

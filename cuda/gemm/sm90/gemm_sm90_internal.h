@@ -15,7 +15,7 @@ namespace sm90 {
 cudaError_t decode_gemm(const GemmProblem& p, cudaStream_t stream);
 
 // The activations of the fused kernels, staged once per call at the start of the workspace
-// (fused_staging.h: K order and tile layout): tiles of `mt` (64 or 128) rows by 128 K, every x
+// (fused_staging.h: K order and tile layout): tiles of `mt` (64, 128 or 256) rows by 128 K, every x
 // kind made bf16 (f16 and f32 as a hi and a lo row, rows_per_x_row = 2).
 struct StagedActivations {
   int mt = 128;
@@ -31,10 +31,11 @@ size_t fused_workspace_bytes(const GemmProblem& p);
 cudaError_t fused_gemm(const GemmProblem& p, cudaStream_t stream);
 
 // Large-M kernel on the same staging and weight stages: warp-specialized (a producer warp
-// feeding an mbarrier ring, two consumer warpgroups) and persistent over 128 x 128 output tiles.
-size_t fused_ws_workspace_bytes(const GemmProblem& p);
-int64_t fused_ws_output_tiles(const GemmProblem& p);
-cudaError_t fused_ws_gemm(const GemmProblem& p, cudaStream_t stream);
+// feeding an mbarrier ring, two consumer warpgroups) and persistent over output tiles of 128
+// weight rows x 128 staged rows, or 256 where `wide`.
+size_t fused_ws_workspace_bytes(const GemmProblem& p, bool wide);
+int64_t fused_ws_output_tiles(const GemmProblem& p, bool wide);
+cudaError_t fused_ws_gemm(const GemmProblem& p, bool wide, cudaStream_t stream);
 
 // Large-M path: dequantize pass + CUTLASS wgmma GEMM, writing p.out (float dtype).
 size_t prefill_workspace_bytes(const GemmProblem& p);

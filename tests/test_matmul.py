@@ -134,7 +134,8 @@ def test_nvfp4_output_quantizes_the_activated_result(activation):
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_activation_gradients_match_the_float_function(activation):
     """grad and jvp through the epilogue activation equal those of act(x @ w_hat.T + b) with the
-    dequantized weight (the backward runs in bfloat16)."""
+    dequantized weight (the backward runs in bfloat16). The float function's dot asks for full
+    float32 precision: on a GPU XLA's default would be TF32, about 1e-3 off."""
     x = mc.random_float((5, 64), jnp.float32, 26)
     w = mc.random_weight(48, 64, 27)
     b = mc.random_float((48,), jnp.float32, 28, 0.5)
@@ -142,13 +143,14 @@ def test_activation_gradients_match_the_float_function(activation):
     fn = FLOAT_ACTIVATIONS[activation]
     ours = lambda x, b: jnp.sum(jn.matmul(x, w, bias=b, activation=activation,  # noqa: E731
                                           out_dtype=jnp.float32) ** 2)
-    theirs = lambda x, b: jnp.sum(fn(x @ w_hat.T + b) ** 2)  # noqa: E731
+    linear = lambda x, b: jnp.dot(x, w_hat.T, precision=jax.lax.Precision.HIGHEST) + b  # noqa: E731
+    theirs = lambda x, b: jnp.sum(fn(linear(x, b)) ** 2)  # noqa: E731
     for got, want in zip(jax.grad(ours, (0, 1))(x, b), jax.grad(theirs, (0, 1))(x, b)):
         assert mc.rel_error(got, np.asarray(want, np.float64)) < 1e-2
     t = mc.random_float(x.shape, jnp.float32, 29)
     _, got = jax.jvp(lambda x: jn.matmul(x, w, bias=b, activation=activation,
                                          out_dtype=jnp.float32), (x,), (t,))
-    _, want = jax.jvp(lambda x: fn(x @ w_hat.T + b), (x,), (t,))
+    _, want = jax.jvp(lambda x: fn(linear(x, b)), (x,), (t,))
     assert mc.rel_error(got, np.asarray(want, np.float64)) < 1e-5
 
 

@@ -1,7 +1,10 @@
 // An epilogue activation of a float32 value (or of a gate/up pair), with the formulas of
 // jax_nvfp4.reference.activation.
-// expf and tanhf are CUDA's accurate functions (2 ulp), so kernels and reference agree to a few
-// float32 ulps.
+// gelu's tanhf is CUDA's accurate function (2 ulp). silu's exponential and division are the fast
+// hardware ones (__expf, __fdividef: within 3e-6 relative for |x| <= 20; past that silu(x) is x,
+// or below 5e-8 in magnitude, and below -87 it gives -0), because the accurate pair cost the wide
+// fused_ws epilogue, 128 values a thread, 18% of its GEMM time (H100, M = 256, 14336 x 4096: 65.6
+// against 55.7 us for the plain call plus XLA's silu).
 #pragma once
 
 #include <type_traits>
@@ -17,7 +20,7 @@ __device__ __forceinline__ float apply_activation(float v, Activation act) {
       constexpr float kSqrt2OverPi = 0.7978845608028654f;
       return 0.5f * v * (1.f + tanhf(kSqrt2OverPi * (v + 0.044715f * (v * v * v))));
     }
-    case Activation::kSilu: return v / (1.f + expf(-v));
+    case Activation::kSilu: return __fdividef(v, 1.f + __expf(-v));
     default: return v;
   }
 }

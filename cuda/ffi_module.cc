@@ -121,9 +121,9 @@ NB_MODULE(_nvfp4_cuda, m) {
         }
       },
       nb::arg("m"), nb::arg("n"), nb::arg("k"),
-      "The sm_90a kernel family (decode, fused, fused_ws, fused_ws_wide or prefill) that `matmul` runs for m rows "
-      "of bf16 activations times NVFP4 weights [n, k] on the current GPU (sized for 132 SMs where "
-      "none is visible); JAX_NVFP4_GEMM_SM90_PATH is not consulted.");
+      "The sm_90a kernel family (decode, fused, fused_ws, fused_ws_wide or prefill) that `matmul` "
+      "runs for m rows of bf16 activations times NVFP4 weights [n, k] on the current GPU (sized for "
+      "132 SMs where none is visible); JAX_NVFP4_GEMM_SM90_PATH is not consulted.");
 #endif
 #ifdef JAX_NVFP4_HAS_CONV_SM90
   m.def(

@@ -295,12 +295,12 @@ def test_sm90_dequantization_is_exact(host_program):
 
 
 def test_sm90_fused_staging_layout_is_cutes_wgmma_swizzle(host_program):
-    """The fused kernel's staged activation tile (fused_staging.h) against CuTe's K-major
-    128-byte-swizzle wgmma atom, element by element and per k-step descriptor offset, on the
-    host; and its K order places every element of a chunk exactly once."""
+    """The fused kernels' staged activation tile (fused_staging.h; 64, 128 and 256 rows) against
+    CuTe's K-major 128-byte-swizzle wgmma atom, element by element and per k-step descriptor
+    offset, on the host; and its K order places every element of a chunk exactly once."""
     out = host_program(HERE / "host" / "gemm_sm90_fused_layout.cc", cutlass=True)
     # MT, elements + k-steps checked, mismatches
-    assert out.split() == ["64", "8200", "0", "128", "16392", "0", "order", "ok"]
+    assert out.split() == ["64", "8200", "0", "128", "16392", "0", "256", "32776", "0", "order", "ok"]
 
 
 def test_sm90_prefill_kernel_uses_wgmma(kernel_sass):

@@ -1,5 +1,5 @@
 // Checks the fused sm_90a GEMM's staged activation tile (gemm/sm90/fused_staging.h) against
-// CuTe's own wgmma layout: for MT = 64 and 128 rows, every element's offset must be the one
+// CuTe's own wgmma layout: for MT = 64, 128 and 256 rows, every element's offset must be the one
 // cute::GMMA::Layout_K_SW128_Atom<bf16> tiled to [MT x 128] gives, each k-step's descriptor
 // offset the atom's unswizzled offset of that k column, and the K order must put each of a
 // chunk's 128 elements in its own (k-group, word, half) slot.
@@ -14,7 +14,7 @@ namespace {
 
 // CuTe applies the swizzle of a GMMA layout to the shared-memory address, so offsets are taken
 // through a tensor on a 1024-byte-aligned buffer.
-alignas(1024) cute::bfloat16_t tile_buffer[128 * 128];
+alignas(1024) cute::bfloat16_t tile_buffer[256 * 128];
 
 template <int MT>
 int check_tile() {
@@ -44,7 +44,7 @@ int check_tile() {
 }  // namespace
 
 int main() {
-  int bad = check_tile<64>() + check_tile<128>();
+  int bad = check_tile<64>() + check_tile<128>() + check_tile<256>();
   int hits[16][4][2] = {};
   for (int e = 0; e < 128; ++e) ++hits[jax_nvfp4::sm90::staged_k_group(e)][e / 32][(e % 8) / 4];
   for (auto& kg : hits) {

@@ -35,10 +35,10 @@ from jax_nvfp4.primitives._base import (ShapedArray, define_primitive, empty_f32
 GEMM_TARGET = "jax_nvfp4_gemm"
 GEMM_NVFP4_OUT_TARGET = "jax_nvfp4_gemm_nvfp4_out"
 
-# JAX_NVFP4_GEMM_SM90_PATH=decode|fused|fused_ws|prefill forces one of the Hopper kernel families (tests
-# and benchmarks run each on one shape); prefill_cutlass is prefill with CUTLASS's GEMM where it would
-# take cuBLASLt's, fused_ws_wide fused_ws on its 256-row tiles. It is read when a call is lowered: set it before jit compiles the function
-# (jax.clear_caches() drops compiled ones).
+# JAX_NVFP4_GEMM_SM90_PATH=decode|fused|fused_ws|fused_ws_wide|prefill forces one of the Hopper kernel
+# families (tests and benchmarks run each on one shape); fused_ws_wide is fused_ws on its 256-row tiles,
+# prefill_cutlass prefill with CUTLASS's GEMM where it would take cuBLASLt's. It is read when a call is
+# lowered: set it before jit compiles the function (jax.clear_caches() drops compiled ones).
 PATH_ENV = "JAX_NVFP4_GEMM_SM90_PATH"
 # The FFI attribute of each activation (cuda/gemm/gemm_problem.h, enum Activation).
 ACTIVATION_CODES = {"none": 0, "relu": 1, "gelu": 2, "silu": 3, "swiglu": 4, "geglu": 5}

@@ -67,10 +67,13 @@ constexpr int kEmptyArrivals = 128 * kConsumers;
 constexpr int kConsumersBarrier = 1 + kConsumers;  // named barrier of both consumer warpgroups
                                                    // (1 + w: warpgroup w's epilogue)
 
+// Staged rows a tile of the narrow or the wide kernel.
+constexpr int tile_rows(bool wide) { return wide ? 256 : 128; }
+
 // Shared memory and threads of the kernel whose tiles are kMT staged rows wide.
 template <int kMT>
 struct Config {
-  static constexpr bool kWide = kMT == 256;
+  static constexpr bool kWide = kMT == tile_rows(true);
   static constexpr int kAcc = kMT / 2;
   static constexpr int kXStageBytes = kMT * kChunk * 2;
   static constexpr int kStageBytes = kXStageBytes + kWeightStageBytes;
@@ -260,15 +263,15 @@ cudaError_t run(const GemmProblem& p, cudaStream_t stream) {
 }  // namespace
 
 size_t fused_ws_workspace_bytes(const GemmProblem& p, bool wide) {
-  return staged_activations(p, wide ? 256 : 128).bytes;
+  return staged_activations(p, tile_rows(wide)).bytes;
 }
 
 int64_t fused_ws_output_tiles(const GemmProblem& p, bool wide) {
-  return ceil_div(p.n, kRows) * staged_activations(p, wide ? 256 : 128).m_tiles;
+  return ceil_div(p.n, kRows) * staged_activations(p, tile_rows(wide)).m_tiles;
 }
 
 cudaError_t fused_ws_gemm(const GemmProblem& p, bool wide, cudaStream_t stream) {
-  return wide ? run<256>(p, stream) : run<128>(p, stream);
+  return wide ? run<tile_rows(true)>(p, stream) : run<tile_rows(false)>(p, stream);
 }
 
 }  // namespace sm90

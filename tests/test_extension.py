@@ -112,8 +112,9 @@ def test_gemm_workspace_follows_the_sm90_path():
     # 128 < M <= 512: fused_ws (only the bf16 activations staged) while its 128 x 128 output tiles
     # number more than half the SMs; up to M = 1024 while they fit one wave, prefill beyond
     # (the sizing runs without a GPU here: 132 SMs, an H100/H200). With K > 1024 and more than 8M
-    # weights, fused_ws on 256-row tiles to M = 2048 where those number more than half the SMs: x
-    # staged in 256-row tiles.
+    # weights, fused_ws on 256-row tiles to M = 2048 where those number more than half the SMs
+    # (from M = 192 with K > 2048, 30%: it splits K over a cluster where they are few): x staged
+    # in 256-row tiles.
     device = jax.devices()[0]
     sms = device.core_count if device.platform == "gpu" else 132
     def staged_rows(m, n, k):  # the workspace is the staged tiles (and an alignment pad)
@@ -121,8 +122,9 @@ def test_gemm_workspace_follows_the_sm90_path():
         assert ws % (k * 2) < 1024, ws
         return ws // (k * 2)
 
-    assert staged_rows(300, 4096, 4096) == 384  # 32 x 3 tiles of 128 rows
+    assert staged_rows(300, 4096, 2048) == 384  # 32 x 3 tiles of 128 rows (8M weights: no wide tiles)
     if sms >= 128:
+        assert staged_rows(300, 4096, 4096) == 512  # 32 x 2 tiles of 256 rows
         assert 1024 * 2048 * 2 <= _gemm_workspace(90, 1024, 2048, 2048) < 2048 * 2048 * 2  # 16 x 8, one wave
         assert staged_rows(300, 14336, 4096) == 512  # 112 x 2 tiles of 256 rows
         assert staged_rows(1900, 14336, 4096) == 2048
@@ -185,8 +187,14 @@ _SM90_PATHS = [
     ((2049, 14336, 4096), "prefill"),
     ((1024, 4096, 4096), "fused_ws_wide"),   # 128 tiles
     ((512, 6144, 4096), "fused_ws_wide"),    # 96 tiles
-    ((512, 4096, 4096), "fused_ws"),         # 64 wide tiles: fused_ws's 128
-    ((256, 6144, 4096), "fused_ws"),
+    ((512, 4096, 4096), "fused_ws_wide"),    # from M = 192 with K > 2048, more than 30% of the SMs
+    ((192, 6144, 4096), "fused_ws_wide"),    # (here 64, 48 and 40 tiles): K split over a cluster
+    ((256, 5120, 4096), "fused_ws_wide"),
+    ((191, 6144, 4096), "fused_ws"),
+    ((256, 4096, 4096), "fused"),            # 32 wide tiles: the fused kernel's split-K
+    ((256, 4096, 14336), "fused"),
+    ((512, 4096, 14336), "fused_ws_wide"),
+    ((256, 8192, 2048), "fused_ws"),         # K = 2048: 128 tiles of 128 rows
     ((512, 8192, 2048), "fused_ws_wide"),    # K > 1024 and more than 8M weights (here 16M)
     ((1024, 4096, 2048), "prefill"),         # 8M weights: no wide tiles
     ((1024, 3072, 4096), "prefill"),         # nor on narrow, long weights

@@ -194,12 +194,12 @@ def test_gated_two_byte_outputs(kernels, path, out_dtype):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("out_dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 1e-2), (jnp.float16, 2e-3)])
-@pytest.mark.parametrize("k", [256, 1024])
+@pytest.mark.parametrize("k", [256, 2048])
 def test_output_row_widths(kernels, path, out_dtype, tol, k):
     """Every output dtype, plain and gated, with output rows of whole 16-byte pieces (the fused
     kernels' shared-memory tile) and without (N = 196 and 200 gated give 2-byte rows of 4 pieces
     and a half: element-wise stores), W4A16 and W4A4, at M = 150 (a partial tile of rows); with
-    K = 1024 the fused kernel splits K over 2 ranks, which share the tile's rows."""
+    K = 2048 the fused kernels split K over 2-4 ranks, which share the tile's rows."""
     m = 150
     x = mc.random_float((m, k), jnp.bfloat16, 50)
     xq = jn.quantize(x)
@@ -233,9 +233,10 @@ def test_jit_and_vmap(kernels):
     mc.assert_close(f(xs).reshape(24, 48), w4a16_oracle(kernels, xs.reshape(24, 128), w), 1e-5)
 
 
-@pytest.mark.parametrize("path,m", [("decode", 8), ("fused", 64)])
+@pytest.mark.parametrize("path,m", [("decode", 8), ("fused", 64), ("fused_ws", 200), ("fused_ws_wide", 300)])
 def test_deterministic(kernels, path, m):
-    """Few output tiles and a long K: the split-K cluster reduction runs, in a fixed order."""
+    """Few output tiles (8 on the fused_ws paths) and a long K: the split-K cluster reduction
+    runs, in a fixed order."""
     x = mc.random_float((m, 4096), jnp.bfloat16, 14)
     w = mc.random_weight(512, 4096, 15)
     a = np.asarray(run(path, x, w, out_dtype=jnp.float32))
@@ -296,7 +297,7 @@ MEMCHECK_SCRIPT = textwrap.dedent("""
     for path in ("decode", "fused", "fused_ws", "fused_ws_wide", "prefill", "prefill_cutlass"):
         os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = path
         jax.clear_caches()
-        for m, n, k, xd in ((3, 37, 208, jnp.bfloat16), (150, 48, 256, jnp.bfloat16), (150, 208, 1024, jnp.bfloat16),
+        for m, n, k, xd in ((3, 37, 208, jnp.bfloat16), (150, 48, 256, jnp.bfloat16), (150, 208, 2048, jnp.bfloat16),
                             (37, 70, 48, jnp.float32),
                             (130, 13, 16, jnp.float16)):  # the last x (K = 16) meets the 32 x 16 weight below
             x = jnp.asarray(rng.standard_normal((m, k)), xd)

@@ -50,10 +50,10 @@ struct WeightCopier {
     const int r_first = lid / kPiecesPerRow, part = lid % kPiecesPerRow;
     codes = p.b.codes + (n0 + r_first) * (p.k / 2) + part * kPiece;
     pass_stride = kRowsPerPass * (p.k / 2);
-    rows_ok = 0;
-    for (int u = 0; u < kPasses; ++u) {
-      if (n0 + r_first + u * kRowsPerPass < p.n) rows_ok |= 1u << u;
-    }
+    // The rows of the passes rise with u: the first `valid` of them are < N.
+    const int64_t left = p.n - (n0 + r_first), passes = (left + kRowsPerPass - 1) / kRowsPerPass;
+    const int valid = left <= 0 ? 0 : passes < kPasses ? static_cast<int>(passes) : kPasses;
+    rows_ok = valid == 32 ? ~0u : (1u << valid) - 1u;
     first_elem = part * kPiece * 2;
     dst = r_first * (kChunk / 2) + part * kPiece;
     const int64_t k_tiles = scale_k_tiles(p.k / kBlockSize);

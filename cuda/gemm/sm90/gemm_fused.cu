@@ -29,10 +29,10 @@
 // hi row and lo row, whose two results the epilogue adds.
 //
 // Split-K over a thread-block cluster when the output tiles alone do not fill the GPU; the
-// partial sums meet through distributed shared memory in rank order (cluster_split.cuh).
+// partial sums meet through distributed shared memory in rank order (cluster_split.cuh,
+// split_sum.cuh).
 // Epilogue: each warpgroup's results leave through a shared-memory tile in 16-byte pieces of
 // output rows (tile_epilogue.cuh), split-K ranks taking alternate blocks of its rows.
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -45,6 +45,7 @@
 #include "gemm/sm90/fused_staging.h"
 #include "gemm/sm90/fused_weights.cuh"
 #include "gemm/sm90/gemm_sm90_internal.h"
+#include "gemm/sm90/split_sum.cuh"
 #include "gemm/sm90/tile_epilogue.cuh"
 
 namespace jax_nvfp4 {
@@ -52,8 +53,6 @@ namespace sm90 {
 namespace {
 
 using namespace hopper;
-namespace cg = cooperative_groups;
-
 using fused::kChunk;
 using fused::kRows;
 using fused::kSteps;
@@ -74,8 +73,7 @@ struct Tile {
   static constexpr int kSmemBytes = kSx * kXStageBytes + kSw * kWeightStageBytes;
   static constexpr int kAcc = MT / 2;  // accumulators per thread of an m64 x MT wgmma
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
-  static constexpr int kPartialBytes = kThreads * kAcc * 4;  // split-K partials in the activation ring
-  static_assert(kPartialBytes + 2 * fused::kEpilogueTileBytes <= kSx * kXStageBytes,
+  static_assert(fused::split_partial_bytes<kAcc>() + 2 * fused::kEpilogueTileBytes <= kSx * kXStageBytes,
                 "the activation ring holds the split-K partials and the epilogue tiles after them");
 };
 
@@ -190,58 +188,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   // Split-K: partials through the (now idle) activation ring, summed over the ranks in rank order
-  // (deterministic). Through the tiles (after the partials in the ring), rank r finishes the
-  // blocks of 16 staged rows b = r, r + split, ...; else the output units u = r, r + split, ...
-  // (store_fragment's accumulator pairs, or gated quadruples) element by element. H100, through
-  // JAX: 4096 x 4096 at M = 96-256 1.08-1.14x, 6144 x 4096 at M = 128 1.17x faster with the tiles.
+  // (split_sum.cuh). H100, through JAX: 4096 x 4096 at M = 96-256 1.08-1.14x, 6144 x 4096 at
+  // M = 128 1.17x faster with the rows leaving through the tiles than element by element.
   cp_async_wait<0>();
   __syncthreads();
-  float* partial = reinterpret_cast<float*>(x_ring);
-#pragma unroll
-  for (int i = 0; i < Cfg::kAcc; ++i) partial[i * kThreads + threadIdx.x] = acc[i];
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();
   with_activation(p.activation, [&](auto act) {
-    constexpr Activation kAct = decltype(act)::value;
-    // A rank sums whole blocks for the tile: with fewer than two blocks a rank, the units spread
-    // the DSMEM reads wider (H100: 1024 x 4096 at M = 64-128, split 8, 9.5-12.1 us element-wise
-    // against 11.5-14.6 through the tile).
-    if (2 * split <= Cfg::kAcc / 8 && fused::tile_fits<kAct>(p, rows_per_x_row)) {
-      uint32_t blocks = 0;  // this rank's blocks b of 16 staged rows: accumulators 8b .. 8b + 7
-      for (int b = rank; b < Cfg::kAcc / 8; b += split) blocks |= 1u << b;
-#pragma unroll
-      for (int i = 0; i < Cfg::kAcc; ++i) acc[i] = 0.f;
-      for (int r = 0; r < split; ++r) {
-        const float* remote = cluster.map_shared_rank(partial, r);
-#pragma unroll
-        for (int i = 0; i < Cfg::kAcc; ++i) {
-          if (blocks >> (i / 8) & 1u) acc[i] += remote[i * kThreads + threadIdx.x];
-        }
-      }
-      const int w = threadIdx.x / 128;
-      uint8_t* tile = x_ring + Cfg::kPartialBytes + w * fused::kEpilogueTileBytes;
-      fused::store_through_tile<kAct, MT>(p, rows_per_x_row, n0 + 64 * w, staged0, acc, alpha, tile, threadIdx.x % 128,
-                                          1 + w, blocks);
-      return;
-    }
-    constexpr int kUnit = is_gated(kAct) ? 4 : 2;  // accumulators per output unit
-    for (int u = rank; u < Cfg::kAcc / kUnit; u += split) {
-      float v[kUnit] = {};
-      for (int r = 0; r < split; ++r) {
-        const float* remote = cluster.map_shared_rank(partial, r);
-#pragma unroll
-        for (int e = 0; e < kUnit; ++e) v[e] += remote[(kUnit * u + e) * kThreads + threadIdx.x];
-      }
-      if constexpr (is_gated(kAct)) {
-        fused::store_gated<kAct>(p, n0 + rows.x, staged0 + 8 * u + 2 * t, rows_per_x_row, alpha, v[0], v[1], v[2],
-                                 v[3]);
-      } else {
-        fused::store_pair<kAct>(p, n0 + r0 + 8 * (u % 2), staged0 + 8 * (u / 2) + 2 * t, rows_per_x_row, alpha,
-                                v[0], v[1]);
-      }
-    }
+    fused::sum_split_and_store<decltype(act)::value, MT>(p, rows_per_x_row, n0, staged0, alpha, acc, x_ring,
+                                                         threadIdx.x);
   });
-  cluster.sync();  // keep this CTA's partials alive until every rank has read them
 }
 
 // --- Host side ------------------------------------------------------------------------------

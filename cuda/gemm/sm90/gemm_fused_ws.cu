@@ -20,6 +20,10 @@
 //   persistent one CTA per SM walks the 128 x kMT output tiles in groups of kGroupN weight tiles
 //              (the tiles in flight at once share weight and activation tiles in L2); the
 //              producer runs into the next tile's chunks while the consumers store this one.
+//   split-K    where the tiles are too few to fill the GPU, a cluster of up to 8 CTAs shares
+//              each tile, one part of K each, and one_wave_split (cluster_split.cuh) keeps the
+//              whole grid one wave: one tile per cluster. The parts meet through distributed
+//              shared memory in the idle stage ring (split_sum.cuh).
 // Two tile widths: kMT = 128, and kMT = 256 ("wide"), whose m64n256 wgmmas share each decoded
 // weight fragment between twice the activation rows (half the decode instructions per flop). Its
 // 128 accumulators a thread need more registers than 9 warps leave (168), so there the producer
@@ -45,6 +49,7 @@
 #include "gemm/sm90/fused_staging.h"
 #include "gemm/sm90/fused_weights.cuh"
 #include "gemm/sm90/gemm_sm90_internal.h"
+#include "gemm/sm90/split_sum.cuh"
 #include "gemm/sm90/tile_epilogue.cuh"
 
 namespace jax_nvfp4 {
@@ -61,6 +66,10 @@ using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
 constexpr int kConsumers = 2;  // warpgroups
 constexpr int kGroupN = 16;    // weight tiles per raster group
+// K chunks a split part needs at least. H100, M = 128, split 2: with 4 chunks a part (8192 x 1024)
+// the split lost to the unsplit kernel, 13.8 against 12.8 us; with 8 (8192 x 2048) it won, 17.3
+// against 19.1.
+constexpr int kMinChunksPerSplit = 8;
 // Full barrier: the producer lanes' cp.async arrivals plus lane 0's arrival with the byte count.
 constexpr int kFullArrivals = 32 + 1;
 constexpr int kEmptyArrivals = 128 * kConsumers;
@@ -92,8 +101,21 @@ struct Config {
   static_assert(kStageBytes % 1024 == 0, "stages keep the activation tiles' swizzle atoms 1024-byte aligned");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(!kWide || kConsumers * fused::kEpilogueTileBytes <= kXStageBytes, "epilogue tiles in a stage");
+  static_assert(128 * kConsumers == fused::kSplitThreads &&
+                    fused::split_partial_bytes<kAcc>() + kConsumers * fused::kEpilogueTileBytes <= kStages * kStageBytes,
+                "split-K's partial tile and epilogue tiles in the stage ring");
   static_assert(!kWide || kProducerRegs * kProducerThreads + kConsumerRegs * 128 * kConsumers <= kLaunchRegs * kThreads,
                 "the registers the CTA got at launch");
+};
+
+// The K chunks of this CTA's part of its tiles: all of them unless split over a cluster along z.
+// (32-bit: a 64-bit division's registers spilled in the producer.)
+struct ChunkRange {
+  int begin, end;
+  __device__ __forceinline__ static ChunkRange of_this_rank(int64_t chunks) {
+    const int n = static_cast<int>(chunks), split = static_cast<int>(gridDim.z), rank = static_cast<int>(blockIdx.z);
+    return {n * rank / split, n * (rank + 1) / split};
+  }
 };
 
 struct Tiles {
@@ -117,6 +139,7 @@ __device__ void produce(const GemmProblem& p, const uint8_t* xs, int64_t chunks,
   constexpr int kStages = S::kStages, kStageBytes = S::kStageBytes, kXStageBytes = S::kXStageBytes;
   const int lane = threadIdx.x % 32;
   const int64_t k_tiles = scale_k_tiles(p.k / kBlockSize);
+  const ChunkRange part = ChunkRange::of_this_rank(chunks);
   int it = 0;
   for (int64_t tile = blockIdx.x; tile < tiles.count(); tile += gridDim.x) {
     int64_t n_tile, m_tile;
@@ -124,7 +147,7 @@ __device__ void produce(const GemmProblem& p, const uint8_t* xs, int64_t chunks,
     fused::WeightCopier<32, kPiece> wc;
     wc.setup(p, n_tile * kRows, lane);
     const uint8_t* x_src = xs + m_tile * chunks * kXStageBytes;
-    for (int64_t c = 0; c < chunks; ++c, ++it) {
+    for (int c = part.begin; c < part.end; ++c, ++it) {
       const int buf = it % kStages;
       Barrier::wait(&empty[buf], ((it / kStages) & 1) ^ 1);
       uint8_t* stage = smem + buf * kStageBytes;
@@ -157,7 +180,8 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
   uint32_t frag[2][kSteps / 2][4];
   int it = 0;
 
-  auto half_step = [&](int64_t c, int h) {
+  const ChunkRange part = ChunkRange::of_this_rank(chunks);
+  auto half_step = [&](int c, int h) {
     const int buf = it % kStages;
     if (h == 0) Barrier::wait(&full[buf], (it / kStages) & 1);
     const uint8_t* stage = smem + buf * kStageBytes;
@@ -171,7 +195,7 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
     }
     wgmma_commit();
     wgmma_wait<1>();  // the previous half retired: its registers (and, after a chunk, its stage) are free
-    if (h == 0 && c > 0) Barrier::arrive(&empty[(it - 1) % kStages]);
+    if (h == 0 && c > part.begin) Barrier::arrive(&empty[(it - 1) % kStages]);
     if (h == 1) ++it;
   };
 
@@ -182,12 +206,21 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
     for (int i = 0; i < S::kAcc; ++i) acc[i] = 0.f;
     fence_accumulators(acc);
 #pragma unroll 1
-    for (int64_t c = 0; c < chunks; ++c) {
+    for (int c = part.begin; c < part.end; ++c) {
       half_step(c, 0);
       half_step(c, 1);
     }
     wgmma_wait<0>();
     fence_accumulators(acc);
+    const int64_t n0 = n_tile * kRows + w * 64, m0 = m_tile * kMT;
+    if (gridDim.z > 1) {  // split-K: this cluster's only tile, so the whole ring is idle now
+      fused::named_sync(kConsumersBarrier, 128 * kConsumers);  // both warpgroups' wgmmas are done with it
+      with_activation(p.activation, [&](auto act) {
+        fused::sum_split_and_store<decltype(act)::value, kMT>(p, rows_per_x_row, n_tile * kRows, m0, alpha, acc, smem,
+                                                              threadIdx.x);
+      });
+      continue;
+    }
     uint8_t* epi = smem + kStages * kStageBytes + w * fused::kEpilogueTileBytes;
     if constexpr (S::kWide) {
       fused::named_sync(kConsumersBarrier, 128 * kConsumers);  // both warpgroups' wgmmas are done with the stage
@@ -196,7 +229,6 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
       Barrier::arrive(&empty[(it - 1) % kStages]);
     }
 
-    const int64_t n0 = n_tile * kRows + w * 64, m0 = m_tile * kMT;
     with_activation(p.activation, [&](auto act) {
       constexpr Activation kAct = decltype(act)::value;
       if (!fused::store_through_tile<kAct, kMT>(p, rows_per_x_row, n0, m0, acc, alpha, epi, ct, 1 + w)) {
@@ -230,6 +262,8 @@ __global__ void __launch_bounds__(Config<kMT>::kThreads, 1)
   wait_for_prior_grids();
   if (threadIdx.x >= 128 * kConsumers) {
     if constexpr (S::kWide) cutlass::arch::warpgroup_reg_dealloc<S::kProducerRegs>();
+    // Split-K's cluster barriers (sum_split_and_store) wait for the non-exited threads only: the
+    // producer's leave at once.
     if (threadIdx.x < 128 * kConsumers + 32) produce<kMT, kPiece>(p, xs, chunks, tiles, smem, full, empty);
   } else {
     if constexpr (S::kWide) cutlass::arch::warpgroup_reg_alloc<S::kConsumerRegs>();
@@ -244,9 +278,11 @@ cudaError_t launch(const GemmProblem& p, const StagedActivations& x, cudaStream_
   const ResidentBlocks capacity = resident_blocks<fused_ws_kernel<kMT, kPiece>>(dim3(S::kThreads), S::kSmemBytes);
   if (capacity[1] == 0) return cudaErrorInvalidConfiguration;  // the kernel cannot run here
   const Tiles tiles{ceil_div(p.n, kRows), x.m_tiles};
-  const int64_t grid = std::min<int64_t>(tiles.count(), sm_count());
-  const LaunchConfig config(dim3(static_cast<unsigned>(grid)), dim3(S::kThreads), S::kSmemBytes, stream,
-                            /*cluster_z=*/0, /*pdl=*/true);
+  const int split = one_wave_split(tiles.count(), x.chunks, kMinChunksPerSplit, capacity);
+  // Split: a cluster of `split` CTAs along z per tile; else persistent CTAs, at most one per SM.
+  const int64_t grid = split > 1 ? tiles.count() : std::min<int64_t>(tiles.count(), sm_count());
+  const LaunchConfig config(dim3(static_cast<unsigned>(grid), 1, static_cast<unsigned>(split)), dim3(S::kThreads),
+                            S::kSmemBytes, stream, /*cluster_z=*/split > 1 ? split : 0, /*pdl=*/true);
   return cudaLaunchKernelEx(&config.cfg, fused_ws_kernel<kMT, kPiece>, p, static_cast<const uint8_t*>(p.workspace),
                             x.chunks, x.rows_per_x_row, tiles);
 }

@@ -120,8 +120,14 @@ GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
   const int64_t sms = sm90::sm_count();
   const bool narrow = p.n <= kGemmSm90NarrowMaxN && p.k >= kGemmSm90NarrowMinK;
   if (!short_k && !narrow && weights > kGemmSm90Decode32Weights && p.m > kGemmSm90FusedMaxM &&
-      p.m <= kGemmSm90WideMaxM && 2 * sm90::fused_ws_output_tiles(p, /*wide=*/true) > sms) {
-    return GemmSm90Path::kFusedWsWide;
+      p.m <= kGemmSm90WideMaxM) {
+    // From kGemmSm90WideSplitMinM with K > kGemmSm90MidKMaxK, fewer tiles will do: the kernel
+    // splits K over a cluster where they are few.
+    const int64_t wide_tiles = sm90::fused_ws_output_tiles(p, /*wide=*/true);
+    const bool split_k = p.m >= kGemmSm90WideSplitMinM && p.k > kGemmSm90MidKMaxK && 10 * wide_tiles > 3 * sms;
+    if (2 * wide_tiles > sms || split_k) {
+      return GemmSm90Path::kFusedWsWide;
+    }
   }
   if (p.m > kGemmSm90OneWaveMaxM) return GemmSm90Path::kPrefill;
   if (short_k && p.m <= kGemmSm90FusedWsMaxM) {

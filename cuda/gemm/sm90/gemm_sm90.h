@@ -11,7 +11,7 @@
 //            mbarrier ring with bulk and cp.async copies; two consumer warpgroups dequantize and
 //            issue wgmma) and persistent over the output tiles of 128 weight rows x 128 staged
 //            activation rows, or 256 (fused_ws_wide: each decoded weight fragment feeds twice the
-//            MMA work).
+//            MMA work); where the tiles are few, split-K over a cluster instead.
 //   prefill  large M, compute-bound: one pass dequantizes the weights to bf16 in the workspace
 //            (and converts x when it is not bf16), then CUTLASS's TMA warp-specialized
 //            persistent wgmma GEMM runs with alpha and bias in its epilogue.
@@ -37,8 +37,10 @@ enum class GemmSm90Path : int { kDecode = 0, kPrefill = 1, kFused = 2, kFusedWs 
 // split-K fills the GPU); otherwise fused_ws up to kGemmSm90FusedWsMaxM, and up to
 // kGemmSm90OneWaveMaxM while its tiles fit one wave; prefill beyond. Before those, from
 // kGemmSm90FusedMaxM to kGemmSm90WideMaxM: fused_ws_wide where its 128 x 256 tiles number more
-// than half the SMs, on weights of more than kGemmSm90Decode32Weights elements with
-// K > kGemmSm90ShortKMaxK that are not narrow and long (below).
+// than half the SMs (from kGemmSm90WideSplitMinM with K > kGemmSm90MidKMaxK, more than 30% of
+// them: it splits K over a cluster where they are few), on weights of more than
+// kGemmSm90Decode32Weights elements with K > kGemmSm90ShortKMaxK that are not narrow and long
+// (below).
 // Small weights (N * K elements) shift the bounds, since the fused kernels' fixed costs
 // (activation staging, the cluster split) outweigh the dequantization pass they save: up to
 // kGemmSm90PrefillWeights prefill past decode's M; up to kGemmSm90Decode64Weights decode to
@@ -62,6 +64,7 @@ constexpr int64_t kGemmSm90FusedMaxM = 128;
 constexpr int64_t kGemmSm90FusedWsMaxM = 512;
 constexpr int64_t kGemmSm90OneWaveMaxM = 1024;
 constexpr int64_t kGemmSm90WideMaxM = 2048;
+constexpr int64_t kGemmSm90WideSplitMinM = 192;
 constexpr int64_t kGemmSm90PrefillWeights = int64_t{1} << 18;          // 512 x 512
 constexpr int64_t kGemmSm90Decode64Weights = int64_t{1} << 20;         // 1024 x 1024
 constexpr int64_t kGemmSm90Decode32Weights = int64_t{1} << 23;         // 2048 x 4096

@@ -93,13 +93,20 @@ def test_w4a16_bf16(kernels, path, m, n, k):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("x_dtype", [jnp.float32, jnp.float16])
 @pytest.mark.parametrize("m", [2, 20, 130])
-def test_w4a16_f32_and_f16_x(kernels, path, x_dtype, m):
-    n, k = 136, 336
+@pytest.mark.parametrize("k", [336, 2048])
+def test_w4a16_f32_and_f16_x(kernels, path, x_dtype, m, k):
+    """f16 and f32 x, which the fused kernels stage as a bf16 hi and lo row each (two staged rows
+    per x row, summed in the epilogue); with K = 2048 they split K over a cluster, plain and gated
+    (the element-wise stores after the split's sum)."""
+    n = 136
     x = mc.random_float((m, k), x_dtype, seed=m)
     w = mc.random_weight(n, k, seed=3)
     want = w4a16_oracle(kernels, x, w)
     mc.assert_close(run(path, x, w, out_dtype=jnp.float32), want, 1e-5)
     mc.assert_close(run(path, x, w, out_dtype=jnp.float16), want, 2e-3)
+    if k == 2048:
+        y = run(path, x, w, activation="swiglu", out_dtype=jnp.float32)
+        mc.assert_close(y, mc.activation_f64(want, "swiglu"), 1e-5)
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -28,10 +28,10 @@ constexpr int split_partial_bytes() {
 // Called by the consumer threads (tid < kSplitThreads) of every rank once their wgmmas have
 // retired, with `smem` idle: split_partial_bytes() of partial tile, then the two warpgroups'
 // epilogue tiles. Its cluster barriers wait for every thread of the cluster that has not exited:
-// the CTA's other threads exit or call cluster.sync() twice meanwhile. Through the
-// tiles, rank r finishes the blocks of 16 staged rows b = r, r + split, ...; else the output
-// units u = r, r + split, ... (store_fragment's accumulator pairs, or gated quadruples) element
-// by element. n_tile0, staged0: the tile's first weight row and staged row.
+// the CTA's other threads exit or call cluster.sync() twice meanwhile. Through the tiles, rank r
+// finishes the blocks of 16 staged rows b = r, r + split, ...; else the output units
+// u = r, r + split, ... (store_fragment's accumulator pairs, or gated quadruples) element by
+// element. n_tile0, staged0: the tile's first weight row and staged row.
 template <Activation kAct, int kMT>
 __device__ __forceinline__ void sum_split_and_store(const GemmProblem& p, int rows_per_x_row, int64_t n_tile0,
                                                     int64_t staged0, float alpha, float (&acc)[kMT / 2],

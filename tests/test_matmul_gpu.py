@@ -254,13 +254,15 @@ def test_deterministic(kernels, path, m):
 
 @pytest.mark.parametrize("path,m", [("fused_ws", 1100), ("fused_ws_wide", 2100)])
 @pytest.mark.parametrize("n,out_dtype", [(2200, jnp.bfloat16), (2204, jnp.bfloat16), (2200, jnp.float32)])
-def test_fused_ws_persistent_tiles(kernels, path, m, n, out_dtype):
+@pytest.mark.parametrize("k", [384, 2048])
+def test_fused_ws_persistent_tiles(kernels, path, m, n, out_dtype, k):
     """More output tiles (9 x 18 of 128 or 256 staged rows, the last partial) than SMs, and a last
     raster group of 2 weight tiles: CTAs run several tiles and their stage ring wraps across tiles
     (on the wide tiles, through the stage each tile's epilogue borrows). N % 8 == 4 takes the
-    element-wise store instead of the staged 16-byte one."""
-    x = mc.random_float((m, 384), jnp.bfloat16, 16)
-    w = mc.random_weight(n, 384, 17)
+    element-wise store instead of the staged 16-byte one. With K = 2048 (16 chunks) the tiles past
+    the whole waves (30 of 162 on 132 SMs) take a launch of their own, split over clusters."""
+    x = mc.random_float((m, k), jnp.bfloat16, 16)
+    w = mc.random_weight(n, k, 17)
     bias = mc.random_float((n,), jnp.float32, 18)
     tol = 1e-5 if out_dtype == jnp.float32 else 1e-2
     mc.assert_close(run(path, x, w, bias=bias, out_dtype=out_dtype), w4a16_oracle(kernels, x, w, bias), tol)

@@ -23,7 +23,8 @@
 //   split-K    where the tiles are too few to fill the GPU, a cluster of up to 8 CTAs shares
 //              each tile, one part of K each, and one_wave_split (cluster_split.cuh) keeps the
 //              whole grid one wave: one tile per cluster. The parts meet through distributed
-//              shared memory in the idle stage ring (split_sum.cuh).
+//              shared memory in the idle stage ring (split_sum.cuh). The tiles of a last partial
+//              wave take such a launch of their own after the whole waves' persistent one.
 // Two tile widths: kMT = 128, and kMT = 256 ("wide"), whose m64n256 wgmmas share each decoded
 // weight fragment between twice the activation rows (half the decode instructions per flop). Its
 // 128 accumulators a thread need more registers than 9 warps leave (168), so there the producer
@@ -120,6 +121,7 @@ struct ChunkRange {
 
 struct Tiles {
   int64_t n_tiles, m_tiles;
+  int64_t first, end;  // the tiles of this launch, in the order of coords
   __host__ __device__ __forceinline__ int64_t count() const { return n_tiles * m_tiles; }
   // Tile t: groups of kGroupN weight tiles, the activation tiles in order within a group, so the
   // tiles of one round share about kGroupN weight tiles and count / kGroupN activation tiles.
@@ -141,7 +143,7 @@ __device__ void produce(const GemmProblem& p, const uint8_t* xs, int64_t chunks,
   const int64_t k_tiles = scale_k_tiles(p.k / kBlockSize);
   const ChunkRange part = ChunkRange::of_this_rank(chunks);
   int it = 0;
-  for (int64_t tile = blockIdx.x; tile < tiles.count(); tile += gridDim.x) {
+  for (int64_t tile = tiles.first + blockIdx.x; tile < tiles.end; tile += gridDim.x) {
     int64_t n_tile, m_tile;
     tiles.coords(tile, n_tile, m_tile);
     fused::WeightCopier<32, kPiece> wc;
@@ -199,7 +201,7 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
     if (h == 1) ++it;
   };
 
-  for (int64_t tile = blockIdx.x; tile < tiles.count(); tile += gridDim.x) {
+  for (int64_t tile = tiles.first + blockIdx.x; tile < tiles.end; tile += gridDim.x) {
     int64_t n_tile, m_tile;
     tiles.coords(tile, n_tile, m_tile);
 #pragma unroll
@@ -271,20 +273,41 @@ __global__ void __launch_bounds__(Config<kMT>::kThreads, 1)
   }
 }
 
+// One launch over tiles.first .. end - 1: `split` > 1, a cluster of that many CTAs along z per
+// tile (one wave); else persistent CTAs, at most one per SM.
+template <int kMT, int kPiece>
+cudaError_t launch_tiles(const GemmProblem& p, const StagedActivations& x, const Tiles& tiles, int split,
+                         cudaStream_t stream) {
+  using S = Config<kMT>;
+  const int64_t count = tiles.end - tiles.first;
+  const int64_t grid = split > 1 ? count : std::min<int64_t>(count, sm_count());
+  const LaunchConfig config(dim3(static_cast<unsigned>(grid), 1, static_cast<unsigned>(split)), dim3(S::kThreads),
+                            S::kSmemBytes, stream, /*cluster_z=*/split > 1 ? split : 0, /*pdl=*/true);
+  return cudaLaunchKernelEx(&config.cfg, fused_ws_kernel<kMT, kPiece>, p, static_cast<const uint8_t*>(p.workspace),
+                            x.chunks, x.rows_per_x_row, tiles);
+}
+
 template <int kMT, int kPiece>
 cudaError_t launch(const GemmProblem& p, const StagedActivations& x, cudaStream_t stream) {
   using S = Config<kMT>;
   // Also raises the kernel's shared-memory limit on this device (once).
   const ResidentBlocks capacity = resident_blocks<fused_ws_kernel<kMT, kPiece>>(dim3(S::kThreads), S::kSmemBytes);
   if (capacity[1] == 0) return cudaErrorInvalidConfiguration;  // the kernel cannot run here
-  const Tiles tiles{ceil_div(p.n, kRows), x.m_tiles};
-  const int split = one_wave_split(tiles.count(), x.chunks, kMinChunksPerSplit, capacity);
-  // Split: a cluster of `split` CTAs along z per tile; else persistent CTAs, at most one per SM.
-  const int64_t grid = split > 1 ? tiles.count() : std::min<int64_t>(tiles.count(), sm_count());
-  const LaunchConfig config(dim3(static_cast<unsigned>(grid), 1, static_cast<unsigned>(split)), dim3(S::kThreads),
-                            S::kSmemBytes, stream, /*cluster_z=*/split > 1 ? split : 0, /*pdl=*/true);
-  return cudaLaunchKernelEx(&config.cfg, fused_ws_kernel<kMT, kPiece>, p, static_cast<const uint8_t*>(p.workspace),
-                            x.chunks, x.rows_per_x_row, tiles);
+  const int64_t n_tiles = ceil_div(p.n, kRows), count = n_tiles * x.m_tiles, sms = sm_count();
+  const Tiles all{n_tiles, x.m_tiles, 0, count};
+  const int split = one_wave_split(count, x.chunks, kMinChunksPerSplit, capacity);
+  // Past whole waves, a last partial wave of tiles would leave most SMs idle: those tiles get a
+  // launch of their own, split over clusters where they are few enough.
+  const int64_t whole_waves = count / sms * sms;
+  const int tail_split = one_wave_split(count - whole_waves, x.chunks, kMinChunksPerSplit, capacity);
+  if (split == 1 && whole_waves > 0 && whole_waves < count && tail_split > 1) {
+    if (cudaError_t err = launch_tiles<kMT, kPiece>(p, x, {n_tiles, x.m_tiles, 0, whole_waves}, 1, stream);
+        err != cudaSuccess) {
+      return err;
+    }
+    return launch_tiles<kMT, kPiece>(p, x, {n_tiles, x.m_tiles, whole_waves, count}, tail_split, stream);
+  }
+  return launch_tiles<kMT, kPiece>(p, x, all, split, stream);
 }
 
 template <int kMT>

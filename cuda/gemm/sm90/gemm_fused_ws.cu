@@ -122,14 +122,14 @@ struct ChunkRange {
 struct Tiles {
   int64_t n_tiles, m_tiles;
   int64_t first, end;  // the tiles of this launch, in the order of coords
-  __host__ __device__ __forceinline__ int64_t count() const { return n_tiles * m_tiles; }
   // Tile t: groups of kGroupN weight tiles, the activation tiles in order within a group, so the
-  // tiles of one round share about kGroupN weight tiles and count / kGroupN activation tiles.
+  // tiles of one round share about kGroupN weight tiles and (tiles a round) / kGroupN activation
+  // tiles.
   __device__ __forceinline__ void coords(int64_t t, int64_t& n_tile, int64_t& m_tile) const {
-    const int64_t group = t / (kGroupN * m_tiles), first = group * kGroupN;
-    const int64_t width = min(static_cast<int64_t>(kGroupN), n_tiles - first);
-    const int64_t idx = t - first * m_tiles;
-    n_tile = first + idx % width;
+    const int64_t group = t / (kGroupN * m_tiles), group_n0 = group * kGroupN;
+    const int64_t width = min(static_cast<int64_t>(kGroupN), n_tiles - group_n0);
+    const int64_t idx = t - group_n0 * m_tiles;
+    n_tile = group_n0 + idx % width;
     m_tile = idx / width;
   }
 };
@@ -294,20 +294,19 @@ cudaError_t launch(const GemmProblem& p, const StagedActivations& x, cudaStream_
   const ResidentBlocks capacity = resident_blocks<fused_ws_kernel<kMT, kPiece>>(dim3(S::kThreads), S::kSmemBytes);
   if (capacity[1] == 0) return cudaErrorInvalidConfiguration;  // the kernel cannot run here
   const int64_t n_tiles = ceil_div(p.n, kRows), count = n_tiles * x.m_tiles, sms = sm_count();
-  const Tiles all{n_tiles, x.m_tiles, 0, count};
   const int split = one_wave_split(count, x.chunks, kMinChunksPerSplit, capacity);
   // Past whole waves, a last partial wave of tiles would leave most SMs idle: those tiles get a
   // launch of their own, split over clusters where they are few enough.
-  const int64_t whole_waves = count / sms * sms;
-  const int tail_split = one_wave_split(count - whole_waves, x.chunks, kMinChunksPerSplit, capacity);
-  if (split == 1 && whole_waves > 0 && whole_waves < count && tail_split > 1) {
-    if (cudaError_t err = launch_tiles<kMT, kPiece>(p, x, {n_tiles, x.m_tiles, 0, whole_waves}, 1, stream);
+  const int64_t in_whole_waves = count / sms * sms;
+  const int tail_split = one_wave_split(count - in_whole_waves, x.chunks, kMinChunksPerSplit, capacity);
+  if (split == 1 && in_whole_waves > 0 && in_whole_waves < count && tail_split > 1) {
+    if (cudaError_t err = launch_tiles<kMT, kPiece>(p, x, {n_tiles, x.m_tiles, 0, in_whole_waves}, 1, stream);
         err != cudaSuccess) {
       return err;
     }
-    return launch_tiles<kMT, kPiece>(p, x, {n_tiles, x.m_tiles, whole_waves, count}, tail_split, stream);
+    return launch_tiles<kMT, kPiece>(p, x, {n_tiles, x.m_tiles, in_whole_waves, count}, tail_split, stream);
   }
-  return launch_tiles<kMT, kPiece>(p, x, all, split, stream);
+  return launch_tiles<kMT, kPiece>(p, x, {n_tiles, x.m_tiles, 0, count}, split, stream);
 }
 
 template <int kMT>

@@ -73,7 +73,8 @@ struct Tile {
   static constexpr int kSmemBytes = kSx * kXStageBytes + kSw * kWeightStageBytes;
   static constexpr int kAcc = MT / 2;  // accumulators per thread of an m64 x MT wgmma
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
-  static_assert(fused::split_partial_bytes<kAcc>() + 2 * fused::kEpilogueTileBytes <= kSx * kXStageBytes,
+  static_assert(kThreads == fused::kSplitThreads &&
+                    fused::split_partial_bytes<kAcc>() + 2 * fused::kEpilogueTileBytes <= kSx * kXStageBytes,
                 "the activation ring holds the split-K partials and the epilogue tiles after them");
 };
 

@@ -1,6 +1,7 @@
-// Times the sm_90a GEMM families that serve M > 16 (fused, fused_ws, prefill) alone, without
-// JAX, beside cuBLAS's bf16 GEMM on the same shapes, to choose the path thresholds and to see
-// what the JAX-level figures add.
+// Times the sm_90a GEMM families that serve M > 16 (fused, fused_ws on 128- and 256-row tiles,
+// prefill) alone, without JAX, beside cuBLAS's bf16 GEMM on the same shapes, to choose the path
+// thresholds and to see what the JAX-level figures add. The fused kernels' activation staging
+// pass, which each of their calls begins with, is also timed alone (256-row tiles).
 //
 //   bash bench/fused_gemm_bench.sh      (builds this file with the three kernels; on the GPU)
 //   ./fused_gemm_bench [--ms 256,512,...] [--only-n N] [--w4a4]
@@ -72,8 +73,9 @@ int main(int argc, char** argv) {
   Cublas cublas;
   cublas.init(s);
 
-  std::printf("\n| M | N | K | fused us | fused_ws us | prefill us | cuBLAS bf16 us | fused_ws TFLOP/s | "
-              "ws / cuBLAS | max rel diff |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("\n| M | N | K | fused us | fused_ws us | fused_ws_wide us | prefill us | staging alone us | "
+              "cuBLAS bf16 us | wide TFLOP/s | wide / cuBLAS | max rel diff |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::mt19937 rng(11);
   for (auto& sh : kLlamaShapes) {
     const int64_t n = sh[0], k = sh[1];
@@ -125,16 +127,19 @@ int main(int argc, char** argv) {
         p.a_is_nvfp4 = true;
         p.a_q = {x_codes, x_scales, s_dec};
       }
-      p.workspace_bytes = std::max({sm90::fused_workspace_bytes(p), sm90::fused_ws_workspace_bytes(p),
-                                    sm90::prefill_workspace_bytes(p)});
+      p.workspace_bytes = std::max({sm90::fused_workspace_bytes(p), sm90::fused_ws_workspace_bytes(p, false),
+                                    sm90::fused_ws_workspace_bytes(p, true), sm90::prefill_workspace_bytes(p)});
       CUDA_CHECK(cudaMalloc(&p.workspace, p.workspace_bytes));
 
       using Path = cudaError_t (*)(const GemmProblem&, cudaStream_t);
-      const Path paths[3] = {sm90::fused_gemm, sm90::fused_ws_gemm, sm90::prefill_gemm};
+      constexpr int kFamilies = 4;
+      const Path paths[kFamilies] = {
+          sm90::fused_gemm, [](const GemmProblem& q, cudaStream_t st) { return sm90::fused_ws_gemm(q, false, st); },
+          [](const GemmProblem& q, cudaStream_t st) { return sm90::fused_ws_gemm(q, true, st); }, sm90::prefill_gemm};
       // Outputs of copy 0, compared across the families.
-      std::vector<std::vector<__nv_bfloat16>> outs(3, std::vector<__nv_bfloat16>(m * n));
-      const char* names[3] = {"fused", "fused_ws", "prefill"};
-      for (int f = 0; f < 3; ++f) {
+      std::vector<std::vector<__nv_bfloat16>> outs(kFamilies, std::vector<__nv_bfloat16>(m * n));
+      const char* names[kFamilies] = {"fused", "fused_ws", "fused_ws_wide", "prefill"};
+      for (int f = 0; f < kFamilies; ++f) {
         if (const cudaError_t err = paths[f](p, s); err != cudaSuccess) {
           std::fprintf(stderr, "%s failed: %s\n", names[f], cudaGetErrorString(err));
           std::exit(1);
@@ -142,10 +147,11 @@ int main(int argc, char** argv) {
         CUDA_CHECK(cudaStreamSynchronize(s));
         CUDA_CHECK(cudaMemcpy(outs[f].data(), y, m * n * 2, cudaMemcpyDeviceToHost));
       }
-      const double diff = std::max(rel_diff(outs[1], outs[2]), rel_diff(outs[0], outs[2]));
+      double diff = 0;
+      for (int f = 0; f + 1 < kFamilies; ++f) diff = std::max(diff, rel_diff(outs[f], outs[kFamilies - 1]));
 
       std::vector<std::function<void(int)>> calls;
-      for (int f = 0; f < 3; ++f) {
+      for (int f = 0; f < kFamilies; ++f) {
         calls.push_back([&, f](int i) {
           GemmProblem q = p;
           q.b.codes = d_codes + (i % copies) * code_bytes;
@@ -153,6 +159,8 @@ int main(int argc, char** argv) {
           CUDA_CHECK(paths[f](q, s));
         });
       }
+      const sm90::StagedActivations staged = sm90::staged_activations(p, 256);
+      calls.push_back([&](int) { CUDA_CHECK(sm90::stage_activations(p, staged, s)); });
       if (cublas.ok) {
         calls.push_back([&](int i) {
           if (cublas.run(static_cast<uint8_t*>(wb) + (i % wb_copies) * wb_bytes, x, y, m, n, k) != 0) {
@@ -165,15 +173,15 @@ int main(int argc, char** argv) {
       for (int round = 0; round < 7; ++round) {
         for (size_t c = 0; c < calls.size(); ++c) us[c].push_back(median_us_per_call(s, 1, 20, calls[c]));
       }
-      std::vector<double> med(4, NAN);
+      std::vector<double> med(kFamilies + 2, NAN);
       for (size_t c = 0; c < calls.size(); ++c) {
         std::sort(us[c].begin(), us[c].end());
         med[c] = us[c][us[c].size() / 2];
       }
       const double flops = 2.0 * m * n * k;
-      std::printf("| %lld | %lld | %lld | %.1f | %.1f | %.1f | %.1f | %.0f | %.2f | %.1e |\n", (long long)m,
-                  (long long)n, (long long)k, med[0], med[1], med[2], med[3], flops / med[1] * 1e-6,
-                  med[3] / med[1], diff);
+      std::printf("| %lld | %lld | %lld | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f | %.2f | %.1e |\n",
+                  (long long)m, (long long)n, (long long)k, med[0], med[1], med[2], med[3], med[4], med[5],
+                  flops / med[2] * 1e-6, med[5] / med[2], diff);
       std::fflush(stdout);
       CUDA_CHECK(cudaFree(p.workspace));
       CUDA_CHECK(cudaFree(x));

@@ -185,3 +185,24 @@ def host_program(tmp_path_factory):
                               capture_output=True, text=True).stdout
 
     return run
+
+
+@pytest.fixture(scope="session")
+def nvcc_sm90_object():
+    """nvcc_sm90_object(source, out) compiles one CUDA translation unit for sm_90a with cuda/,
+    bench/ and the CUTLASS headers on the include path; returns the CompletedProcess."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        _missing("no nvcc on PATH")
+    inc = _cutlass_include()
+    if inc is None:
+        _missing("CUTLASS headers not installed (pip install nvidia-cutlass)")
+
+    def compile_(source, out):
+        return subprocess.run(
+            [nvcc, "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "--expt-relaxed-constexpr",
+             "-I", str(CUDA_SRC), "-I", str(REPO / "bench"), "-isystem", str(inc),
+             "-isystem", str(inc.parent / "tools" / "util" / "include"), "-c", str(source), "-o", str(out)],
+            capture_output=True, text=True)
+
+    return compile_

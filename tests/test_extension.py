@@ -92,9 +92,9 @@ def _spec(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _gemm_workspace(cc, m, n, k, *, out=None, x_dtype=jnp.bfloat16):
+def _gemm_workspace(cc, m, n, k, *, out=None):
     f4, f8, f32 = jnp.float4_e2m1fn, jnp.float8_e4m3fn, jnp.float32
-    operands = [_spec((m, k), x_dtype), _spec((0,), f8), _spec((), f32), _spec((n, k), f4),
+    operands = [_spec((m, k), jnp.bfloat16), _spec((0,), f8), _spec((), f32), _spec((n, k), f4),
                 _spec((1,), f8), _spec((), f32), _spec((0,), f32), _spec((0,) if out is None else (), f32)]
     results = [_spec((m, n), jnp.bfloat16)] if out is None else out
     target = "jax_nvfp4_gemm" if out is None else "jax_nvfp4_gemm_nvfp4_out"
@@ -109,26 +109,25 @@ def test_gemm_workspace_follows_the_sm90_path():
     assert _gemm_workspace(90, 1, 4096, 4096) == 0  # decode: split-K through shared memory
     # prefill: the weights dequantized to bf16 in the workspace
     assert _gemm_workspace(90, 4096, 4096, 4096) >= 4096 * 4096 * 2
-    # 128 < M <= 512: fused_ws while its 128 x 128 output tiles number more than half the SMs; up
-    # to M = 1024 while they fit one wave, prefill beyond (the sizing runs without a GPU here: 132
-    # SMs, an H100/H200). With K > 1024 and more than 8M weights, fused_ws on 256-row tiles to
-    # M = 2048 where those number more than half the SMs (from M = 192 with K > 2048, 30%: it
-    # splits K over a cluster where they are few). fused_ws reads bf16 x as it is (no workspace);
-    # f16 x it stages as a bf16 hi and lo row a row, in tiles of the kernel's width.
+    # 128 < M <= 512: fused_ws (only the bf16 activations staged) while its 128 x 128 output tiles
+    # number more than half the SMs; up to M = 1024 while they fit one wave, prefill beyond
+    # (the sizing runs without a GPU here: 132 SMs, an H100/H200). With K > 1024 and more than 8M
+    # weights, fused_ws on 256-row tiles to M = 2048 where those number more than half the SMs
+    # (from M = 192 with K > 2048, 30%: it splits K over a cluster where they are few): x staged
+    # in 256-row tiles.
     device = jax.devices()[0]
     sms = device.core_count if device.platform == "gpu" else 132
     def staged_rows(m, n, k):  # the workspace is the staged tiles (and an alignment pad)
-        assert _gemm_workspace(90, m, n, k) == 0
-        ws = _gemm_workspace(90, m, n, k, x_dtype=jnp.float16)
+        ws = _gemm_workspace(90, m, n, k)
         assert ws % (k * 2) < 1024, ws
         return ws // (k * 2)
 
-    assert staged_rows(300, 4096, 2048) == 640  # 32 x 5 tiles of 128 rows (8M weights: no wide tiles)
+    assert staged_rows(300, 4096, 2048) == 384  # 32 x 3 tiles of 128 rows (8M weights: no wide tiles)
     if sms >= 128:
-        assert staged_rows(300, 4096, 4096) == 768  # 32 x 3 tiles of 256 rows
-        assert _gemm_workspace(90, 1024, 2048, 2048) == 0  # fused_ws, 16 x 8 tiles: one wave
-        assert staged_rows(300, 14336, 4096) == 768  # 112 x 3 tiles of 256 rows
-        assert staged_rows(1000, 14336, 4096) == 2048
+        assert staged_rows(300, 4096, 4096) == 512  # 32 x 2 tiles of 256 rows
+        assert 1024 * 2048 * 2 <= _gemm_workspace(90, 1024, 2048, 2048) < 2048 * 2048 * 2  # 16 x 8, one wave
+        assert staged_rows(300, 14336, 4096) == 512  # 112 x 2 tiles of 256 rows
+        assert staged_rows(1900, 14336, 4096) == 2048
     assert _gemm_workspace(90, 768, 4096, 2048) >= 4096 * 2048 * 2  # 32 x 6 tiles: prefill
     # Small weights (N x K elements): past decode's M, prefill (up to 512 x 512); decode to M = 64,
     # then prefill (up to 1024 x 1024); decode to M = 32 (up to 2048 x 4096, or 8192 x 4096 with

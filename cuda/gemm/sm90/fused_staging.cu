@@ -75,49 +75,34 @@ __device__ __forceinline__ void activation_pairs(const GemmProblem& p, int64_t r
   }
 }
 
-// One thread per (staged row, chunk, group of 8 activations): 8 activations in, 4 words out. In
-// the decode order the group is (t, q) and its words land in 4 k-groups; in the natural order it
-// is k-group kg, one 16-byte piece.
-template <XKind XK, int MT, bool kNatural>
+// One thread per (staged row, chunk, t, q): 8 activations in, 4 words out.
+template <XKind XK, int MT>
 __global__ void stage_kernel(const GemmProblem p, int64_t staged_rows, int64_t chunks, uint32_t* xs) {
   constexpr int kTileWords = MT * kChunk / 2;
   const int64_t total = staged_rows * chunks * 16;
   wait_for_prior_grids();  // programmatic dependent launch: the grid before may be writing x
   for (int64_t id = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; id < total;
        id += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int group = static_cast<int>(id % 16);  // consecutive threads read consecutive 8-element words
+    const int tq = static_cast<int>(id % 16);  // consecutive threads read consecutive 8-element words
+    const int t = tq / 4, q = tq % 4;
     const int64_t c = (id / 16) % chunks, r = id / 16 / chunks;
+    uint32_t pair[4];
+    activation_pairs<XK>(p, r, c * kChunk + 32 * t + 8 * q, pair);
     uint32_t* tile = xs + ((r / MT) * chunks + c) * kTileWords;
     const int64_t row = r % MT;
-    uint32_t pair[4];
-    if constexpr (kNatural) {
-      activation_pairs<XK>(p, r, c * kChunk + 8 * group, pair);
-      // Word t holds elements 2t, 2t + 1 of the group; pair j holds j and j + 4.
-      *reinterpret_cast<uint4*>(tile + staged_word<MT>(group, row, 0)) =
-          make_uint4(__byte_perm(pair[0], pair[1], 0x5410), __byte_perm(pair[2], pair[3], 0x5410),
-                     __byte_perm(pair[0], pair[1], 0x7632), __byte_perm(pair[2], pair[3], 0x7632));
-    } else {
-      const int t = group / 4, q = group % 4;
-      activation_pairs<XK>(p, r, c * kChunk + 32 * t + 8 * q, pair);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) tile[staged_word<MT>(staged_k_group(32 * t + 8 * q + j), row, t)] = pair[j];
-    }
+    for (int j = 0; j < 4; ++j) tile[staged_word<MT>(staged_k_group(32 * t + 8 * q + j), row, t)] = pair[j];
   }
 }
 
-template <XKind XK, int MT, bool kNatural>
+template <XKind XK, int MT>
 cudaError_t launch(const GemmProblem& p, const StagedActivations& s, cudaStream_t stream) {
   const int64_t staged_rows = s.m_tiles * MT;
   const int64_t threads = staged_rows * s.chunks * 16;
   const int64_t blocks = std::min<int64_t>(ceil_div(threads, 256), 8LL * sm_count());
   const LaunchConfig config(dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream, /*cluster_z=*/0, /*pdl=*/true);
-  return cudaLaunchKernelEx(&config.cfg, stage_kernel<XK, MT, kNatural>, p, staged_rows, s.chunks,
+  return cudaLaunchKernelEx(&config.cfg, stage_kernel<XK, MT>, p, staged_rows, s.chunks,
                             static_cast<uint32_t*>(p.workspace));
-}
-
-template <XKind XK, int MT>
-cudaError_t launch(const GemmProblem& p, const StagedActivations& s, cudaStream_t stream) {
-  return s.natural ? launch<XK, MT, true>(p, s, stream) : launch<XK, MT, false>(p, s, stream);
 }
 
 template <int MT>
@@ -132,10 +117,9 @@ cudaError_t launch(const GemmProblem& p, const StagedActivations& s, cudaStream_
 
 }  // namespace
 
-StagedActivations staged_activations(const GemmProblem& p, int mt, bool natural) {
+StagedActivations staged_activations(const GemmProblem& p, int mt) {
   StagedActivations s;
   s.mt = mt;
-  s.natural = natural;
   s.rows_per_x_row = !p.a_is_nvfp4 && (p.a_dtype == DType::kF16 || p.a_dtype == DType::kF32) ? 2 : 1;
   s.m_tiles = ceil_div(p.m * s.rows_per_x_row, static_cast<int64_t>(mt));
   s.chunks = ceil_div(p.k, static_cast<int64_t>(kChunk));

@@ -1,4 +1,4 @@
-// Where the fused sm_90a GEMM kernels (gemm_fused.cu, gemm_fused_ws.cu) find their activations: the K order of a staged
+// Where the fused sm_90a GEMM (gemm_fused.cu) finds its activations: the K order of a staged
 // chunk and its shared-memory layout (host-testable: tests/host/gemm_sm90_fused_layout.cc checks
 // the layout against CuTe's own wgmma swizzle atom).
 //
@@ -6,9 +6,6 @@
 // 32t .. 32t+31 and dequantizes pair j of word q as elements 32t + 8q + {j, j + 4}
 // (nvfp4_bf16x2.h), which feed k slots 2t, 2t + 1 of k-group (8 slots) kg = 4q + j, the first or
 // second half of k-step kg / 2. So word t of a staged row in k-group kg is that pair of x.
-// The fused_ws kernels decode their weights into x's own order instead (natural_k.h), and their
-// staged tiles (x kinds other than bf16, which they read directly) keep it: word t of k-group kg
-// is elements 8 kg + 2t, 8 kg + 2t + 1.
 //
 // Layout: one [MT x 128] bf16 tile per (m_tile, chunk), in wgmma's K-major 128-byte swizzle
 // layout: two 64-slot halves of the chunk (kg / 8), each MT rows of 128 bytes, 8-row atoms of

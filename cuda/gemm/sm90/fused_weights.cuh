@@ -24,49 +24,38 @@ constexpr int kWeightStageBytes = kCodeBytes + kScaleBytes;
 static_assert(kChunk == 2 * kTileKBlocks * kBlockSize, "a chunk spans two scale tiles");
 static_assert(kRows == kTileRows, "a tile's rows are one scale tile");
 
-// Where 16-byte piece p (0..3) of stage row `row`'s codes lives: at p ^ code_swizzle(row) when
-// the stage is swizzled (fused_ws: its rewrite reads and writes a row a lane, and 8 consecutive
-// rows' same piece then fall in 8 different 16-byte bank groups instead of 2).
-__host__ __device__ constexpr int code_swizzle(int row) { return (row >> 1) & 3; }
-template <bool kSwizzle>
-__device__ __forceinline__ int code_offset(int row, int piece) {
-  return row * (kChunk / 2) + (kSwizzle ? piece ^ code_swizzle(row) : piece) * 16;
-}
-
-// A loader thread's share (one of kLoaders) of every chunk: a 16-byte unit of the codes of rows
-// r_first + u * kRowsPerPass, copied as `kPiece`-byte pieces (16; two of 8 when rows of K/2 bytes
-// are only 8-byte aligned) and placed by code_offset (swizzled where kSwizzle), and 16 bytes of
-// the two scale tiles every kLoaders pieces. Addresses are set up once per weight tile; a chunk
-// only adds its offset. Rows past N, K past k and scale tiles past the last are zero filled.
-template <int kLoaders, int kPiece, bool kSwizzle = false>
+// A loader thread's share (one of kLoaders) of every chunk: `kPiece` bytes (16; 8 when rows of
+// K/2 bytes are only 8-byte aligned) of the codes of rows r_first + u * rows_per_pass, and 16
+// bytes of the two scale tiles every kLoaders pieces. Addresses are set up once per weight tile;
+// a chunk only adds its offset. Rows past N, K past k and scale tiles past the last are zero
+// filled.
+template <int kLoaders, int kPiece>
 struct WeightCopier {
-  static constexpr int kUnitsPerRow = kChunk / 2 / 16;
-  static constexpr int kPiecesPerUnit = 16 / kPiece;
-  static constexpr int kRowsPerPass = kLoaders / kUnitsPerRow;
+  static constexpr int kPiecesPerRow = kChunk / 2 / kPiece;
+  static constexpr int kRowsPerPass = kLoaders / kPiecesPerRow;
   static constexpr int kPasses = kRows / kRowsPerPass;
   static constexpr int kScalePieces = kScaleBytes / 16;
   static_assert(kPasses <= 32, "one bit per pass");
-  static_assert(kRowsPerPass % 8 == 0, "a thread's rows share their code_swizzle");
 
-  const uint8_t* codes;   // this thread's unit of row r_first in chunk 0
+  const uint8_t* codes;   // this thread's piece of row r_first in chunk 0
   int64_t pass_stride;    // bytes between the rows of consecutive passes
   uint32_t rows_ok;       // bit u: the row of pass u is < N
-  int first_elem;         // K offset of the unit within a chunk
-  int dst;                // shared-memory offset of the unit of pass 0 within a stage
+  int first_elem;         // K offset of the piece within a chunk
+  int dst;                // shared-memory offset of the piece of pass 0 within a stage
   const uint8_t* scales;  // this thread's first 16 bytes of the chunk-0 scale tiles, or null
   int lid;
 
   __device__ __forceinline__ void setup(const GemmProblem& p, int64_t n0, int loader) {
     lid = loader;
-    const int r_first = lid / kUnitsPerRow, unit = lid % kUnitsPerRow;
-    codes = p.b.codes + (n0 + r_first) * (p.k / 2) + unit * 16;
+    const int r_first = lid / kPiecesPerRow, part = lid % kPiecesPerRow;
+    codes = p.b.codes + (n0 + r_first) * (p.k / 2) + part * kPiece;
     pass_stride = kRowsPerPass * (p.k / 2);
     // The rows of the passes rise with u: the first `valid` of them are < N.
     const int64_t left = p.n - (n0 + r_first), passes = (left + kRowsPerPass - 1) / kRowsPerPass;
     const int valid = left <= 0 ? 0 : passes < kPasses ? static_cast<int>(passes) : kPasses;
     rows_ok = valid == 32 ? ~0u : (1u << valid) - 1u;
-    first_elem = unit * 32;
-    dst = code_offset<kSwizzle>(r_first, unit);
+    first_elem = part * kPiece * 2;
+    dst = r_first * (kChunk / 2) + part * kPiece;
     const int64_t k_tiles = scale_k_tiles(p.k / kBlockSize);
     scales = lid < kScalePieces ? p.b.scales + (n0 / kTileRows) * k_tiles * kTileBytes + lid * 16 : nullptr;
   }
@@ -74,15 +63,12 @@ struct WeightCopier {
   // Copies chunk c into `stage` (codes, then the scale tiles). k_tiles: scale tiles per row tile.
   __device__ __forceinline__ void copy(const GemmProblem& p, int64_t c, int64_t k_tiles, uint8_t* stage) const {
     const uint8_t* src = codes + c * (kChunk / 2);
-#pragma unroll 1  // (8-byte pieces: 2 x 16 passes unrolled spill the wide producer's 104 registers)
-    for (int i = 0; i < kPiecesPerUnit; ++i) {
-      const bool k_ok = c * kChunk + first_elem + i * kPiece * 2 < p.k;
+    const bool k_ok = c * kChunk + first_elem < p.k;
 #pragma unroll 16
-      for (int u = 0; u < kPasses; ++u) {
-        const bool ok = k_ok && (rows_ok >> u & 1u);
-        hopper::cp_async<kPiece>(stage + dst + u * kRowsPerPass * (kChunk / 2) + i * kPiece,
-                                 ok ? src + u * pass_stride + i * kPiece : p.b.codes, ok);
-      }
+    for (int u = 0; u < kPasses; ++u) {
+      const bool ok = k_ok && (rows_ok >> u & 1u);
+      hopper::cp_async<kPiece>(stage + dst + u * kRowsPerPass * (kChunk / 2), ok ? src + u * pass_stride : p.b.codes,
+                               ok);
     }
     if (scales != nullptr) {
 #pragma unroll

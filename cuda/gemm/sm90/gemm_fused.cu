@@ -208,8 +208,8 @@ struct Plan {
 
 Plan make_plan(const GemmProblem& p) {
   Plan pl;
-  pl.x = staged_activations(p, 128, /*natural=*/false);
-  if (p.m * pl.x.rows_per_x_row <= 64) pl.x = staged_activations(p, 64, /*natural=*/false);
+  pl.x = staged_activations(p, 128);
+  if (p.m * pl.x.rows_per_x_row <= 64) pl.x = staged_activations(p, 64);
   pl.n_tiles = ceil_div(p.n, kRows);
   return pl;
 }

@@ -6,22 +6,17 @@
 // The fused kernel runs one output tile per CTA as one chain (copies, a CTA barrier per chunk,
 // decode, wgmma) and is bound by that chain's latency; at large M it loses to dequantize + GEMM.
 // Here the roles are split:
-//   producer   one warpgroup. Per K chunk of 128, its first warp copies: one lane the [kMT x 128]
-//              activation tile with TMA (completion counted in bytes on the stage's full
-//              barrier), bf16 x straight from the caller's array in its own K order, other x kinds
-//              from tiles the staging kernel wrote in that order; all lanes the chunk's codes and
-//              scale tiles with cp.async, arriving on the stage's landed barrier when those land.
-//              The other three warps then rewrite the weights into the order the consumers decode
-//              (natural_k.h, ws_weights.cuh) and arrive on the weights' full barrier. Rings of
-//              kStages stages, one for the activation tiles and one for the weights, each with its
-//              own barriers: a stage is refilled once both consumer warpgroups have released it,
-//              which for the weights is as soon as they are decoded, a chunk before the activation
-//              tile (the rewrite's latency needs that chunk).
+//   producer   one warp. Per K chunk of 128: lane 0 copies the staged [kMT x 128] activation tile
+//              (32 or 64 KB, contiguous) with one bulk copy (TMA, completion counted in bytes on the
+//              stage's full barrier); all lanes copy the chunk's codes and scale tiles with
+//              cp.async and arrive on the same barrier when those land
+//              (cp.async.mbarrier.arrive). A ring of kStages stages; each is refilled once both
+//              consumer warpgroups have released it.
 //   consumers  two warpgroups, 64 weight rows each (wgmma M) x the tile's kMT activation rows
-//              (N): wait for a stage, dequantize their rows' codes into registers (then release
-//              the weights), issue 8 register-A wgmmas; release the activation tile once the next
-//              chunk's wgmmas are issued and this one's have retired (wgmma.wait_group 1), so the
-//              decode of chunk c + 1 overlaps the wgmmas of chunk c.
+//              (N): wait for a stage, dequantize their rows' codes into registers, issue 8
+//              register-A wgmmas; release the stage once the next chunk's wgmmas are issued and
+//              this one's have retired (wgmma.wait_group 1), so the decode of chunk c + 1
+//              overlaps the wgmmas of chunk c.
 //   persistent one CTA per SM walks the 128 x kMT output tiles in groups of kGroupN weight tiles
 //              (the tiles in flight at once share weight and activation tiles in L2); the
 //              producer runs into the next tile's chunks while the consumers store this one.
@@ -32,10 +27,10 @@
 //              wave take such a launch of their own after the whole waves' persistent one.
 // Two tile widths: kMT = 128, and kMT = 256 ("wide"), whose m64n256 wgmmas share each decoded
 // weight fragment between twice the activation rows (half the decode instructions per flop). Its
-// 128 accumulators a thread need more registers than 12 warps leave (168), so there the producer
-// warpgroup gives its registers to the consumers (setmaxnreg); its 64 KB activation stages leave
-// no room for separate epilogue tiles, so the consumers write their tiles into the x half of the
-// tile's last stage and release that stage after the epilogue.
+// 128 accumulators a thread need more registers than 9 warps leave (168), so there the producer
+// is a warpgroup that gives its registers to the consumers (setmaxnreg); its 64 KB activation
+// stages leave no room for separate epilogue tiles, so the consumers write their tiles into the
+// x half of the tile's last stage and release that stage after the epilogue.
 // Epilogue: alpha, bias, activation, output cast, through a per-warpgroup shared-memory tile whose
 // rows leave as 16-byte pieces (tile_epilogue.cuh); element by element where the output rows are
 // not whole pieces or f16/f32 x gives two staged rows per x row.
@@ -48,18 +43,15 @@
 #include "common/launch_config.cuh"
 #include "common/scale_layout.h"
 #include "common/sm90_async.cuh"
-#include "cute/arch/copy_sm90_desc.hpp"
 #include "cute/arch/copy_sm90_tma.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/arch/reg_reconfig.h"
-#include "cutlass/cuda_host_adapter.hpp"
 #include "gemm/sm90/cluster_split.cuh"
 #include "gemm/sm90/fused_staging.h"
 #include "gemm/sm90/fused_weights.cuh"
 #include "gemm/sm90/gemm_sm90_internal.h"
 #include "gemm/sm90/split_sum.cuh"
 #include "gemm/sm90/tile_epilogue.cuh"
-#include "gemm/sm90/ws_weights.cuh"
 
 namespace jax_nvfp4 {
 namespace sm90 {
@@ -69,6 +61,7 @@ using namespace hopper;
 using fused::kChunk;
 using fused::kRows;
 using fused::kSteps;
+using fused::kWeightStageBytes;
 using Barrier = cutlass::arch::ClusterBarrier;
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
@@ -78,13 +71,8 @@ constexpr int kGroupN = 16;    // weight tiles per raster group
 // the split lost to the unsplit kernel, 13.8 against 12.8 us; with 8 (8192 x 2048) it won, 17.3
 // against 19.1.
 constexpr int kMinChunksPerSplit = 8;
-constexpr int kProducerThreads = 128;  // a warpgroup: setmaxnreg moves a warpgroup's registers
-constexpr int kRewriters = kProducerThreads - 32;  // all but the copying warp
-// Arrivals on the barriers of a stage (Ring): the x copy's (with its byte count); the copying
-// lanes' cp.async arrivals when the weights land; the rewriters'; every consumer thread's.
-constexpr int kFullXArrivals = 1;
-constexpr int kLandedArrivals = 32;
-constexpr int kFullWArrivals = kRewriters;
+// Full barrier: the producer lanes' cp.async arrivals plus lane 0's arrival with the byte count.
+constexpr int kFullArrivals = 32 + 1;
 constexpr int kEmptyArrivals = 128 * kConsumers;
 constexpr int kConsumersBarrier = 1 + kConsumers;  // named barrier of both consumer warpgroups
                                                    // (1 + w: warpgroup w's epilogue)
@@ -98,58 +86,27 @@ struct Config {
   static constexpr bool kWide = kMT == tile_rows(true);
   static constexpr int kAcc = kMT / 2;
   static constexpr int kXStageBytes = kMT * kChunk * 2;
-  static constexpr int kStageBytes = kXStageBytes + ws::kWeightStageBytes;  // x and weights of a chunk
+  static constexpr int kStageBytes = kXStageBytes + kWeightStageBytes;
   static constexpr int kStages = kWide ? 3 : 4;
+  static constexpr int kProducerThreads = kWide ? 128 : 32;  // setmaxnreg moves a warpgroup's registers
   static constexpr int kThreads = 128 * kConsumers + kProducerThreads;
   // kWide: the epilogue tiles live in the last stage of the tile (see the top of the file).
   static constexpr int kEpilogueBytes = kWide ? 0 : kConsumers * fused::kEpilogueTileBytes;
   static constexpr int kBarrierOffset = kStages * kStageBytes + kEpilogueBytes;
-  static constexpr int kBarriers = 5;  // a stage's (Ring)
-  static constexpr int kSmemBytes = kBarrierOffset + kBarriers * kStages * 8;
+  static constexpr int kSmemBytes = kBarrierOffset + 2 * kStages * 8;
   // setmaxnreg only moves registers within what the CTA got at launch (65536 / kThreads a thread,
-  // rounded down to 8: 168; asking for more hangs). A wide consumer needs up to 198 (128
+  // rounded down to 8: 168; asking for more hangs). A consumer needs up to 198 (128
   // accumulators); the producer's unrolled copies spilled with 80.
   static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
   static constexpr int kProducerRegs = 104, kConsumerRegs = 200;
-  static_assert(kXStageBytes % 1024 == 0, "the activation tiles' swizzle atoms stay 1024-byte aligned");
+  static_assert(kStageBytes % 1024 == 0, "stages keep the activation tiles' swizzle atoms 1024-byte aligned");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(!kWide || kConsumers * fused::kEpilogueTileBytes <= kXStageBytes, "epilogue tiles in a stage");
   static_assert(128 * kConsumers == fused::kSplitThreads &&
-                    fused::split_partial_bytes<kAcc>() + kConsumers * fused::kEpilogueTileBytes <= kStages * kXStageBytes,
-                "split-K's partial tile and epilogue tiles in the activation ring");
-  static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * 128 * kConsumers <= kLaunchRegs * kThreads,
+                    fused::split_partial_bytes<kAcc>() + kConsumers * fused::kEpilogueTileBytes <= kStages * kStageBytes,
+                "split-K's partial tile and epilogue tiles in the stage ring");
+  static_assert(!kWide || kProducerRegs * kProducerThreads + kConsumerRegs * 128 * kConsumers <= kLaunchRegs * kThreads,
                 "the registers the CTA got at launch");
-};
-
-// The stages in shared memory: kStages activation tiles from offset 0 (1024-byte aligned), then
-// kStages weight stages (ws_weights.cuh), the epilogue tiles, and per stage five mbarriers.
-template <int kMT>
-struct Ring {
-  using S = Config<kMT>;
-  uint8_t* smem;
-
-  __device__ __forceinline__ uint8_t* x(int buf) const { return smem + buf * S::kXStageBytes; }
-  __device__ __forceinline__ uint8_t* w(int buf) const {
-    return smem + S::kStages * S::kXStageBytes + buf * ws::kWeightStageBytes;
-  }
-  __device__ __forceinline__ uint64_t* bar(int kind, int buf) const {
-    return reinterpret_cast<uint64_t*>(smem + S::kBarrierOffset) + kind * S::kStages + buf;
-  }
-  __device__ __forceinline__ uint64_t* full_x(int buf) const { return bar(0, buf); }
-  __device__ __forceinline__ uint64_t* empty_x(int buf) const { return bar(1, buf); }
-  __device__ __forceinline__ uint64_t* landed(int buf) const { return bar(2, buf); }  // weights copied
-  __device__ __forceinline__ uint64_t* full_w(int buf) const { return bar(3, buf); }  // ... and rewritten
-  __device__ __forceinline__ uint64_t* empty_w(int buf) const { return bar(4, buf); }
-
-  __device__ __forceinline__ void init() const {
-    for (int i = 0; i < S::kStages; ++i) {
-      Barrier::init(full_x(i), kFullXArrivals);
-      Barrier::init(empty_x(i), kEmptyArrivals);
-      Barrier::init(landed(i), kLandedArrivals);
-      Barrier::init(full_w(i), kFullWArrivals);
-      Barrier::init(empty_w(i), kEmptyArrivals);
-    }
-  }
 };
 
 // The K chunks of this CTA's part of its tiles: all of them unless split over a cluster along z.
@@ -177,35 +134,11 @@ struct Tiles {
   }
 };
 
-// Where the activation tiles come from: `map` over bf16 x [M, K] (boxes of 64 K x kMT rows,
-// 128-byte swizzle: the consumers' B layout), or, for the other x kinds, `staged`, the staging
-// kernel's tiles (fused_staging.h, natural order), one contiguous [kMT x 128] tile a chunk.
-struct XSource {
-  CUtensorMap map;
-  const uint8_t* staged;
-
-  template <int kMT>
-  __device__ __forceinline__ void copy(int64_t m_tile, int64_t chunks, int c, uint64_t* full, uint8_t* stage) const {
-    constexpr int kBytes = Config<kMT>::kXStageBytes;
-    if (staged != nullptr) {
-      cute::SM90_BULK_COPY_G2S::copy(staged + (m_tile * chunks + c) * kBytes, full, stage, kBytes);
-      return;
-    }
-    const auto hint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
-    const auto row = static_cast<int32_t>(m_tile * kMT);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {  // the chunk's two 64-element halves, kMT x 128 bytes each
-      cute::SM90_TMA_LOAD_2D::copy(&map, full, hint, stage + half * kBytes / 2, c * kChunk + half * (kChunk / 2), row);
-    }
-  }
-};
-
-// The producer's first warp: the activation tile and the weights' raw copies of every chunk.
 template <int kMT, int kPiece>
-__device__ void copy_chunks(const GemmProblem& p, const XSource& x, int64_t chunks, const Tiles& tiles,
-                            const Ring<kMT>& ring) {
+__device__ void produce(const GemmProblem& p, const uint8_t* xs, int64_t chunks, const Tiles& tiles,
+                        uint8_t* smem, uint64_t* full, uint64_t* empty) {
   using S = Config<kMT>;
-  constexpr int kStages = S::kStages;
+  constexpr int kStages = S::kStages, kStageBytes = S::kStageBytes, kXStageBytes = S::kXStageBytes;
   const int lane = threadIdx.x % 32;
   const int64_t k_tiles = scale_k_tiles(p.k / kBlockSize);
   const ChunkRange part = ChunkRange::of_this_rank(chunks);
@@ -213,74 +146,49 @@ __device__ void copy_chunks(const GemmProblem& p, const XSource& x, int64_t chun
   for (int64_t tile = tiles.first + blockIdx.x; tile < tiles.end; tile += gridDim.x) {
     int64_t n_tile, m_tile;
     tiles.coords(tile, n_tile, m_tile);
-    fused::WeightCopier<32, kPiece, /*kSwizzle=*/true> wc;
+    fused::WeightCopier<32, kPiece> wc;
     wc.setup(p, n_tile * kRows, lane);
-    for (int c = part.begin; c < part.end; ++c, ++it) {
-      const int buf = it % kStages, phase = ((it / kStages) & 1) ^ 1;
-      // The weights first: their stage frees up a chunk earlier, and their rewrite waits on them.
-      Barrier::wait(ring.empty_w(buf), phase);
-      wc.copy(p, c, k_tiles, ring.w(buf));
-      cutlass::arch::cpasync_barrier_arrive_noinc(ring.landed(buf));
-      Barrier::wait(ring.empty_x(buf), phase);
-      if (lane == 0) {
-        TxBarrier::arrive_and_expect_tx(ring.full_x(buf), S::kXStageBytes);
-        x.copy<kMT>(m_tile, chunks, c, ring.full_x(buf), ring.x(buf));
-      }
-    }
-  }
-}
-
-// The producer's other warps: each chunk's weights, once landed, into the consumers' order.
-// Rewriter i takes rows i and i + kRewriters.
-template <int kMT>
-__device__ void rewrite_chunks(const GemmProblem& p, int64_t chunks, const Tiles& tiles, const Ring<kMT>& ring) {
-  using S = Config<kMT>;
-  constexpr int kStages = S::kStages;
-  const int i = threadIdx.x - 128 * kConsumers - 32;
-  const int64_t k_blocks = p.k / kBlockSize;
-  const ChunkRange part = ChunkRange::of_this_rank(chunks);
-  int it = 0;
-  for (int64_t tile = tiles.first + blockIdx.x; tile < tiles.end; tile += gridDim.x) {
+    const uint8_t* x_src = xs + m_tile * chunks * kXStageBytes;
     for (int c = part.begin; c < part.end; ++c, ++it) {
       const int buf = it % kStages;
-      Barrier::wait(ring.landed(buf), (it / kStages) & 1);
-      uint8_t* w = ring.w(buf);
-      const int64_t first_block = int64_t{c} * ws::kChunkBlocks;
-      ws::rewrite_row(w, i, first_block, k_blocks);
-      if (i + kRewriters < kRows) ws::rewrite_row(w, i + kRewriters, first_block, k_blocks);
-      Barrier::arrive(ring.full_w(buf));
+      Barrier::wait(&empty[buf], ((it / kStages) & 1) ^ 1);
+      uint8_t* stage = smem + buf * kStageBytes;
+      if (lane == 0) {
+        TxBarrier::arrive_and_expect_tx(&full[buf], kXStageBytes);
+        cute::SM90_BULK_COPY_G2S::copy(x_src + c * kXStageBytes, &full[buf], stage, kXStageBytes);
+      }
+      wc.copy(p, c, k_tiles, stage + kXStageBytes);
+      cutlass::arch::cpasync_barrier_arrive_noinc(&full[buf]);
     }
   }
 }
 
 template <int kMT>
-__device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row, const Tiles& tiles,
-                        const Ring<kMT>& ring) {
+__device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row, const Tiles& tiles, uint8_t* smem,
+                        uint64_t* full, uint64_t* empty) {
   using S = Config<kMT>;
-  constexpr int kStages = S::kStages;
+  constexpr int kStages = S::kStages, kStageBytes = S::kStageBytes, kXStageBytes = S::kXStageBytes;
   const int w = threadIdx.x / 128, ct = threadIdx.x % 128;
   const int lane = ct % 32, t = lane % 4;
   const int r0 = w * 64 + (ct / 32) * 16 + lane / 4;  // this thread's rows r0, r0 + 8 of the tile
   const bool gated = is_gated(p.activation);
   const int2 rows = fused::mma_row_sources(r0, gated);
+  const int64_t k_blocks = p.k / kBlockSize;
   const float alpha = fused::alpha(p);
   float acc[S::kAcc];
   // A chunk is decoded and multiplied in two halves of 4 k-steps, alternating between two
   // register buffers: half h + 1 is decoded while half h's wgmmas run. (Whole-chunk buffers need
-  // more registers than the 168 a thread that 12 warps leave: ptxas would serialize the wgmmas.)
+  // more registers than the 168 a thread that 9 warps leave: ptxas would serialize the wgmmas.)
   uint32_t frag[2][kSteps / 2][4];
   int it = 0;
 
   const ChunkRange part = ChunkRange::of_this_rank(chunks);
   auto half_step = [&](int c, int h) {
     const int buf = it % kStages;
-    if (h == 0) {
-      Barrier::wait(ring.full_w(buf), (it / kStages) & 1);
-      Barrier::wait(ring.full_x(buf), (it / kStages) & 1);
-    }
-    ws::dequant_half(ring.w(buf), rows, t, h, frag[h]);
-    if (h == 1) Barrier::arrive(ring.empty_w(buf));  // this thread's reads of the weights are done
-    const uint32_t x_addr = smem_addr(ring.x(buf));
+    if (h == 0) Barrier::wait(&full[buf], (it / kStages) & 1);
+    const uint8_t* stage = smem + buf * kStageBytes;
+    fused::dequant_half(stage + kXStageBytes, rows, t, h, c * (kChunk / kBlockSize) + 2 * t, k_blocks, frag[h]);
+    const uint32_t x_addr = smem_addr(stage);
     wgmma_fence();
 #pragma unroll
     for (int s = 0; s < kSteps / 2; ++s) {
@@ -288,8 +196,8 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
       WgmmaRS<kMT>::run(acc, frag[h][s], smem_descriptor_swizzle128(x_addr + offset, 1024));
     }
     wgmma_commit();
-    wgmma_wait<1>();  // the previous half retired: its registers (and, after a chunk, its x tile) are free
-    if (h == 0 && c > part.begin) Barrier::arrive(ring.empty_x((it - 1) % kStages));
+    wgmma_wait<1>();  // the previous half retired: its registers (and, after a chunk, its stage) are free
+    if (h == 0 && c > part.begin) Barrier::arrive(&empty[(it - 1) % kStages]);
     if (h == 1) ++it;
   };
 
@@ -307,20 +215,20 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
     wgmma_wait<0>();
     fence_accumulators(acc);
     const int64_t n0 = n_tile * kRows + w * 64, m0 = m_tile * kMT;
-    if (gridDim.z > 1) {  // split-K: this cluster's only tile, so the activation ring is idle now
+    if (gridDim.z > 1) {  // split-K: this cluster's only tile, so the whole ring is idle now
       fused::named_sync(kConsumersBarrier, 128 * kConsumers);  // both warpgroups' wgmmas are done with it
       with_activation(p.activation, [&](auto act) {
-        fused::sum_split_and_store<decltype(act)::value, kMT>(p, rows_per_x_row, n_tile * kRows, m0, alpha, acc,
-                                                              ring.x(0), threadIdx.x);
+        fused::sum_split_and_store<decltype(act)::value, kMT>(p, rows_per_x_row, n_tile * kRows, m0, alpha, acc, smem,
+                                                              threadIdx.x);
       });
       continue;
     }
-    uint8_t* epi = ring.smem + kStages * S::kStageBytes + w * fused::kEpilogueTileBytes;
+    uint8_t* epi = smem + kStages * kStageBytes + w * fused::kEpilogueTileBytes;
     if constexpr (S::kWide) {
-      fused::named_sync(kConsumersBarrier, 128 * kConsumers);  // both warpgroups' wgmmas are done with the x tile
-      epi = ring.x((it - 1) % kStages) + w * fused::kEpilogueTileBytes;
+      fused::named_sync(kConsumersBarrier, 128 * kConsumers);  // both warpgroups' wgmmas are done with the stage
+      epi = smem + ((it - 1) % kStages) * kStageBytes + w * fused::kEpilogueTileBytes;
     } else {
-      Barrier::arrive(ring.empty_x((it - 1) % kStages));
+      Barrier::arrive(&empty[(it - 1) % kStages]);
     }
 
     with_activation(p.activation, [&](auto act) {
@@ -330,118 +238,94 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
       }
     });
     if constexpr (S::kWide) {
-      fence_proxy_async();  // this thread's tile writes, ordered before the producer's next copy there
-      Barrier::arrive(ring.empty_x((it - 1) % kStages));
+      fence_proxy_async();  // this thread's tile writes, ordered before the producer's next bulk copy there
+      Barrier::arrive(&empty[(it - 1) % kStages]);
     }
   }
 }
 
 template <int kMT, int kPiece>
 __global__ void __launch_bounds__(Config<kMT>::kThreads, 1)
-    fused_ws_kernel(const GemmProblem p, const __grid_constant__ XSource x, int64_t chunks, int rows_per_x_row,
-                    Tiles tiles) {
+    fused_ws_kernel(const GemmProblem p, const uint8_t* xs, int64_t chunks, int rows_per_x_row, Tiles tiles) {
   using S = Config<kMT>;
   extern __shared__ __align__(1024) uint8_t smem[];
-  const Ring<kMT> ring{smem};
+  auto* full = reinterpret_cast<uint64_t*>(smem + S::kBarrierOffset);
+  uint64_t* empty = full + S::kStages;
   if (threadIdx.x == 0) {
-    ring.init();
+    for (int i = 0; i < S::kStages; ++i) {
+      Barrier::init(&full[i], kFullArrivals);
+      Barrier::init(&empty[i], kEmptyArrivals);
+    }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
-  // Programmatic dependent launch (launch): the grid before this one (the staging kernel, or
-  // whatever wrote x) may still be writing the activations; nothing above touched global memory.
+  // Programmatic dependent launch (launch): the grid before this one, the staging kernel, may
+  // still be writing the activations; nothing above touched global memory.
   wait_for_prior_grids();
   if (threadIdx.x >= 128 * kConsumers) {
     if constexpr (S::kWide) cutlass::arch::warpgroup_reg_dealloc<S::kProducerRegs>();
     // Split-K's cluster barriers (sum_split_and_store) wait for the non-exited threads only: the
-    // producer's leave once their chunks are out.
-    if (threadIdx.x < 128 * kConsumers + 32) {
-      copy_chunks<kMT, kPiece>(p, x, chunks, tiles, ring);
-    } else {
-      rewrite_chunks<kMT>(p, chunks, tiles, ring);
-    }
+    // producer's leave at once.
+    if (threadIdx.x < 128 * kConsumers + 32) produce<kMT, kPiece>(p, xs, chunks, tiles, smem, full, empty);
   } else {
     if constexpr (S::kWide) cutlass::arch::warpgroup_reg_alloc<S::kConsumerRegs>();
-    consume<kMT>(p, chunks, rows_per_x_row, tiles, ring);
+    consume<kMT>(p, chunks, rows_per_x_row, tiles, smem, full, empty);
   }
 }
 
 // One launch over tiles.first .. end - 1: `split` > 1, a cluster of that many CTAs along z per
 // tile (one wave); else persistent CTAs, at most one per SM.
 template <int kMT, int kPiece>
-cudaError_t launch_tiles(const GemmProblem& p, const XSource& x, const StagedActivations& s, const Tiles& tiles,
-                         int split, cudaStream_t stream) {
+cudaError_t launch_tiles(const GemmProblem& p, const StagedActivations& x, const Tiles& tiles, int split,
+                         cudaStream_t stream) {
   using S = Config<kMT>;
   const int64_t count = tiles.end - tiles.first;
   const int64_t grid = split > 1 ? count : std::min<int64_t>(count, sm_count());
   const LaunchConfig config(dim3(static_cast<unsigned>(grid), 1, static_cast<unsigned>(split)), dim3(S::kThreads),
                             S::kSmemBytes, stream, /*cluster_z=*/split > 1 ? split : 0, /*pdl=*/true);
-  return cudaLaunchKernelEx(&config.cfg, fused_ws_kernel<kMT, kPiece>, p, x, s.chunks, s.rows_per_x_row, tiles);
+  return cudaLaunchKernelEx(&config.cfg, fused_ws_kernel<kMT, kPiece>, p, static_cast<const uint8_t*>(p.workspace),
+                            x.chunks, x.rows_per_x_row, tiles);
 }
 
 template <int kMT, int kPiece>
-cudaError_t launch(const GemmProblem& p, const XSource& x, const StagedActivations& s, cudaStream_t stream) {
+cudaError_t launch(const GemmProblem& p, const StagedActivations& x, cudaStream_t stream) {
   using S = Config<kMT>;
   // Also raises the kernel's shared-memory limit on this device (once).
   const ResidentBlocks capacity = resident_blocks<fused_ws_kernel<kMT, kPiece>>(dim3(S::kThreads), S::kSmemBytes);
   if (capacity[1] == 0) return cudaErrorInvalidConfiguration;  // the kernel cannot run here
-  const int64_t n_tiles = ceil_div(p.n, kRows), count = n_tiles * s.m_tiles, sms = sm_count();
-  const int split = one_wave_split(count, s.chunks, kMinChunksPerSplit, capacity);
+  const int64_t n_tiles = ceil_div(p.n, kRows), count = n_tiles * x.m_tiles, sms = sm_count();
+  const int split = one_wave_split(count, x.chunks, kMinChunksPerSplit, capacity);
   // Past whole waves, a last partial wave of tiles would leave most SMs idle: those tiles get a
   // launch of their own, split over clusters where they are few enough.
   const int64_t in_whole_waves = count / sms * sms;
-  const int tail_split = one_wave_split(count - in_whole_waves, s.chunks, kMinChunksPerSplit, capacity);
+  const int tail_split = one_wave_split(count - in_whole_waves, x.chunks, kMinChunksPerSplit, capacity);
   if (split == 1 && in_whole_waves > 0 && in_whole_waves < count && tail_split > 1) {
-    if (cudaError_t err = launch_tiles<kMT, kPiece>(p, x, s, {n_tiles, s.m_tiles, 0, in_whole_waves}, 1, stream);
+    if (cudaError_t err = launch_tiles<kMT, kPiece>(p, x, {n_tiles, x.m_tiles, 0, in_whole_waves}, 1, stream);
         err != cudaSuccess) {
       return err;
     }
-    return launch_tiles<kMT, kPiece>(p, x, s, {n_tiles, s.m_tiles, in_whole_waves, count}, tail_split, stream);
+    return launch_tiles<kMT, kPiece>(p, x, {n_tiles, x.m_tiles, in_whole_waves, count}, tail_split, stream);
   }
-  return launch_tiles<kMT, kPiece>(p, x, s, {n_tiles, s.m_tiles, 0, count}, split, stream);
-}
-
-// bf16 x reaches the kernel as it is (a TMA map); the other kinds are staged as bf16 first.
-bool reads_x_directly(const GemmProblem& p) { return !p.a_is_nvfp4 && p.a_dtype == DType::kBF16; }
-
-// The map of bf16 x [M, K]: boxes of 64 K x kMT rows in wgmma's 128-byte swizzle, zeros past M
-// and K.
-template <int kMT>
-bool encode_x_map(const GemmProblem& p, CUtensorMap* map) {
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.k), static_cast<cuuint64_t>(p.m)};
-  const cuuint64_t row_bytes[1] = {static_cast<cuuint64_t>(p.k) * 2};
-  const cuuint32_t box[2] = {kChunk / 2, kMT}, unit[2] = {1, 1};
-  return CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
-             map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(p.a), dims, row_bytes, box, unit,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return launch_tiles<kMT, kPiece>(p, x, {n_tiles, x.m_tiles, 0, count}, split, stream);
 }
 
 template <int kMT>
 cudaError_t run(const GemmProblem& p, cudaStream_t stream) {
-  const StagedActivations s = staged_activations(p, kMT, /*natural=*/true);
-  XSource x{};
-  if (reads_x_directly(p)) {
-    // TMA reads from a 16-byte aligned start (XLA's buffers are; rows of K % 16 == 0 bf16 keep it).
-    if (reinterpret_cast<uintptr_t>(p.a) % 16 != 0) return cudaErrorMisalignedAddress;
-    if (!encode_x_map<kMT>(p, &x.map)) return cudaErrorInvalidValue;
-  } else {
-    if (p.workspace_bytes < s.bytes) return cudaErrorInvalidValue;
-    if (cudaError_t err = stage_activations(p, s, stream); err != cudaSuccess) return err;
-    x.staged = static_cast<const uint8_t*>(p.workspace);
-  }
+  const StagedActivations x = staged_activations(p, kMT);
+  if (p.workspace_bytes < x.bytes) return cudaErrorInvalidValue;
+  if (cudaError_t err = stage_activations(p, x, stream); err != cudaSuccess) return err;
   // Rows of K/2 bytes are 16-byte aligned when K % 32 == 0; otherwise the codes come in 8-byte pieces.
-  return p.k % 32 == 0 ? launch<kMT, 16>(p, x, s, stream) : launch<kMT, 8>(p, x, s, stream);
+  return p.k % 32 == 0 ? launch<kMT, 16>(p, x, stream) : launch<kMT, 8>(p, x, stream);
 }
 
 }  // namespace
 
 size_t fused_ws_workspace_bytes(const GemmProblem& p, bool wide) {
-  return reads_x_directly(p) ? 0 : staged_activations(p, tile_rows(wide), /*natural=*/true).bytes;
+  return staged_activations(p, tile_rows(wide)).bytes;
 }
 
 int64_t fused_ws_output_tiles(const GemmProblem& p, bool wide) {
-  return ceil_div(p.n, kRows) * staged_activations(p, tile_rows(wide), /*natural=*/true).m_tiles;
+  return ceil_div(p.n, kRows) * staged_activations(p, tile_rows(wide)).m_tiles;
 }
 
 cudaError_t fused_ws_gemm(const GemmProblem& p, bool wide, cudaStream_t stream) {

@@ -16,25 +16,23 @@ cudaError_t decode_gemm(const GemmProblem& p, cudaStream_t stream);
 
 // The activations of the fused kernels, staged once per call at the start of the workspace
 // (fused_staging.h: K order and tile layout): tiles of `mt` (64, 128 or 256) rows by 128 K, every x
-// kind made bf16 (f16 and f32 as a hi and a lo row, rows_per_x_row = 2), in the fused kernel's
-// decode order or (`natural`, the fused_ws kernels) in x's own.
+// kind made bf16 (f16 and f32 as a hi and a lo row, rows_per_x_row = 2).
 struct StagedActivations {
   int mt = 128;
-  bool natural = false;
   int rows_per_x_row = 1;
   int64_t m_tiles = 0, chunks = 0;
   size_t bytes = 0;
 };
-StagedActivations staged_activations(const GemmProblem& p, int mt, bool natural);
+StagedActivations staged_activations(const GemmProblem& p, int mt);
 cudaError_t stage_activations(const GemmProblem& p, const StagedActivations& s, cudaStream_t stream);
 
 // Mid-M kernel: stages x in the workspace, dequantizes the weights in its main loop.
 size_t fused_workspace_bytes(const GemmProblem& p);
 cudaError_t fused_gemm(const GemmProblem& p, cudaStream_t stream);
 
-// Large-M kernel on the same weight decoding: warp-specialized (a producer warpgroup feeding an
-// mbarrier ring, two consumer warpgroups) and persistent over output tiles of 128 weight rows x
-// 128 staged rows, or 256 where `wide`. bf16 x needs no staging (and no workspace).
+// Large-M kernel on the same staging and weight stages: warp-specialized (a producer warp
+// feeding an mbarrier ring, two consumer warpgroups) and persistent over output tiles of 128
+// weight rows x 128 staged rows, or 256 where `wide`.
 size_t fused_ws_workspace_bytes(const GemmProblem& p, bool wide);
 int64_t fused_ws_output_tiles(const GemmProblem& p, bool wide);
 cudaError_t fused_ws_gemm(const GemmProblem& p, bool wide, cudaStream_t stream);

@@ -3,7 +3,7 @@
 // thresholds and to see what the JAX-level figures add. The fused kernels' activation staging
 // pass, which each of their calls begins with, is also timed alone (256-row tiles).
 //
-//   bash bench/fused_gemm_bench.sh      (builds this file with the three kernels; on the GPU)
+//   bash bench/fused_gemm_bench.sh      (builds this file with the kernels it times; on the GPU)
 //   ./fused_gemm_bench [--ms 256,512,...] [--only-n N] [--w4a4]
 //
 // W4A16: random NVFP4 weights (all 16 codes, E4M3 scales in [2^-4, 2]) and bf16 activations,

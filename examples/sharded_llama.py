@@ -17,7 +17,10 @@ the same gate/up rows interleaved (gate j, up j: jax_nvfp4.interleave_gate_up's 
 split keeps in pairs) and applies SwiGLU in the GEMM (activation="swiglu"). The same model in
 bfloat16, sharded the same way, is the baseline. The script checks that the sharded NVFP4 model
 matches a one-device run of itself, then times a decode step (batch 1 and 16, against a KV cache)
-and a prefill, and writes a markdown table. The prefill is timed twice: as above, and
+and a prefill, and writes a markdown table. A decode step's time is the steady cost of one more
+step: programs of `--steps` and twice as many steps are timed, and their difference divided by
+`--steps` (what a program costs once, its launch and the wait for its result, drops out, as in
+jax_nvfp4.timing); the table also gives the older reading, one program's time per step. The prefill is timed twice: as above, and
 sequence-parallel (Megatron's: between blocks the tokens are split over the devices, the norms run
 on each device's tokens, the column-parallel GEMMs take the all-gathered tokens, and the
 row-parallel ones reduce-scatter their sums instead of all-reducing them). --profile adds where the
@@ -294,8 +297,9 @@ def check_against_one_device(cfg, mesh, params, key, linear=nvfp4_linear) -> flo
 
 
 def measure(cfg: Config, mesh: Mesh, models, steps: int, repeats: int):
-    """[(label, {model: ms})]: decode steps per batch size, then the prefill, without and with
-    sequence parallelism; and [(label, {model: bytes})]: each prefill's temporary memory per
+    """[(label, {model: ms})]: per batch size a decode step (steady: the difference of programs of
+    `steps` and 2 * `steps` steps, per step) and one `steps`-step program's time per step; then
+    the prefill, without and with sequence parallelism; and [(label, {model: bytes})]: each prefill's temporary memory per
     device, as compiled (XLA's buffer assignment: the activations live at its peak)."""
     replicated = NamedSharding(mesh, P())
     key = jax.random.key(3)
@@ -305,9 +309,13 @@ def measure(cfg: Config, mesh: Mesh, models, steps: int, repeats: int):
         x = jax.device_put(jax.random.normal(key, (batch, 1, cfg.hidden), jnp.bfloat16),
                            replicated)
         caches = kv_caches(cfg, mesh, batch, jax.random.key(2))
-        ms = {name: time_ms(decode_steps(cfg, lin, tp, steps), x, params, caches,
-                            repeats=repeats) / steps for name, lin, params in models}
-        rows.append((f"decode step, batch {batch}, context {cfg.context}", ms))
+        programs = {name: [time_ms(decode_steps(cfg, lin, tp, n), x, params, caches,
+                                   repeats=repeats) for n in (steps, 2 * steps)]
+                    for name, lin, params in models}
+        rows.append((f"decode step, batch {batch}, context {cfg.context}",
+                     {name: (t2 - t1) / steps for name, (t1, t2) in programs.items()}))
+        rows.append((f"decode, batch {batch}: one {steps}-step program, per step",
+                     {name: t1 / steps for name, (t1, _) in programs.items()}))
     x = jax.random.normal(key, (1, cfg.prefill, cfg.hidden), jnp.bfloat16)
     memory = []
     for label, sp, spec in ((f"prefill, {cfg.prefill} tokens", None, P()),

@@ -577,6 +577,7 @@ def test_sharded_llama_example_small(example, tmp_path, capsys):
     assert "matches one device: yes" in capsys.readouterr().out
     table = out.read_text()
     assert "| decode step, batch 16" in table and "| weight memory per device" in table
+    assert "| decode, batch 1: one 1-step program, per step |" in table  # the older reading
     assert "partial sums added across devices in bfloat16" in table
     assert "sequence-parallel: temporaries per device (MiB) |" in table
 

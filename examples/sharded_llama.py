@@ -20,14 +20,14 @@ matches a one-device run of itself, then times a decode step (batch 1 and 16, ag
 and a prefill, and writes a markdown table. A decode step's time is the steady cost of one more
 step: programs of `--steps` and twice as many steps are timed, and their difference divided by
 `--steps` (what a program costs once, its launch and the wait for its result, drops out, as in
-jax_nvfp4.timing); the table also gives the older reading, one program's time per step. The prefill is timed twice: as above, and
-sequence-parallel (Megatron's: between blocks the tokens are split over the devices, the norms run
-on each device's tokens, the column-parallel GEMMs take the all-gathered tokens, and the
-row-parallel ones reduce-scatter their sums instead of all-reducing them). --profile adds where the
-GPU time of a batch-1 decode step goes, kernel by kernel (jax.profiler). --reduce-dtype bfloat16
-makes both models add their row-parallel partial products across devices in bfloat16 (half the
-bytes). --small shrinks the model so it runs on forced CPU devices
-(XLA_FLAGS=--xla_force_host_platform_device_count=8).
+jax_nvfp4.timing); the table also gives the older reading, one program's time per step. The
+prefill is timed twice: as above, and sequence-parallel (Megatron's: between blocks the tokens
+are split over the devices, the norms run on each device's tokens, the column-parallel GEMMs take
+the all-gathered tokens, and the row-parallel ones reduce-scatter their sums instead of
+all-reducing them). --profile adds where the GPU time of a batch-1 decode step goes, kernel by
+kernel (jax.profiler). --reduce-dtype bfloat16 makes both models add their row-parallel partial
+products across devices in bfloat16 (half the bytes). --small shrinks the model so it runs on
+forced CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8).
 """
 
 from __future__ import annotations
@@ -299,8 +299,9 @@ def check_against_one_device(cfg, mesh, params, key, linear=nvfp4_linear) -> flo
 def measure(cfg: Config, mesh: Mesh, models, steps: int, repeats: int):
     """[(label, {model: ms})]: per batch size a decode step (steady: the difference of programs of
     `steps` and 2 * `steps` steps, per step) and one `steps`-step program's time per step; then
-    the prefill, without and with sequence parallelism; and [(label, {model: bytes})]: each prefill's temporary memory per
-    device, as compiled (XLA's buffer assignment: the activations live at its peak)."""
+    the prefill, without and with sequence parallelism; and [(label, {model: bytes})]: each
+    prefill's temporary memory per device, as compiled (XLA's buffer assignment: the activations
+    live at its peak)."""
     replicated = NamedSharding(mesh, P())
     key = jax.random.key(3)
     tp = mesh.shape["tp"]

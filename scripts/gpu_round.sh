@@ -11,6 +11,8 @@
 # PREBUILT a folder holding a jax_nvfp4 wheel built elsewhere for this machine's Python (e.g. on
 #         the CPU box: `pip wheel --no-build-isolation --no-deps -w .prebuilt .` under Python 3.12
 #         with JAX_NVFP4_CUDA_ARCHS=90a; carry the folder): installed instead of building here
+# OVERLAY with PREBUILT, =1: this checkout's jax_nvfp4/ Python files replace the wheel's (a change
+#         to Python only, tested on a wheel of the same kernels built earlier)
 # Logs and benchmark tables go to $OUT (the device tool's return folder) or ./gpu_out.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -34,6 +36,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 if [ -n "${PREBUILT:-}" ]; then
   echo "== install $(ls "$PREBUILT"/jax_nvfp4-*.whl)"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$PREBUILT"/jax_nvfp4-*.whl || exit 1
+  if [ "${OVERLAY:-0}" = 1 ]; then
+    echo "== overlay this checkout's Python files"
+    (cd jax_nvfp4 && find . -name "*.py" -exec cp --parents {} "$SITE/jax_nvfp4/" \;) || exit 1
+  fi
 else
   echo "== build (OPS=${OPS:-quantize;gemm;conv} ARCHS=${ARCHS:-90a})"
   if ! JAX_NVFP4_CUDA=ON JAX_NVFP4_CUDA_ARCHS="${ARCHS:-90a}" JAX_NVFP4_OPS="${OPS:-quantize;gemm;conv}" \

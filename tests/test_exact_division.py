@@ -1,5 +1,9 @@
 """jax_nvfp4.exact_division: correctly rounded float32 quotients from integer arithmetic."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import pytest
@@ -54,3 +58,24 @@ def test_encode_scale_from_amax_matches_the_recipe():
         want = np.float32(2688.0) / amax
     want = np.where((amax == 0) | ~np.isfinite(want), np.float32(1), want).astype(np.float32)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+# Quantization fused into its consumer: before the quotients were materialized, XLA:CPU inlined
+# the 26-step division chains into the dequantization and took ~4 minutes to compile this program
+# (10 for dequantize(quantize(w))); it now takes about a second.
+_QUANTIZE_THEN_CONSUME = """
+import jax, jax.numpy as jnp
+import jax_nvfp4 as jn
+w = jnp.ones((256, 512)); x = jnp.ones((8, 512))
+jax.jit(lambda x, w: jn.matmul(x, jn.quantize(w))).lower(x, w).compile()
+jax.jit(lambda w: jn.dequantize(jn.quantize(w))).lower(w).compile()
+print("COMPILED")
+"""
+
+
+def test_quantize_fused_into_its_consumer_compiles_promptly_on_cpu():
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    # The bound guards against the regression (minutes), not a performance goal.
+    proc = subprocess.run([sys.executable, "-P", "-c", _QUANTIZE_THEN_CONSUME], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "COMPILED" in proc.stdout, proc.stderr[-3000:]

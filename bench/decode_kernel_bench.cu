@@ -205,10 +205,12 @@ int check_all(bool tails_only) {
   if (!tails_only)
     for (auto& s : big)
       for (int64_t m : {1, 16, 32}) cases.push_back({m, s[0], s[1], 0, DType::kF32, false});
-  // Tails: M not a multiple of 8, N of 64 or 16, K of 128 or 32 (8-byte aligned rows).
+  // Tails: M not a multiple of 8, N of 64 or 16, K of 128 or 32 (8-byte aligned rows: the
+  // kernels fixed to 8-byte code loads, also at M = 9-16 and on whole 128-row scale tiles).
   const int64_t tails[][3] = {{1, 100, 272},  {3, 77, 4112}, {13, 200, 48},  {32, 64, 16},
                               {7, 1, 144},    {9, 130, 400}, {17, 61, 1296}, {25, 33, 2064},
-                              {2, 4096, 4112}, {31, 300, 8208}};
+                              {2, 4096, 4112}, {31, 300, 8208}, {12, 384, 1040}, {16, 256, 2064},
+                              {5, 128, 80}};
   for (auto& t : tails)
     for (int xk = 0; xk < 4; ++xk) cases.push_back({t[0], t[1], t[2], xk, DType::kF32, xk % 2 == 0});
   for (int xk = 0; xk < 4; ++xk) {

@@ -58,6 +58,13 @@ constexpr int kChunk = 128;  // K elements per step: 4 lanes x 32
 constexpr int kDepth = 2;
 static_assert(kDepth % 2 == 0, "the activation double buffer alternates with the chunk parity");
 
+// How a lane loads its 16 code bytes of a row: one 16-byte load (K % 32 == 0: rows are 16-byte
+// aligned) or two 8-byte loads, fixed per kernel. Decided by a runtime flag, ptxas issued both
+// forms of every load, predicated, and the kernel took 5-10% longer at M <= 16 (H100,
+// bench/results/decode_code_loads_h100_2026-11-28.md). Float32 activations keep the flag
+// (kByK): with the 16-byte form fixed their M <= 8 kernel spills.
+enum class CodeLoads { k16, k8, kByK };
+
 // Words of raw activation data one lane holds per chunk and n8-tile.
 template <XKind XK>
 constexpr int x_words() {
@@ -66,8 +73,19 @@ constexpr int x_words() {
 
 struct WeightRaw {
   uint32_t codes[2][4];  // rows g and g+8: 32 elements each
-  uint32_t scales[2];    // two E4M3 block scales per row (low 16 bits)
+  // Per row, the E4M3 scales of its two blocks (low 16 bits), or with the interleaved order
+  // (two blocks a tile apart, two byte loads) the first block's here and the second's in
+  // scales_next. row_scales joins those where they are used: joined right after the loads, the
+  // warp stalled there until they returned (M = 16: 3-9% of the kernel's time, H100).
+  uint32_t scales[2];
+  uint32_t scales_next[2];
 };
+
+// Row r's two block scales (low 16 bits) of `w` in the order IL.
+template <bool IL>
+__device__ __forceinline__ uint32_t row_scales(const WeightRaw& w, int r) {
+  return IL ? w.scales[r] | w.scales_next[r] << 8 : w.scales[r];
+}
 
 template <XKind XK>
 struct ActRaw {
@@ -274,8 +292,8 @@ __device__ __forceinline__ void load_chunk(const GemmProblem& p, int64_t n0, int
     if constexpr (IL) {  // blocks past K: zero codes, and 0 * a NaN scale would not be 0
       const int64_t b0 = c0 / kBlockSize + interleaved_block(t), b1 = b0 + kTileKBlocks;
       const uint8_t* first = p.b.scales + scale_offset(n, b0, kb);
-      const uint32_t lo = ok && b0 < kb ? first[0] : 0u, hi = ok && b1 < kb ? first[kTileBytes] : 0u;
-      c.w.scales[r] = lo | hi << 8;
+      c.w.scales[r] = ok && b0 < kb ? first[0] : 0u;
+      c.w.scales_next[r] = ok && b1 < kb ? first[kTileBytes] : 0u;
     } else {
       c.w.scales[r] = ok && e0 < p.k ? load_scales(p.b.scales, n, e0, p.k) : 0u;
     }
@@ -341,7 +359,8 @@ struct Cursor {
     for (int r = 0; r < 2; ++r) {
       codes16(codes[r], vec16, w.codes[r]);
       if constexpr (IL) {
-        w.scales[r] = static_cast<uint32_t>(scales[r][0]) | static_cast<uint32_t>(scales[r][kTileBytes]) << 8;
+        w.scales[r] = scales[r][0];
+        w.scales_next[r] = scales[r][kTileBytes];
       } else {
         w.scales[r] = ld_stream_u16(scales[r]);
       }
@@ -387,7 +406,7 @@ __device__ __forceinline__ void compute_chunk(const WeightRaw& w, const ActRaw<X
     for (int q = 0; q < 4; ++q) codes[r][q] = w.codes[r][q];
     if constexpr (IL) half_exchange(codes[r], t);
     // both orders: words 0, 1 in the first block, 2, 3 in the second
-    widen_scales(w.scales[r], sc[r][0], sc[r][2]);
+    widen_scales(row_scales<IL>(w, r), sc[r][0], sc[r][2]);
     sc[r][1] = sc[r][0];
     sc[r][3] = sc[r][2];
   }
@@ -425,7 +444,7 @@ constexpr int max_threads() {
   return warp_split<T>() ? kMaxSplit * 32 : kThreads;
 }
 
-template <int T, XKind XK>
+template <int T, XKind XK, CodeLoads kLoads>
 __global__ void __launch_bounds__(max_threads<T>()) decode_kernel(const GemmProblem p, int64_t chunks) {
   constexpr bool IL = interleaved<T, XK>();
   constexpr bool kWarpSplit = warp_split<T>();
@@ -440,7 +459,7 @@ __global__ void __launch_bounds__(max_threads<T>()) decode_kernel(const GemmProb
                                 : static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp * 16;
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * 8 * T;
   const int64_t c_begin = chunks * rank / split, c_end = chunks * (rank + 1) / split;
-  const bool vec16 = p.k % 32 == 0;
+  const bool vec16 = kLoads == CodeLoads::kByK ? p.k % 32 == 0 : kLoads == CodeLoads::k16;
 
   float acc[T][4];
 #pragma unroll
@@ -546,7 +565,7 @@ __global__ void __launch_bounds__(max_threads<T>()) decode_kernel(const GemmProb
   if constexpr (!kWarpSplit) cg::this_cluster().sync();
 }
 
-template <int T, XKind XK>
+template <int T, XKind XK, CodeLoads kLoads>
 cudaError_t launch(const GemmProblem& p, cudaStream_t stream) {
   const int64_t chunks = ceil_div(p.k, kChunk);
   const int64_t m_tiles = ceil_div(p.m, 8 * T);
@@ -556,29 +575,39 @@ cudaError_t launch(const GemmProblem& p, cudaStream_t stream) {
     const int64_t n_tiles = ceil_div(p.n, 16);
     const int split = one_wave_split(
         n_tiles * m_tiles, chunks, 2,
-        resident_warp_parts<decode_kernel<T, XK>>());
+        resident_warp_parts<decode_kernel<T, XK, kLoads>>());
     const LaunchConfig launch(dim3(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles)),
                               dim3(32 * split), 0, stream, /*cluster_z=*/0, /*pdl=*/true);
-    return cudaLaunchKernelEx(&launch.cfg, decode_kernel<T, XK>, p, chunks);
+    return cudaLaunchKernelEx(&launch.cfg, decode_kernel<T, XK, kLoads>, p, chunks);
   } else {
     const int64_t n_tiles = ceil_div(p.n, kRowsPerBlock);
     const int split = one_wave_split(n_tiles * m_tiles, chunks, 2,
-                                     resident_blocks<decode_kernel<T, XK>>(dim3(kThreads), 0));
+                                     resident_blocks<decode_kernel<T, XK, kLoads>>(dim3(kThreads), 0));
     const LaunchConfig launch(dim3(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles), split),
                               dim3(kThreads), 0, stream, static_cast<unsigned>(split), /*pdl=*/true);
-    return cudaLaunchKernelEx(&launch.cfg, decode_kernel<T, XK>, p, chunks);
+    return cudaLaunchKernelEx(&launch.cfg, decode_kernel<T, XK, kLoads>, p, chunks);
+  }
+}
+
+template <int T, XKind XK>
+cudaError_t launch_loads(const GemmProblem& p, cudaStream_t stream) {
+  if constexpr (XK == XKind::kF32) {
+    return launch<T, XK, CodeLoads::kByK>(p, stream);
+  } else {
+    if (p.k % 32 == 0) return launch<T, XK, CodeLoads::k16>(p, stream);
+    return launch<T, XK, CodeLoads::k8>(p, stream);
   }
 }
 
 template <XKind XK>
 cudaError_t launch_for_m(const GemmProblem& p, cudaStream_t stream) {
-  if (p.m <= 8) return launch<1, XK>(p, stream);
+  if (p.m <= 8) return launch_loads<1, XK>(p, stream);
   // Split activations (two MMAs, twice the registers) stop at 16 rows a tile.
   if constexpr (x_split<XK>()) {
-    return launch<2, XK>(p, stream);
+    return launch_loads<2, XK>(p, stream);
   } else {
-    if (p.m <= 16) return launch<2, XK>(p, stream);
-    return launch<4, XK>(p, stream);
+    if (p.m <= 16) return launch_loads<2, XK>(p, stream);
+    return launch_loads<4, XK>(p, stream);
   }
 }
 

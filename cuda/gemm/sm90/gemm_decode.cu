@@ -60,7 +60,7 @@ static_assert(kDepth % 2 == 0, "the activation double buffer alternates with the
 
 // How a lane loads its 16 code bytes of a row: one 16-byte load (K % 32 == 0: rows are 16-byte
 // aligned) or two 8-byte loads, fixed per kernel. Decided by a runtime flag, ptxas issued both
-// forms of every load, predicated, and the kernel took 5-10% longer at M <= 16 (H100,
+// forms of every load, predicated, and the kernel took 4-9% longer at M <= 8 (H100,
 // bench/results/decode_code_loads_h100_2026-11-28.md). Float32 activations keep the flag
 // (kByK): with the 16-byte form fixed their M <= 8 kernel spills.
 enum class CodeLoads { k16, k8, kByK };
@@ -76,7 +76,7 @@ struct WeightRaw {
   // Per row, the E4M3 scales of its two blocks (low 16 bits), or with the interleaved order
   // (two blocks a tile apart, two byte loads) the first block's here and the second's in
   // scales_next. row_scales joins those where they are used: joined right after the loads, the
-  // warp stalled there until they returned (M = 16: 3-9% of the kernel's time, H100).
+  // warp stalled there until they returned (M = 16: 4-10% of the kernel's time, H100).
   uint32_t scales[2];
   uint32_t scales_next[2];
 };

@@ -60,7 +60,7 @@ static_assert(kDepth % 2 == 0, "the activation double buffer alternates with the
 
 // How a lane loads its 16 code bytes of a row: one 16-byte load (K % 32 == 0: rows are 16-byte
 // aligned) or two 8-byte loads, fixed per kernel. Decided by a runtime flag, ptxas issued both
-// forms of every load, predicated, and the kernel took 4-9% longer at M <= 8 (H100,
+// forms of every load, predicated, and the kernel took 3-11% longer at M <= 8 (H100,
 // bench/results/decode_code_loads_h100_2026-11-28.md). Float32 activations keep the flag
 // (kByK): with the 16-byte form fixed their M <= 8 kernel spills.
 enum class CodeLoads { k16, k8, kByK };

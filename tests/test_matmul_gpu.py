@@ -23,6 +23,7 @@ import pytest
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
 from jax_nvfp4.format import output_columns
+from jax_nvfp4.primitives._base import empty_f32, ffi_kernel_call
 from jax_nvfp4.primitives.matmul import GEMM_NVFP4_OUT_TARGET, GEMM_TARGET, PATH_ENV
 
 HERE = Path(__file__).resolve().parent
@@ -231,6 +232,27 @@ def test_nan_propagation(kernels, path):
     nan = np.isnan(y)
     assert nan[3].all() and nan[:, 9].all()
     assert not np.delete(np.delete(nan, 3, axis=0), 9, axis=1).any()
+
+
+@pytest.mark.parametrize("operand,bad,message", [
+    ("b_scales", jnp.zeros((10,), jnp.float8_e4m3fn), r"b_scales must be the tiled e4m3 scales of b \[48, 128\]"),
+    ("b_s_dec", jnp.ones((2,), jnp.float32), "b_s_dec must be a float32 scalar"),
+    ("a_scales", jnp.zeros((10,), jnp.float8_e4m3fn), r"a_scales must be the tiled e4m3 scales of a \[4, 128\]"),
+    ("a_s_dec", jnp.ones((), jnp.bfloat16), "a_s_dec must be a float32 scalar"),
+])
+def test_the_ffi_handler_names_a_malformed_operand(kernels, operand, bad, message):
+    """The FFI target checks its operands itself (a caller of jax.ffi may skip the primitive's
+    trace-time checks): a malformed one fails the call with its name, and launches nothing."""
+    x = jn.quantize(mc.random_float((4, 128), jnp.float32, 14))
+    w = mc.random_weight(48, 128, 15)
+    ops = {"a": x.codes, "a_scales": x.scales, "a_s_dec": x.s_dec,
+           "b_codes": w.codes, "b_scales": w.scales, "b_s_dec": w.s_dec}
+    ops[operand] = bad
+    call = jax.jit(lambda *o: ffi_kernel_call(
+        GEMM_TARGET, [jax.ShapeDtypeStruct((4, 48), jnp.bfloat16)], *o, empty_f32(), empty_f32(),
+        path=np.int64(0), activation=np.int64(0)))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+        jax.block_until_ready(call(*ops.values()))
 
 
 def test_jit_and_vmap(kernels):

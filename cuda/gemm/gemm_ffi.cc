@@ -66,6 +66,24 @@ ffi::Error decode_activation(int64_t activation, GemmProblem* p) {
   return ffi::Error::Success();
 }
 
+// The NVFP4 operand `name` [rows, k] (codes already checked): its tiled e4m3 scales and float32
+// s_dec scalar.
+ffi::Error nvfp4_operand(const std::string& name, ffi::AnyBuffer codes, ffi::AnyBuffer scales,
+                         ffi::AnyBuffer s_dec, int64_t rows, int64_t k, Nvfp4Operand* out) {
+  if (scales.element_type() != ffi::DataType::F8E4M3FN ||
+      static_cast<int64_t>(scales.element_count()) != scale_matrix_bytes(rows, k / kBlockSize)) {
+    return invalid(name + "_scales must be the tiled e4m3 scales of " + name + " " +
+                   dims_str(codes.dimensions()));
+  }
+  if (s_dec.element_type() != ffi::DataType::F32 || s_dec.element_count() != 1) {
+    return invalid(name + "_s_dec must be a float32 scalar");
+  }
+  *out = {static_cast<const uint8_t*>(codes.untyped_data()),
+          static_cast<const uint8_t*>(scales.untyped_data()),
+          static_cast<const float*>(s_dec.untyped_data())};
+  return ffi::Error::Success();
+}
+
 // Fills everything but the outputs; checks shapes and dtypes.
 ffi::Error decode_operands(ffi::AnyBuffer a, ffi::AnyBuffer a_scales, ffi::AnyBuffer a_s_dec,
                            ffi::AnyBuffer b_codes, ffi::AnyBuffer b_scales, ffi::AnyBuffer b_s_dec,
@@ -82,29 +100,14 @@ ffi::Error decode_operands(ffi::AnyBuffer a, ffi::AnyBuffer a_scales, ffi::AnyBu
                    dims_str(bd));
   }
   if (b_codes.element_type() != ffi::DataType::F4E2M1FN) return invalid("b must be float4_e2m1fn");
-  if (b_scales.element_type() != ffi::DataType::F8E4M3FN ||
-      static_cast<int64_t>(b_scales.element_count()) != scale_matrix_bytes(p->n, p->k / kBlockSize)) {
-    return invalid("b_scales must be the tiled e4m3 scales of b " + dims_str(bd));
+  if (auto err = nvfp4_operand("b", b_codes, b_scales, b_s_dec, p->n, p->k, &p->b); err.failure()) {
+    return err;
   }
-  if (b_s_dec.element_type() != ffi::DataType::F32 || b_s_dec.element_count() != 1) {
-    return invalid("b_s_dec must be a float32 scalar");
-  }
-  p->b = {static_cast<const uint8_t*>(b_codes.untyped_data()),
-          static_cast<const uint8_t*>(b_scales.untyped_data()),
-          static_cast<const float*>(b_s_dec.untyped_data())};
-
   p->a_is_nvfp4 = a.element_type() == ffi::DataType::F4E2M1FN;
   if (p->a_is_nvfp4) {
-    if (a_scales.element_type() != ffi::DataType::F8E4M3FN ||
-        static_cast<int64_t>(a_scales.element_count()) != scale_matrix_bytes(p->m, p->k / kBlockSize)) {
-      return invalid("a_scales must be the tiled e4m3 scales of a " + dims_str(ad));
+    if (auto err = nvfp4_operand("a", a, a_scales, a_s_dec, p->m, p->k, &p->a_q); err.failure()) {
+      return err;
     }
-    if (a_s_dec.element_type() != ffi::DataType::F32 || a_s_dec.element_count() != 1) {
-      return invalid("a_s_dec must be a float32 scalar");
-    }
-    p->a_q = {static_cast<const uint8_t*>(a.untyped_data()),
-              static_cast<const uint8_t*>(a_scales.untyped_data()),
-              static_cast<const float*>(a_s_dec.untyped_data())};
   } else if (!to_dtype(a.element_type(), &p->a_dtype)) {
     return invalid("a must be bf16, f16, f32 or float4_e2m1fn");
   }

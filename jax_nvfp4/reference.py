@@ -23,10 +23,11 @@ E4M3_NAN_BITS = 0x7F
 
 
 def tensor_amax(x, group_ndim: int = 0):
-    """max |x| over the finite elements, per group of the first `group_ndim` dims."""
+    """max |x| over the finite elements, per group of the first `group_ndim` dims (0 for an
+    empty group, as for an all-zero one)."""
     x = x.astype(jnp.float32)
     mag = jnp.where(jnp.isfinite(x), jnp.abs(x), 0.0)
-    return jnp.max(mag, axis=tuple(range(group_ndim, x.ndim)))
+    return jnp.max(mag, axis=tuple(range(group_ndim, x.ndim)), initial=0.0)
 
 
 def encode_scale_from_amax(amax):

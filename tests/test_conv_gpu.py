@@ -464,6 +464,14 @@ def test_activation_and_output_dtypes_with_bias(gpu, x_dtype, out_dtype):
     assert cc.rel_err(got, want) < tol
 
 
+@pytest.mark.parametrize("x_dtype", [jnp.bfloat16, "nvfp4"])
+def test_empty_batch(gpu, x_dtype):
+    w = jn.quantize_conv_weight(jax.random.normal(jax.random.key(4), (3, 3, 32, 48), jnp.float32))
+    x = jnp.zeros((0, 9, 9, 32), jnp.bfloat16)
+    got = jax.jit(lambda a: jn.conv(a, w, padding="SAME"))(jn.quantize(x) if x_dtype == "nvfp4" else x)
+    assert got.shape == (0, 9, 9, 48)
+
+
 def test_vmap_on_gpu(gpu):
     case = cc.CASES["many_small_images"]
     x, w = operands(case, seed=5)

@@ -255,6 +255,17 @@ def test_the_ffi_handler_names_a_malformed_operand(kernels, operand, bad, messag
         jax.block_until_ready(call(*ops.values()))
 
 
+@pytest.mark.parametrize("lead", [(0,), (2, 0)])
+def test_empty_x(kernels, lead):
+    """No rows: an empty product, and an NVFP4 output still gets its s_dec (1 / out_s_enc)."""
+    w = mc.random_weight(48, 128, 16)
+    x = jnp.zeros(lead + (128,), jnp.bfloat16)
+    assert run("auto", x, w).shape == lead + (48,)
+    assert run("auto", jn.quantize(x), w).shape == lead + (48,)
+    y = run("auto", x, w, out_s_enc=4.0)
+    assert y.shape == lead + (48,) and float(y.s_dec) == 0.25
+
+
 def test_jit_and_vmap(kernels):
     xs = mc.random_float((4, 6, 128), jnp.bfloat16, 12)
     w = mc.random_weight(48, 128, 13)

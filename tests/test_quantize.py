@@ -152,6 +152,18 @@ def test_zero_blocks_and_zero_tensor():
     np.testing.assert_array_equal(np.asarray(jax_nvfp4.dequantize(q, jnp.float32)), 0)
 
 
+@pytest.mark.parametrize("shape", [(0, 32), (2, 0, 48)])
+def test_empty_tensor(shape):
+    """No elements: amax 0, so S_enc = 1 as for an all-zero tensor; W4A4 gives an empty product."""
+    q = jax_nvfp4.quantize(jnp.zeros(shape, jnp.bfloat16))
+    assert q.shape == shape and float(q.s_dec) == 1.0
+    assert jax_nvfp4.dequantize(q).shape == shape
+    w = jax_nvfp4.quantize(random((16, shape[-1]), jnp.float32, seed=3))
+    assert jax_nvfp4.matmul(q, w).shape == shape[:-1] + (16,)
+    y = jax_nvfp4.matmul(q, w, out_s_enc=1.0)
+    assert y.shape == shape[:-1] + (16,) and float(y.s_dec) == 1.0
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_huge_magnitudes(dtype):
     x = random((4, 32), jnp.float32, seed=2, scale=1e37)

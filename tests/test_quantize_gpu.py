@@ -75,6 +75,14 @@ def test_quantize_bytes_equal_reference(kernels, shape, dtype):
     _check(q, _cpu_reference(x, s))
 
 
+@pytest.mark.parametrize("shape", [(0, 32), (2, 0, 48)])
+def test_quantize_empty_tensor(kernels, shape):
+    x = np.zeros(shape, jnp.bfloat16)
+    q = jax.jit(jax_nvfp4.quantize)(jax.device_put(x, kernels))
+    _check(q, _cpu_reference_amax(x))
+    assert float(q.s_dec) == 1.0
+
+
 @pytest.mark.parametrize("shape", [(3, 130, 80), (2, 4, 3, 48)])
 def test_quantize_groups(kernels, shape):
     x = _random(shape, jnp.bfloat16, seed=1)

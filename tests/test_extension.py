@@ -54,6 +54,29 @@ def test_without_a_kernel_for_the_gpu_the_reference_runs_with_a_warning(monkeypa
     assert f"@{target}" not in text
 
 
+def _empty_ops():
+    w = jn.quantize(jnp.ones((48, 128), jnp.float32))
+    x0 = jnp.zeros((0, 128), jnp.bfloat16)
+    w_conv = jn.quantize_conv_weight(jnp.ones((3, 3, 16, 32), jnp.float32))
+    return [("quantize", jn.quantize, (x0,)),
+            ("dequantize", jn.dequantize, (jn.quantize(x0),)),
+            ("matmul, no rows", jn.matmul, (x0, w)),
+            ("matmul, NVFP4 output", lambda a, b: jn.matmul(a, b, out_s_enc=4.0), (x0, w)),
+            ("matmul, no weight rows", jn.matmul, (jnp.ones((4, 128), jnp.bfloat16),
+                                                   jn.quantize(jnp.ones((0, 128), jnp.float32)))),
+            ("conv, empty batch", lambda a, b: jn.conv(a, b, padding="SAME"),
+             (jnp.zeros((0, 8, 8, 16), jnp.bfloat16), w_conv))]
+
+
+@pytest.mark.parametrize("name,fn,args", _empty_ops(), ids=lambda v: v if isinstance(v, str) else "")
+def test_a_call_without_elements_lowers_to_the_reference(monkeypatch, name, fn, args):
+    """Nothing to launch: the reference computes what an empty call still returns (s_dec)."""
+    monkeypatch.setattr(_extension, "kernel_available", lambda name: True)
+    monkeypatch.setattr(_extension, "_cuda_compute_capability", lambda: (9, 0))
+    text = _cuda_module_text(fn, *args)
+    assert not any(f"@{t}" in text for t in _TARGETS), name
+
+
 @pytest.mark.parametrize("target,fn,args", _ops(), ids=lambda v: v if isinstance(v, str) else "")
 def test_with_a_kernel_the_cuda_lowering_calls_the_ffi_target(monkeypatch, target, fn, args):
     monkeypatch.setattr(_extension, "kernel_available", lambda name: True)

@@ -359,7 +359,9 @@ def test_sm90_decode_kernel_uses_tensor_cores(kernel_sass):
     fixed to 8-byte loads (CodeLoads::k8, for rows that are only 8-byte aligned), which hold no
     16-byte form."""
     kernels = kernel_sass("sm_90a", r"decode_kernel")
-    assert len(kernels) == 18, sorted(kernels)  # T x activation kind x CodeLoads
+    # T x activation kind x CodeLoads: 18 warp-split kernels, 11 cluster-split ones (T >= 2)
+    assert len(kernels) == 29, sorted(kernels)
+    assert sum("Lb0E" in name for name in kernels) == 11, sorted(kernels)
     for name, sass in kernels.items():
         assert "HMMA.16816.F32.BF16" in sass, f"{name} has no bf16 mma.sync"
         assert "LDL" not in sass and "STL" not in sass, f"{name} spills to local memory"

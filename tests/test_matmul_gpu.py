@@ -255,6 +255,22 @@ def test_the_ffi_handler_names_a_malformed_operand(kernels, operand, bad, messag
         jax.block_until_ready(call(*ops.values()))
 
 
+def test_the_ffi_handler_sets_s_dec_of_an_nvfp4_output_without_rows(kernels):
+    """The library lowers an empty call to the reference; a direct caller of the FFI target still
+    gets 1 / out_s_enc (XLA passes the empty codes and scales without an address)."""
+    w = mc.random_weight(48, 128, 17)
+    scales = jn.quantize(jnp.zeros((0, 48), jnp.float32)).scales
+    results = [jax.ShapeDtypeStruct((0, 48), jn.format.CODE_DTYPE),
+               jax.ShapeDtypeStruct(scales.shape, scales.dtype), jax.ShapeDtypeStruct((), jnp.float32)]
+    call = jax.jit(lambda x, s: ffi_kernel_call(
+        GEMM_NVFP4_OUT_TARGET, results, x, jnp.zeros((0,), jnp.float8_e4m3fn), jnp.ones((), jnp.float32),
+        w.codes, w.scales, w.s_dec, empty_f32(), s, path=np.int64(0), activation=np.int64(0)))
+    for s_enc in (4.0, 8.0):
+        poison(1 << 20)
+        s_dec = call(jnp.zeros((0, 128), jnp.bfloat16), jnp.float32(s_enc))[2]
+        assert float(s_dec) == 1 / s_enc
+
+
 @pytest.mark.parametrize("lead", [(0,), (2, 0)])
 def test_empty_x(kernels, lead):
     """No rows: an empty product, and an NVFP4 output still gets its s_dec (1 / out_s_enc)."""

@@ -67,6 +67,10 @@ struct GemmProblem {
 
   void* workspace = nullptr;  // the call's workspace result (common/workspace_registry.h)
   size_t workspace_bytes = 0;
+
+  // Whether the output is NVFP4. Told by out_s_enc, a scalar: XLA gives a zero-sized buffer (the
+  // codes and scales of an output without rows) no address.
+  bool nvfp4_out() const { return out_s_enc != nullptr; }
 };
 
 // Columns of the output: n, or n / 2 with a gated activation.

@@ -23,11 +23,18 @@ __all__ = ["ShapedArray", "define_primitive", "ffi_kernel_call", "batch_size", "
            "map_batcher", "empty_f32"]
 
 
+def _no_elements(ctx) -> bool:
+    """Whether an operand or result of the call being lowered has no elements (an empty batch,
+    zero rows or columns): a degenerate problem, which every path gives the reference's result."""
+    return any(0 in aval.shape for aval in (*ctx.avals_in, *ctx.avals_out))
+
+
 def define_primitive(name, *, abstract_eval, reference, kernel, ffi_target, multiple_results=True):
     """Creates primitive `name`.
 
     abstract_eval(*avals, **params) -> aval(s).
-    reference(*args, **params)      pure-JAX implementation (CPU and fallback lowering).
+    reference(*args, **params)      pure-JAX implementation (CPU and fallback lowering, and the
+                                    CUDA lowering of a call with an empty operand or result).
     kernel(*args, **params)         implementation through jax.ffi.ffi_call (CUDA lowering).
     ffi_target(**params) -> str     the FFI target the kernel path calls.
     """
@@ -42,6 +49,8 @@ def define_primitive(name, *, abstract_eval, reference, kernel, ffi_target, mult
 
     def cuda_rule(ctx, *args, **params):
         target = ffi_target(**params)
+        if _no_elements(ctx):  # nothing to launch; the reference still sets s_dec and the like
+            return reference_rule(ctx, *args, **params)
         if _extension.kernel_available(target):
             return kernel_rule(ctx, *args, **params)
         _extension.warn_reference_fallback(target)

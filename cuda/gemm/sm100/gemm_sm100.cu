@@ -100,7 +100,7 @@ size_t gemm_sm100_workspace_bytes(const GemmProblem& p) {
 
 cudaError_t gemm_sm100(const GemmProblem& p, cudaStream_t stream) {
   if (sm100::unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
-  const bool nvfp4_out = p.out_codes != nullptr;
+  const bool nvfp4_out = p.nvfp4_out();
   if (nvfp4_out) {  // padding scale entries (rows past m, blocks past n/16) must read as zero
     JAX_NVFP4_TRY(cudaMemsetAsync(p.out_scales, 0, scale_matrix_bytes(p.m, out_cols(p) / kBlockSize),
                                   stream));

@@ -3,7 +3,7 @@
 // Host-only declarations (no CUTLASS here: the FFI handler including this is compiled with g++).
 // gemm_sm100 takes both W4A4 (A already NVFP4) and W4A16 (A float: quantized first, with its
 // dynamic amax, into the workspace), float output (f32/bf16/f16) or NVFP4 output when
-// p.out_codes != nullptr, and an optional bias. Nothing is read back on the host: alpha and
+// p.nvfp4_out(), and an optional bias. Nothing is read back on the host: alpha and
 // the output decode scale are formed on the device.
 #pragma once
 

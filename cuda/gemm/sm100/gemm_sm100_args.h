@@ -44,7 +44,7 @@ inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 // (then converts, or quantizes an NVFP4 output; a gated one halves the columns).
 inline OutKind out_kind(const GemmProblem& p) {
   if (p.activation != Activation::kNone) return OutKind::kF32;
-  if (p.out_codes != nullptr) return OutKind::kNvfp4;
+  if (p.nvfp4_out()) return OutKind::kNvfp4;
   return p.out_dtype == DType::kBF16 ? OutKind::kBF16 : OutKind::kF32;
 }
 
@@ -89,10 +89,10 @@ inline const char* unsupported_reason(const GemmProblem& p) {
   if (p.m < 0 || p.n < 0 || p.k <= 0) return "m and n must be >= 0 and k > 0";
   if (p.k % kBlockSize != 0) return "k must be a multiple of 16";
   if (is_gated(p.activation) && p.n % 2 != 0) return "a gated activation needs n even";
-  if (p.out_codes != nullptr && out_cols(p) % kBlockSize != 0) {
+  if (p.nvfp4_out() && out_cols(p) % kBlockSize != 0) {
     return "NVFP4 output needs its columns (n, or n / 2 gated) a multiple of 16";
   }
-  if (p.out_codes == nullptr && p.out_dtype != DType::kF32 && p.out_dtype != DType::kBF16 &&
+  if (!p.nvfp4_out() && p.out_dtype != DType::kF32 && p.out_dtype != DType::kBF16 &&
       p.out_dtype != DType::kF16) {
     return "unsupported output dtype";
   }
@@ -119,7 +119,7 @@ inline Plan make_plan(const GemmProblem& p, int sm_count, size_t quantize_ws_byt
   plan.copy_bias = p.bias != nullptr && (p.bias_dtype != DType::kF32 || plan.n_pad != p.n);
   plan.activation_pass = p.activation != Activation::kNone;
   plan.stage_out = plan.n_pad != p.n || is_gated(p.activation) ||
-                   (plan.kind == OutKind::kF32 && (p.out_dtype != DType::kF32 || p.out_codes != nullptr));
+                   (plan.kind == OutKind::kF32 && (p.out_dtype != DType::kF32 || p.nvfp4_out()));
 
   size_t top = 0;
   auto take = [&top](int64_t bytes) {
@@ -139,7 +139,7 @@ inline Plan make_plan(const GemmProblem& p, int sm_count, size_t quantize_ws_byt
   if (plan.pad_b) plan.b_padded = take(plan.n_pad * plan.k_pad / 2);
   if (plan.copy_bias) plan.bias = take(plan.n_pad * static_cast<int64_t>(sizeof(float)));
   if (plan.stage_out) plan.out_staged = take(p.m * plan.n_pad * out_bits(plan.kind) / 8);
-  if (is_gated(p.activation) && p.out_codes != nullptr) {
+  if (is_gated(p.activation) && p.nvfp4_out()) {
     plan.activated = take(p.m * out_cols(p) * static_cast<int64_t>(sizeof(float)));
   }
   plan.cutlass_ws = top;

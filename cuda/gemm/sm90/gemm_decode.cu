@@ -20,14 +20,15 @@
 // shared memory and rank r adds every part in rank order for its share of the fragment slots,
 // then applies alpha, bias, the activation and the output cast. A gated activation pairs weight
 // rows 2j, 2j+1 as MMA rows g, g+8 (weight_row), so one thread finishes both.
-// - T == 1 (M <= 8): a block is one 16-row tile, its warps are the K parts (no cluster).
-// - T >= 2: a block of 4 warps owns 64 rows and walks one K part; its warps read the same
-//   activation chunk at once, from L1 (at M = 16 the activation loads bound the kernel). The
-//   gridDim.z blocks of the K parts form a thread-block cluster and add through distributed
-//   shared memory.
-// At T == 1 the cluster version took 3-20% longer on an H200 on 11 of the 12 Llama shape x M
-// rows measured, and the same on the twelfth (bench/results/decode_kernel_h200_2026-11-22.md,
-// seventeenth session; the cluster launch and its barriers, presumably: not profiled).
+// Two kernel shapes (kWarpSplit):
+// - warp split: a block is one 16-row tile, its warps are the K parts (no cluster);
+// - cluster split: a block of 4 warps owns 64 rows and walks one K part; its warps read the same
+//   activation chunk at once, from L1. The gridDim.z blocks of the K parts form a thread-block
+//   cluster and add through distributed shared memory.
+// M <= 8 (T == 1) always takes the warp split: the cluster version took 3-20% longer on an H200
+// on 11 of the 12 Llama shape x M rows measured, and the same on the twelfth
+// (bench/results/decode_kernel_h200_2026-11-22.md). Past 8 rows the launcher takes the warp split
+// where its one-wave split reaches 2 K parts, else the cluster split (see launch).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -431,24 +432,16 @@ __device__ __forceinline__ void compute_chunk(const WeightRaw& w, const ActRaw<X
   }
 }
 
-// Where a tile's K split lives: one 16-row warp tile per block whose warps take the K parts
-// (T == 1: no cluster, the block's shared memory adds the parts), or 4 warp tiles per block
-// and the K parts in blocks of a cluster (T >= 2: the 4 warps of a block share their
-// activation chunk through L1, which bounds M = 16; see the top).
-template <int T>
-constexpr bool warp_split() {
-  return T == 1;
-}
-template <int T>
+// Threads of a block: the K parts' warps of one tile (warp split), or 4 warps (cluster split).
+template <bool kWarpSplit>
 constexpr int max_threads() {
-  return warp_split<T>() ? kMaxSplit * 32 : kThreads;
+  return kWarpSplit ? kMaxSplit * 32 : kThreads;
 }
 
-template <int T, XKind XK, CodeLoads kLoads>
-__global__ void __launch_bounds__(max_threads<T>()) decode_kernel(const GemmProblem p, int64_t chunks) {
+template <int T, XKind XK, CodeLoads kLoads, bool kWarpSplit>
+__global__ void __launch_bounds__(max_threads<kWarpSplit>()) decode_kernel(const GemmProblem p, int64_t chunks) {
   constexpr bool IL = interleaved<T, XK>();
-  constexpr bool kWarpSplit = warp_split<T>();
-  __shared__ float partial[4 * T][max_threads<T>()];
+  __shared__ float partial[4 * T][max_threads<kWarpSplit>()];
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
@@ -570,23 +563,29 @@ cudaError_t launch(const GemmProblem& p, cudaStream_t stream) {
   const int64_t chunks = ceil_div(p.k, kChunk);
   const int64_t m_tiles = ceil_div(p.m, 8 * T);
   if (m_tiles > 65535) return cudaErrorInvalidValue;
-  // Split K as far as the grid stays resident (one wave), at least 2 chunks a part.
-  if constexpr (warp_split<T>()) {
-    const int64_t n_tiles = ceil_div(p.n, 16);
-    const int split = one_wave_split(
-        n_tiles * m_tiles, chunks, 2,
-        resident_warp_parts<decode_kernel<T, XK, kLoads>>());
-    const LaunchConfig launch(dim3(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles)),
-                              dim3(32 * split), 0, stream, /*cluster_z=*/0, /*pdl=*/true);
-    return cudaLaunchKernelEx(&launch.cfg, decode_kernel<T, XK, kLoads>, p, chunks);
-  } else {
+  // Split K as far as the grid stays resident (one wave), at least 2 chunks a part. Past 8 rows
+  // the warp split needs that split to reach 2: with one warp a tile it lacks the warps to hide
+  // the load latency (M = 16, 14336 x 4096: 16% slower than the cluster split, whose blocks of 4
+  // tiles keep it at 2 or more), and where it reaches 2 it took 10-24% less time at M = 16 and
+  // 13-21% less at M = 32 on the other three Llama shapes (H200,
+  // bench/results/decode_warp_split_h200_2026-11-28.md).
+  const int64_t warp_tiles = ceil_div(p.n, 16) * m_tiles;
+  const int warp_parts = one_wave_split(warp_tiles, chunks, 2,
+                                        resident_warp_parts<decode_kernel<T, XK, kLoads, true>>());
+  if (T == 1 || warp_parts >= 2) {
+    const LaunchConfig launch(dim3(static_cast<unsigned>(ceil_div(p.n, 16)), static_cast<unsigned>(m_tiles)),
+                              dim3(32 * warp_parts), 0, stream, /*cluster_z=*/0, /*pdl=*/true);
+    return cudaLaunchKernelEx(&launch.cfg, decode_kernel<T, XK, kLoads, true>, p, chunks);
+  }
+  if constexpr (T > 1) {  // M <= 8 keeps the warp split: its cluster kernel is not built
     const int64_t n_tiles = ceil_div(p.n, kRowsPerBlock);
     const int split = one_wave_split(n_tiles * m_tiles, chunks, 2,
-                                     resident_blocks<decode_kernel<T, XK, kLoads>>(dim3(kThreads), 0));
+                                     resident_blocks<decode_kernel<T, XK, kLoads, false>>(dim3(kThreads), 0));
     const LaunchConfig launch(dim3(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles), split),
                               dim3(kThreads), 0, stream, static_cast<unsigned>(split), /*pdl=*/true);
-    return cudaLaunchKernelEx(&launch.cfg, decode_kernel<T, XK, kLoads>, p, chunks);
+    return cudaLaunchKernelEx(&launch.cfg, decode_kernel<T, XK, kLoads, false>, p, chunks);
   }
+  return cudaErrorInvalidValue;  // unreachable: T == 1 launched above
 }
 
 template <int T, XKind XK>

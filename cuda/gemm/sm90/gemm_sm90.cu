@@ -20,8 +20,6 @@ namespace {
 constexpr size_t kRegionAlign = 256;
 size_t align_up(size_t v) { return (v + kRegionAlign - 1) / kRegionAlign * kRegionAlign; }
 
-bool nvfp4_out(const GemmProblem& p) { return p.out_codes != nullptr; }
-
 bool separate_activation(const GemmProblem& p) {
   return p.activation != Activation::kNone && gemm_sm90_path(p) == GemmSm90Path::kPrefill;
 }
@@ -39,6 +37,8 @@ GemmProblem float_stage(const GemmProblem& p, void* out_f32) {
   f.out_dtype = DType::kF32;
   f.out_codes = nullptr;
   f.out_scales = nullptr;
+  f.out_s_enc = nullptr;
+  f.out_s_dec = nullptr;
   return f;
 }
 
@@ -156,7 +156,7 @@ GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
 }
 
 size_t gemm_sm90_workspace_bytes(const GemmProblem& p) {
-  if (!nvfp4_out(p)) return float_workspace(p);
+  if (!p.nvfp4_out()) return float_workspace(p);
   const size_t y_bytes = align_up(static_cast<size_t>(p.m * out_cols(p)) * sizeof(float));
   const GemmProblem f = float_stage(p, nullptr);
   const QuantizeProblem q = quantize_stage(p, nullptr, nullptr, 0);
@@ -167,12 +167,12 @@ cudaError_t gemm_sm90(const GemmProblem& p, cudaStream_t stream) {
   if (p.k <= 0 || p.k % kBlockSize != 0 || p.m < 0 || p.n < 0) return cudaErrorInvalidValue;
   if (p.workspace_bytes < gemm_sm90_workspace_bytes(p)) return cudaErrorInvalidValue;
   if (is_gated(p.activation) && p.n % 2 != 0) return cudaErrorInvalidValue;
-  if (p.m == 0 && p.n > 0 && nvfp4_out(p)) {  // nothing to multiply, but out_s_dec is still set
+  if (p.m == 0 && p.n > 0 && p.nvfp4_out()) {  // nothing to multiply, but out_s_dec is still set
     const QuantizeProblem probe = quantize_stage(p, nullptr, nullptr, 0);
     return quantize_sm90(quantize_stage(p, nullptr, p.workspace, quantize_workspace_bytes(probe)), stream);
   }
   if (p.m == 0 || p.n == 0) return cudaSuccess;
-  if (!nvfp4_out(p)) return run_float(p, stream);
+  if (!p.nvfp4_out()) return run_float(p, stream);
   uint8_t* ws = static_cast<uint8_t*>(p.workspace);
   float* y = reinterpret_cast<float*>(ws);
   const size_t y_bytes = align_up(static_cast<size_t>(p.m * out_cols(p)) * sizeof(float));

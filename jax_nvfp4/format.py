@@ -135,6 +135,12 @@ class NVFP4Array:
     def from_plain_scales(cls, codes, scales, s_dec) -> "NVFP4Array":
         """Builds an NVFP4Array from codes [..., K], plain scales [..., K/16] and s_dec."""
         xp = np if isinstance(scales, np.ndarray) else jnp
+        name = "NVFP4Array.from_plain_scales"
+        check_logical_shape(codes.shape, f"{name}: codes")
+        want = tuple(codes.shape[:-1]) + (codes.shape[-1] // BLOCK,)
+        if tuple(scales.shape) != want:  # the tiled check alone would pass a mismatch within a tile
+            raise ValueError(f"{name}: codes of shape {tuple(codes.shape)} need plain scales of "
+                             f"shape {want}, got {tuple(scales.shape)}")
         plain = scales.reshape(1, -1) if scales.ndim == 1 else scales
         q = cls(codes, plain_to_tiled(plain).astype(SCALE_DTYPE), xp.asarray(s_dec, xp.float32))
         q.validate()
@@ -225,6 +231,8 @@ def checked_s_enc(s_enc, name: str):
     (inf) or negative block scales (a negative s_enc; Blackwell's MMA reads scales as unsigned).
     A jax array is not read back (that would sync the host with the device): a traced or
     device-resident scale is the caller's to keep positive."""
+    if isinstance(s_enc, (str, bytes, bool, np.bool_)) or np.iscomplexobj(s_enc):
+        raise TypeError(f"{name} must be a real number or float array, got {s_enc!r}")
     if isinstance(s_enc, (int, float, np.ndarray, np.generic)):
         host = np.asarray(s_enc, np.float64)
         bad = ~(np.isfinite(host) & (host > 0))
@@ -267,4 +275,6 @@ def checked_activation(x, op: str):
         return x, True
     x = jnp.asarray(x)
     check_float_dtype(x.dtype, f"{op}: x")
+    if x.ndim < 1:
+        raise ValueError(f"{op}: x must have rank >= 1 (contracting axis last), got a scalar")
     return x, False

@@ -18,6 +18,8 @@ def quantize(x, *, s_enc=None) -> NVFP4Array:
     leading dims gives each group of rows its own scale. A host value (Python number, NumPy
     array) that is not finite and positive raises ValueError.
     Blocks holding NaN or +-Inf dequantize to NaN; other blocks are unaffected."""
+    if not hasattr(x, "dtype"):  # a (nested) list of Python numbers: float32, as jnp.asarray
+        x = jnp.asarray(x, jnp.float32)
     check_float_dtype(x.dtype, "quantize: x")
     check_logical_shape(x.shape, "quantize: x")
     if s_enc is None:

@@ -205,13 +205,18 @@ def test_conv_sharding_names_follow_the_nvfp4_layout(conv_weights):
 def test_conv_rejects_bad_arguments(conv_weights):
     _, _, x = conv_weights
     with pytest.raises(ValueError, match="in_features=24"):
-        nvnnx.Conv(24, 16, 3, rngs=nnx.Rngs(0))
+        nvnnx.Conv(24, 16, (3, 3), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="kernel_size=\\(3, 3, 3\\)"):
         nvnnx.Conv(32, 16, (3, 3, 3), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="CIRCULAR"):
-        nvnnx.Conv(32, 16, 3, padding="CIRCULAR", rngs=nnx.Rngs(0))
+        nvnnx.Conv(32, 16, (3, 3), padding="CIRCULAR", rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"\[\.\.\., H, W, C\]"):
-        nvlinen.Conv(16, 3).init(jax.random.key(0), jnp.ones((5, 32)))
+        nvlinen.Conv(16, (3, 3)).init(jax.random.key(0), jnp.ones((5, 32)))
+    # Flax reads an int kernel_size as a 1-D kernel: refused, not run as (3, 3)
+    with pytest.raises(ValueError, match=r"kernel_size=3 is a 1-D kernel in Flax.*\(3, 3\)"):
+        nvnnx.Conv(32, 16, 3, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"kernel_size=3 is a 1-D kernel in Flax"):
+        nvlinen.Conv(16, 3).init(jax.random.key(0), jnp.ones((1, 4, 4, 32)))
 
 
 # ---- quantization-aware training ----------------------------------------------------------------
@@ -340,6 +345,12 @@ def test_quantize_model_converts_selected_layers(weights):
         np.testing.assert_array_equal(layer.weight.codes.astype(jnp.float32),
                                       jn.quantize(kernel.T).codes.astype(jnp.float32))
     assert model(x).shape == (3, 5, 10)
+
+
+@pytest.mark.parametrize("padding", ["CIRCULAR", "REFLECT", "CAUSAL"])
+def test_quantize_model_leaves_convs_with_other_paddings_float(padding):
+    conv = nnx.Conv(16, 8, (3, 3), padding=padding, rngs=nnx.Rngs(0))
+    assert convert.quantize_model(conv) is conv
 
 
 def test_quantize_model_of_a_single_layer(weights):
@@ -520,7 +531,7 @@ def test_bad_inputs_are_rejected(weights):
                                         "float16"):
         nvnnx.Linear(IN, OUT, reduce_dtype=jnp.float16, rngs=nnx.Rngs(0))
     with pytest.raises(TypeError, match="Conv 'c': reduce_dtype must be float32 or bfloat16"):
-        nvlinen.Conv(OUT, 3, reduce_dtype=jnp.int8, name="c").init(jax.random.key(0),
+        nvlinen.Conv(OUT, (3, 3), reduce_dtype=jnp.int8, name="c").init(jax.random.key(0),
                                                                    jnp.ones((1, 4, 4, IN)))
 
 

@@ -1,6 +1,7 @@
 """NVFP4Array: pytree behaviour, the tiled scale layout (DESIGN.md §3), conversions, validation."""
 
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -72,6 +73,19 @@ def test_from_plain_scales_round_trip_numpy_and_jax():
     np.testing.assert_array_equal(np.asarray(qj.scales).view(np.uint8),
                                   q.scales.view(np.uint8))
     assert q.nbytes == 130 * 48 // 2 + 2 * 512 + 4
+
+
+@pytest.mark.parametrize("scales_shape", [(130, 2), (129, 3), (3, 130), (390,)])
+def test_from_plain_scales_rejects_scales_of_another_shape(scales_shape):
+    """A mismatch inside one scale tile would pass the tiled shape check and zero the data."""
+    codes, _, s_dec = _example()
+    scales = np.zeros(scales_shape, ml_dtypes.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"codes of shape \(130, 48\) need plain scales of shape "
+                                         r"\(130, 3\), got " + re.escape(str(scales_shape))):
+        NVFP4Array.from_plain_scales(codes, scales, s_dec)
+    packed = NVFP4Array.from_plain_scales(codes, _example()[1], s_dec).packed_codes()
+    with pytest.raises(ValueError, match="need plain scales"):
+        NVFP4Array.from_packed(packed[:129], _example()[1], s_dec)
 
 
 def test_rank1_arrays_have_one_row():

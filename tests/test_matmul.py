@@ -254,6 +254,10 @@ class TestValidation:
         with pytest.raises(TypeError, match="matmul: x must be float32, bfloat16 or float16, got int32"):
             jn.matmul(jnp.zeros((2, 64), jnp.int32), self.w)
 
+    def test_x_scalar(self):
+        with pytest.raises(ValueError, match="matmul: x must have rank >= 1"):
+            jn.matmul(1.0, self.w)
+
     def test_w_not_nvfp4(self):
         with pytest.raises(TypeError, match="w must be an NVFP4Array.*got ArrayImpl"):
             jn.matmul(jnp.zeros((2, 64)), jnp.zeros((32, 64)))

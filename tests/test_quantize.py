@@ -297,6 +297,17 @@ def test_quantize_rejects_bad_input(bad, match):
         jax_nvfp4.quantize(bad)
 
 
+def test_quantize_takes_nested_lists():
+    rows = [[0.5 * (i - j) for i in range(32)] for j in range(3)]
+    assert_same_bytes(jax_nvfp4.quantize(rows), recipe(np.asarray(rows, np.float32)))
+
+
+@pytest.mark.parametrize("s_enc", ["2", True, 1 + 1j])
+def test_quantize_rejects_s_enc_that_is_not_a_real_number(s_enc):
+    with pytest.raises(TypeError, match="quantize: s_enc must be a real number or float array"):
+        jax_nvfp4.quantize(jnp.ones((2, 16)), s_enc=s_enc)
+
+
 def test_quantize_rejects_bad_s_enc_shape():
     with pytest.raises(ValueError, match=r"s_enc of shape \(3,\)"):
         jax_nvfp4.quantize(jnp.zeros((4, 32)), s_enc=jnp.ones((3,)))

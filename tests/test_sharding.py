@@ -518,6 +518,23 @@ def test_nvfp4_sharding_splits_scales_with_codes():
 
 
 @multidevice
+def test_placement_rejects_what_is_not_a_mesh_spec_or_nvfp4_array(mesh):
+    w = nv.quantize(jnp.ones((256, 128), jnp.float32))
+    with pytest.raises(ValueError, match=r"names mesh axes \['foo'\]; the mesh has \('x', 'y'\)"):
+        shard_nvfp4(w, mesh, P("foo", None))
+    with pytest.raises(TypeError, match="spec must be a PartitionSpec, got 'x'"):
+        shard_nvfp4(w, mesh, "x")
+    with pytest.raises(TypeError, match="spec must be a PartitionSpec, got None"):
+        shard_nvfp4(w, mesh, None)
+    with pytest.raises(TypeError, match="mesh must be a jax.sharding.Mesh, got NoneType"):
+        shard_nvfp4(w, None, P("x", None))
+    with pytest.raises(TypeError, match="shard_nvfp4 places an NVFP4Array.*got ArrayImpl"):
+        shard_nvfp4(jnp.ones((256, 128)), mesh, P("x", None))
+    with pytest.raises(ValueError, match="s_dec_ndim=2 must be between 0 and the 0 leading dims"):
+        nvfp4_sharding(mesh, P("x", None), (256, 128), s_dec_ndim=2)
+
+
+@multidevice
 def test_nvfp4_sharding_rejects_partial_tiles(mesh):
     with pytest.raises(ValueError, match=r"dim 0 of shape \(128, 512\).*128-element scale tiles"):
         nvfp4_sharding(mesh, P(ALL, None), (128, 512))

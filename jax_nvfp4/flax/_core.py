@@ -110,6 +110,15 @@ def pair(value, name: str, layer: str) -> tuple[int, int]:
     return pair_
 
 
+def kernel_pair(kernel_size, layer: str) -> tuple[int, int]:
+    """Flax's kernel_size of a 2-D conv as a pair. An int is refused: Flax reads kernel_size=k as
+    the 1-D kernel (k,), which these 2-D layers would have run as (k, k) on other axes."""
+    if isinstance(kernel_size, int):
+        raise ValueError(f"{layer}: kernel_size={kernel_size} is a 1-D kernel in Flax; these "
+                         f"layers are 2-D: pass ({kernel_size}, {kernel_size})")
+    return pair(kernel_size, "kernel_size", layer)
+
+
 def conv_padding(padding, layer: str):
     """Flax's padding forms -> those jax_nvfp4.conv takes ('SAME', 'SAME_LOWER', 'VALID', or
     ((lo, hi), (lo, hi))): an int p pads p on every side, a pair of ints (p_h, p_w) both sides."""

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jax_nvfp4.flax import _core
 from jax_nvfp4.flax import linen as nvfp4_linen
 from jax_nvfp4.flax import nnx as nvfp4_nnx
 from jax_nvfp4.format import BLOCK
@@ -112,7 +113,7 @@ def _ones(value) -> bool:
 def _convertible(module) -> bool:
     """An nnx layer quantize_model converts: a QAT-mode NVFP4 layer, a float nnx.Linear with a
     multiple of 16 inputs, or a float 2-D nnx.Conv NVFP4 can represent (a multiple of 16 input
-    channels; no feature groups, input dilation, mask or circular padding)."""
+    channels; no feature groups, input dilation or mask; a padding jax_nvfp4.conv takes)."""
     if isinstance(module, (nvfp4_nnx.Linear, nvfp4_nnx.Conv)):
         return module.qat
     if type(module) not in (nnx.Linear, nnx.Conv) or module.kernel[...].shape[-2] % BLOCK:
@@ -120,8 +121,15 @@ def _convertible(module) -> bool:
     if type(module) is nnx.Linear:
         return True
     return (module.kernel[...].ndim == 4 and module.feature_group_count == 1
-            and module.mask is None and _ones(module.input_dilation)
-            and not (isinstance(module.padding, str) and module.padding.upper() == "CIRCULAR"))
+            and module.mask is None and _ones(module.input_dilation) and _padding_supported(module.padding))
+
+
+def _padding_supported(padding) -> bool:
+    try:
+        _core.conv_padding(padding, "Conv")
+    except (ValueError, TypeError):  # e.g. 'CIRCULAR', 'REFLECT'
+        return False
+    return True
 
 
 def _to_nvfp4(module, act_quant: bool, act_s_enc, reduce_dtype):

@@ -186,7 +186,7 @@ class Conv(nn.Module):
         layer = f"Conv {self.name!r}"
         _core.check_out_features(self.features, f"{layer}: features")
         _core.check_act_quant(self.act_quant, self.act_s_enc, layer)
-        kernel_size = _core.pair(self.kernel_size, "kernel_size", layer)
+        kernel_size = _core.kernel_pair(self.kernel_size, layer)
         x = jnp.asarray(x)
         if x.ndim < 3:
             raise ValueError(f"{layer}: input must be [..., H, W, C], got shape {tuple(x.shape)}")

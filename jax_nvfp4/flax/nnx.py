@@ -232,7 +232,7 @@ class Conv(_NVFP4Layer):
                  kernel_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({}),
                  bias_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({})):
         layer = type(self).__name__
-        self.kernel_size = _core.pair(kernel_size, "kernel_size", layer)
+        self.kernel_size = _core.kernel_pair(kernel_size, layer)
         self.strides = _core.pair(strides, "strides", layer)
         self.kernel_dilation = _core.pair(kernel_dilation, "kernel_dilation", layer)
         self.padding = _core.conv_padding(padding, layer)

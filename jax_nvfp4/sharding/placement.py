@@ -17,6 +17,10 @@ def nvfp4_sharding(mesh, spec, shape, *, s_dec_ndim: int = 0) -> NVFP4Array:
     The scales split with their codes; s_dec (of rank `s_dec_ndim`, a prefix of the leading
     dims) follows the codes' leading dims. Leading dims must split evenly, rows into whole
     128-row tiles and K into whole 64-element tiles, else ValueError."""
+    if not (hasattr(mesh, "axis_names") and hasattr(mesh, "shape")):
+        raise TypeError(f"nvfp4_sharding: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+    if not isinstance(spec, (PartitionSpec, tuple, list)):  # a bare "tp" would split per letter
+        raise TypeError(f"nvfp4_sharding: spec must be a PartitionSpec, got {spec!r}")
     shape = tuple(shape)
     lead, _, _ = rows_and_lead(shape)
     spec = tuple(spec)
@@ -24,6 +28,13 @@ def nvfp4_sharding(mesh, spec, shape, *, s_dec_ndim: int = 0) -> NVFP4Array:
         raise ValueError(f"nvfp4_sharding: spec {PartitionSpec(*spec)} has more entries than "
                          f"shape {shape} has dims")
     dims = [dim_axes(spec[d]) if d < len(spec) else REPLICATED for d in range(len(shape))]
+    unknown = sorted({a for axes in dims for a in axes} - set(mesh.axis_names))
+    if unknown:
+        raise ValueError(f"nvfp4_sharding: spec {PartitionSpec(*spec)} names mesh axes {unknown}; "
+                         f"the mesh has {tuple(mesh.axis_names)}")
+    if not 0 <= s_dec_ndim <= len(lead):
+        raise ValueError(f"nvfp4_sharding: s_dec_ndim={s_dec_ndim} must be between 0 and the "
+                         f"{len(lead)} leading dims of shape {shape}")
     units = [1] * len(lead) + ([TILE_ROWS] if len(shape) > 1 else []) + [TILE_K]
     for d, (axes, size, unit) in enumerate(zip(dims, shape, units)):
         parts = shard_count(mesh, axes)
@@ -41,4 +52,6 @@ def nvfp4_sharding(mesh, spec, shape, *, s_dec_ndim: int = 0) -> NVFP4Array:
 
 def shard_nvfp4(q: NVFP4Array, mesh, spec) -> NVFP4Array:
     """`q` placed on `mesh` with its codes split by PartitionSpec `spec` (see nvfp4_sharding)."""
+    if not isinstance(q, NVFP4Array):
+        raise TypeError(f"shard_nvfp4 places an NVFP4Array (jax_nvfp4.quantize), got {type(q).__name__}")
     return jax.device_put(q, nvfp4_sharding(mesh, spec, q.shape, s_dec_ndim=q.s_dec.ndim))

@@ -13,7 +13,8 @@ Importing this module registers JVP and transpose rules for `matmul_p` and `conv
   rounded values with no useful derivative, so their tangents are ignored and they get no
   cotangent. Train NVFP4 weights through `qat_matmul` / `qat_conv` (float master weights,
   straight-through gradients).
-- An NVFP4 *output* (`out_s_enc`) is a rounding step: differentiating through it is rejected.
+- An NVFP4 *output* (`out_s_enc`) is a rounding step: differentiating through it is rejected,
+  and so is differentiating through `quantize`.
 - A matmul with an epilogue `activation` is act(z) of the linear op's float32 value z: its JVP
   computes z with a second (linear) GEMM and applies the activation's own JVP.
 
@@ -37,6 +38,7 @@ from jax_nvfp4.format import NVFP4Array, reduce_dtype_of
 from jax_nvfp4.gemm import matmul
 from jax_nvfp4.primitives.conv import conv_p
 from jax_nvfp4.primitives.matmul import matmul_p
+from jax_nvfp4.primitives.quantize import quantize_p
 from jax_nvfp4.quantization import dequantize, quantize
 
 BACKWARD_DTYPE = jnp.bfloat16
@@ -177,6 +179,19 @@ for _op in (_LinearOp(matmul_p, "a_nvfp4", _matmul_backward),
             _LinearOp(conv_p, "x_nvfp4", _conv_backward)):
     ad.primitive_jvps[_op.prim] = functools.partial(_jvp, _op)
     ad.primitive_transposes[_op.prim] = functools.partial(_transpose, _op)
+
+
+def _quantize_jvp(primals, tangents):
+    """Quantization rounds: a tangent through it is refused with the way to train instead."""
+    if not all(_is_zero(t) for t in tangents):
+        raise TypeError("jax_nvfp4.quantize is a rounding step and cannot be differentiated; "
+                        "train with jax_nvfp4.flax.qat_matmul / qat_conv or its QAT layers "
+                        "(straight-through gradients)")
+    outs = quantize_p.bind(*primals)
+    return outs, [_zero_like(o) for o in outs]
+
+
+ad.primitive_jvps[quantize_p] = _quantize_jvp
 
 
 class _QatConfig(NamedTuple):

@@ -182,16 +182,26 @@ def check_logical_shape(shape, name: str) -> None:
                          f"NVFP4 needs a positive multiple of {BLOCK}")
 
 
+def _dtype_named(dtype, name: str, allowed: str):
+    """jnp.dtype(dtype), or a TypeError naming `name` for None or what is not a dtype at all."""
+    try:
+        if dtype is None:
+            raise TypeError
+        return jnp.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{name} must be {allowed}, got {dtype!r}") from None
+
+
 def check_float_dtype(dtype, name: str) -> None:
-    if jnp.dtype(dtype) not in [jnp.dtype(d) for d in FLOAT_DTYPES]:
+    if _dtype_named(dtype, name, "float32, bfloat16 or float16") not in [jnp.dtype(d) for d in FLOAT_DTYPES]:
         raise TypeError(f"{name} must be float32, bfloat16 or float16, got {jnp.dtype(dtype)}")
 
 
 def output_dtype(out_dtype, op: str):
     """The float dtype an op returns: `out_dtype`, bfloat16 by default."""
-    out_dtype = jnp.dtype(jnp.bfloat16 if out_dtype is None else out_dtype)
+    out_dtype = jnp.bfloat16 if out_dtype is None else out_dtype
     check_float_dtype(out_dtype, f"{op}: out_dtype")
-    return out_dtype
+    return jnp.dtype(out_dtype)
 
 
 # Activations the GEMM epilogue applies after alpha and the bias (reference.activation). The
@@ -219,7 +229,8 @@ def activation_of(activation, op: str) -> str:
 def reduce_dtype_of(reduce_dtype, op: str):
     """The dtype a K-sharded op sums its partial products in across devices: `reduce_dtype`,
     float32 by default, or bfloat16 (half the bytes on the links)."""
-    dtype = jnp.dtype(jnp.float32 if reduce_dtype is None else reduce_dtype)
+    dtype = _dtype_named(jnp.float32 if reduce_dtype is None else reduce_dtype, f"{op}: reduce_dtype",
+                         "float32 or bfloat16")
     if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
         raise TypeError(f"{op}: reduce_dtype must be float32 or bfloat16, got {dtype}")
     return dtype

@@ -72,7 +72,7 @@ def matmul(x, w: NVFP4Array, *, bias=None, activation=None, out_dtype=None, out_
        2j + 1 the up projection of output column j; see interleave_gate_up; the bias too) and y
        has N / 2 columns. Differentiable: the JVP recomputes the float32 pre-activation with a
        second GEMM.
-    out_dtype: float dtype of y (default bfloat16).
+    out_dtype: float dtype of y (default bfloat16); not with out_s_enc.
     out_s_enc: if given (a float32 scalar, finite and positive), y is returned as an NVFP4Array
        quantized with this encode scale straight from the float32 epilogue value (y's columns
        must be a multiple of 16), so a following W4A4 layer needs no float round trip.
@@ -88,7 +88,11 @@ def matmul(x, w: NVFP4Array, *, bias=None, activation=None, out_dtype=None, out_
     if x.shape[-1] != k:
         raise ValueError(f"matmul: contracting dims differ: x has shape {tuple(x.shape)} (K="
                          f"{x.shape[-1]}), w has shape {w.shape} (K={k})")
+    out_dtype_given = out_dtype is not None
     out_dtype = output_dtype(out_dtype, "matmul")
+    if out_dtype_given and out_s_enc is not None:
+        raise ValueError(f"matmul: out_dtype={out_dtype} has no effect with out_s_enc (the output "
+                         "is then an NVFP4Array); pass one of them")
     reduce_dtype = reduce_dtype_of(reduce_dtype, "matmul")
     activation = activation_of(activation, "matmul")
     if activation in GATED_ACTIVATIONS and n % 2:

@@ -284,6 +284,16 @@ class TestValidation:
         with pytest.raises(ValueError, match=r"out_s_enc must be a scalar, got shape \(2,\)"):
             jn.matmul(jnp.zeros((2, 64)), self.w, out_s_enc=jnp.ones((2,)))
 
+    def test_dtype_that_is_not_one(self):
+        with pytest.raises(TypeError, match="matmul: out_dtype must be .*got 'flaot32'"):
+            jn.matmul(jnp.zeros((2, 64)), self.w, out_dtype="flaot32")
+        with pytest.raises(TypeError, match="matmul: reduce_dtype must be float32 or bfloat16, got 'foo'"):
+            jn.matmul(jnp.zeros((2, 64)), self.w, reduce_dtype="foo")
+
+    def test_out_dtype_with_out_s_enc(self):
+        with pytest.raises(ValueError, match="out_dtype=float32 has no effect with out_s_enc"):
+            jn.matmul(jnp.zeros((2, 64)), self.w, out_s_enc=1.0, out_dtype=jnp.float32)
+
     @pytest.mark.parametrize("s_enc", [0.0, -1.0, float("inf")])
     def test_out_s_enc_finite_positive(self, s_enc):
         with pytest.raises(ValueError, match=f"out_s_enc must be finite and positive, got {s_enc}"):

@@ -297,6 +297,11 @@ def test_quantize_rejects_bad_input(bad, match):
         jax_nvfp4.quantize(bad)
 
 
+def test_dequantize_dtype_none_is_named():
+    with pytest.raises(TypeError, match="dequantize: dtype must be float32, bfloat16 or float16, got None"):
+        jax_nvfp4.dequantize(jax_nvfp4.quantize(jnp.ones((2, 16))), None)
+
+
 def test_quantize_takes_nested_lists():
     rows = [[0.5 * (i - j) for i in range(32)] for j in range(3)]
     assert_same_bytes(jax_nvfp4.quantize(rows), recipe(np.asarray(rows, np.float32)))

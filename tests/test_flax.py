@@ -503,6 +503,15 @@ def test_orbax_round_trip_nnx(tmp_path, weights):
 
 # ---- bad arguments ----------------------------------------------------------------------------
 
+def test_numpy_sizes_and_scales_are_taken():
+    """Flax takes NumPy integers for sizes; a calibrated scale often arrives as a NumPy float."""
+    layer = nvnnx.Linear(np.int64(IN), np.int64(OUT), act_quant=True, act_s_enc=np.float32(2.0),
+                         rngs=nnx.Rngs(0))
+    assert layer(jnp.ones((2, IN))).shape == (2, OUT)
+    with pytest.raises(ValueError, match="in_features=True"):
+        nvnnx.Linear(True, OUT, rngs=nnx.Rngs(0))
+
+
 def test_bad_features_are_rejected(weights):
     with pytest.raises(ValueError, match="in_features=30"):
         nvnnx.Linear(30, OUT, rngs=nnx.Rngs(0))

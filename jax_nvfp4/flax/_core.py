@@ -4,8 +4,10 @@ and the mapping of a float kernel's sharding names onto the NVFP4 fields."""
 from __future__ import annotations
 
 import math
+import numbers
 
 import jax.numpy as jnp
+import numpy as np
 
 from jax_nvfp4.convolution import conv as nvfp4_conv
 from jax_nvfp4.convolution import quantize_conv_weight
@@ -18,15 +20,20 @@ from jax_nvfp4.quantization import quantize
 from jax_nvfp4.reference import encode_scale_from_amax, tensor_amax
 
 
+def _is_int(value) -> bool:
+    """A Python or NumPy integer (not a bool), as Flax takes for sizes."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
 def check_in_features(in_features, layer: str) -> None:
     """The contracting size must hold whole 16-element NVFP4 blocks."""
-    if not isinstance(in_features, int) or in_features <= 0 or in_features % BLOCK:
+    if not _is_int(in_features) or in_features <= 0 or in_features % BLOCK:
         raise ValueError(f"{layer}: in_features={in_features!r} must be a positive multiple of "
                          f"{BLOCK} (NVFP4 quantizes the input axis in blocks of {BLOCK})")
 
 
 def check_out_features(out_features, layer: str) -> None:
-    if not isinstance(out_features, int) or out_features <= 0:
+    if not _is_int(out_features) or out_features <= 0:
         raise ValueError(f"{layer}: out features {out_features!r} must be a positive int")
 
 
@@ -37,7 +44,8 @@ def check_act_quant(act_quant: bool, act_s_enc, layer: str) -> None:
     if not act_quant:
         raise ValueError(f"{layer}: act_s_enc={act_s_enc!r} is given but act_quant=False; "
                          "a static activation scale only applies to W4A4 (act_quant=True)")
-    if not (isinstance(act_s_enc, (int, float)) and math.isfinite(act_s_enc) and act_s_enc > 0):
+    real = isinstance(act_s_enc, numbers.Real) and not isinstance(act_s_enc, (bool, np.bool_))
+    if not (real and math.isfinite(act_s_enc) and act_s_enc > 0):
         raise ValueError(f"{layer}: act_s_enc must be a finite positive float, got {act_s_enc!r}")
 
 

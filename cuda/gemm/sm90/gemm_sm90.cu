@@ -117,6 +117,9 @@ GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
   if (p.m <= 32 && weights <= (short_k ? kGemmSm90Decode32Weights : kGemmSm90Decode32LongKWeights)) {
     return GemmSm90Path::kDecode;
   }
+  if (p.m <= 32 && !short_k && p.n <= kGemmSm90Decode32MaxN) {
+    return GemmSm90Path::kDecode;
+  }
   const int64_t sms = sm90::sm_count();
   const bool narrow = p.n <= kGemmSm90NarrowMaxN && p.k >= kGemmSm90NarrowMinK;
   if (!short_k && !narrow && weights > kGemmSm90Decode32Weights && p.m > kGemmSm90FusedMaxM &&

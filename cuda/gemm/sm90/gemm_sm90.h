@@ -45,7 +45,11 @@ enum class GemmSm90Path : int { kDecode = 0, kPrefill = 1, kFused = 2, kFusedWs 
 // (activation staging, the cluster split) outweigh the dequantization pass they save: up to
 // kGemmSm90PrefillWeights prefill past decode's M; up to kGemmSm90Decode64Weights decode to
 // M = 64, then prefill; up to kGemmSm90Decode32Weights (kGemmSm90Decode32LongKWeights where
-// K > kGemmSm90ShortKMaxK) decode to M = 32. Where the fused kernel
+// K > kGemmSm90ShortKMaxK) decode to M = 32, and larger ones with K > kGemmSm90ShortKMaxK too
+// where N <= kGemmSm90Decode32MaxN: few 16-row tiles, so the decode kernel's warp split takes 4 K
+// parts or more (4096 x 14336 at M = 24 and 32: 27.0 and 28.7 us against fused's 32.9 and 33.4 on
+// an H200; 14336 x 4096, whose 896 tiles leave the warp split one part, stays on fused: decode
+// 30.3 and 33.1 against 27.0 and 27.2). Where the fused kernel
 // would take its few tiles past M = 64, prefill does instead on weights up to
 // kGemmSm90Decode32Weights with K <= kGemmSm90MidKMaxK (fused_ws on larger ones), and past
 // M = kGemmSm90FusedMaxM on weights up to kGemmSm90FewTilesPrefillWeights.
@@ -69,6 +73,7 @@ constexpr int64_t kGemmSm90PrefillWeights = int64_t{1} << 18;          // 512 x 
 constexpr int64_t kGemmSm90Decode64Weights = int64_t{1} << 20;         // 1024 x 1024
 constexpr int64_t kGemmSm90Decode32Weights = int64_t{1} << 23;         // 2048 x 4096
 constexpr int64_t kGemmSm90Decode32LongKWeights = int64_t{1} << 25;    // 8192 x 4096
+constexpr int64_t kGemmSm90Decode32MaxN = 4096;
 constexpr int64_t kGemmSm90FewTilesPrefillWeights = int64_t{1} << 22;  // 2048 x 2048
 constexpr int64_t kGemmSm90MidKMaxK = 2048;
 constexpr int64_t kGemmSm90ShortKMaxK = 1024;

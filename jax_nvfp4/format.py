@@ -103,6 +103,10 @@ class NVFP4Array:
 
     def validate(self, name: str = "NVFP4Array") -> None:
         """Raises ValueError/TypeError (naming `name`) unless the fields are consistent."""
+        for field in ("codes", "scales", "s_dec"):
+            if not hasattr(getattr(self, field), "dtype"):
+                raise TypeError(f"{name}.{field} must be an array, got "
+                                f"{type(getattr(self, field)).__name__}")
         if self.codes.dtype != CODE_DTYPE:
             raise TypeError(f"{name}.codes must be float4_e2m1fn, got {self.codes.dtype}")
         if self.scales.dtype != SCALE_DTYPE:

@@ -212,6 +212,9 @@ def test_conv_rejects_bad_arguments(conv_weights):
         nvnnx.Conv(32, 16, (3, 3), padding="CIRCULAR", rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"\[\.\.\., H, W, C\]"):
         nvlinen.Conv(16, (3, 3)).init(jax.random.key(0), jnp.ones((5, 32)))
+    for padding in (None, ((1, "x"), (1, 1)), (1, 1, 1)):
+        with pytest.raises(ValueError, match="padding=.* must be 'SAME'"):
+            nvnnx.Conv(32, 16, (3, 3), padding=padding, rngs=nnx.Rngs(0))
     # Flax reads an int kernel_size as a 1-D kernel: refused, not run as (3, 3)
     with pytest.raises(ValueError, match=r"kernel_size=3 is a 1-D kernel in Flax.*\(3, 3\)"):
         nvnnx.Conv(32, 16, 3, rngs=nnx.Rngs(0))

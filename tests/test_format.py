@@ -88,6 +88,12 @@ def test_from_plain_scales_rejects_scales_of_another_shape(scales_shape):
         NVFP4Array.from_packed(packed[:129], _example()[1], s_dec)
 
 
+def test_validate_names_a_field_that_is_not_an_array():
+    q = NVFP4Array.from_plain_scales(*_example())
+    with pytest.raises(TypeError, match=r"NVFP4Array.s_dec must be an array, got float"):
+        NVFP4Array(q.codes, q.scales, 1.0).validate()
+
+
 def test_rank1_arrays_have_one_row():
     codes, scales, s_dec = _example((64,))
     q = NVFP4Array.from_plain_scales(codes, scales, s_dec)

@@ -25,6 +25,7 @@
 
 #include "common/launch_config.cuh"
 #include "common/nvfp4_decode.cuh"
+#include "common/per_device.h"
 #include "common/scale_layout.h"
 #include "common/fast_divide.h"
 #include "quantize/nvfp4_encode.h"
@@ -430,13 +431,27 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(
 
 // ---- launchers ------------------------------------------------------------------------------
 
-template <typename Kernel>
-int persistent_grid(Kernel kernel, int64_t work_items) {
-  int device = 0, sms = 0, per_sm = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
-  const int64_t full = static_cast<int64_t>(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+template <auto kKernel>
+struct WaveBlocksOf {};
+
+// Blocks of kThreads that kKernel keeps resident on the whole device (asked once per device).
+template <auto kKernel>
+int64_t wave_blocks() {
+  return once_per_device<WaveBlocksOf<kKernel>>([] {
+    int device = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kThreads, 0) != cudaSuccess) {
+      (void)cudaGetLastError();  // leave no sticky error for the launch to report
+    }
+    return static_cast<int64_t>(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+  });
+}
+
+// One block per work item, at most one resident wave (the kernels loop over the rest).
+template <auto kKernel>
+int persistent_grid(int64_t work_items) {
+  const int64_t full = wave_blocks<kKernel>();
   return static_cast<int>(work_items < full ? (work_items > 0 ? work_items : 1) : full);
 }
 
@@ -461,16 +476,19 @@ cudaError_t launch_quantize_typed(const QuantizeProblem& p, cudaStream_t stream)
   const int64_t vectors = p.rows * p.k * static_cast<int64_t>(sizeof(T)) / 16;
   EncodeScales enc{p.s_enc, block_max, 0, vectors, p.rows > 0 ? p.rows / p.groups : 1};
   if (p.s_enc == nullptr && vectors > kOwnAmaxVectors) {
-    const int blocks = persistent_grid(amax_kernel<T>, ceil_div(vectors, kThreads));
+    const int blocks = persistent_grid<amax_kernel<T>>(ceil_div(vectors, kThreads));
     enc.amax_blocks = blocks < kMaxAmaxBlocks ? blocks : kMaxAmaxBlocks;
     const cudaError_t err = launch_dependent(amax_kernel<T>, enc.amax_blocks, stream,
                                              static_cast<const uint4*>(p.x), vectors, block_max);
     if (err != cudaSuccess) return err;
   }
-  auto kernel = p.groups > 1 ? quantize_kernel<Encoder, T, true> : quantize_kernel<Encoder, T, false>;
-  const int blocks = persistent_grid(kernel, grid.half_tiles);
-  return launch_dependent(kernel, blocks, stream, static_cast<const T*>(p.x), p.k, grid, enc, p.groups,
-                          reinterpret_cast<uint2*>(p.codes), p.scales, p.s_dec);
+  constexpr auto kGrouped = quantize_kernel<Encoder, T, true>;
+  constexpr auto kOneGroup = quantize_kernel<Encoder, T, false>;
+  const bool grouped = p.groups > 1;
+  const int blocks = grouped ? persistent_grid<kGrouped>(grid.half_tiles)
+                             : persistent_grid<kOneGroup>(grid.half_tiles);
+  return launch_dependent(grouped ? kGrouped : kOneGroup, blocks, stream, static_cast<const T*>(p.x), p.k,
+                          grid, enc, p.groups, reinterpret_cast<uint2*>(p.codes), p.scales, p.s_dec);
 }
 
 template <typename Encoder>
@@ -493,7 +511,7 @@ cudaError_t launch_dequantize_typed(const DequantizeProblem& p, cudaStream_t str
   const TileGrid grid = TileGrid::of(p.rows, p.k, p.rows_per_matrix);
   if (!grid.fits_32bit()) return cudaErrorInvalidValue;
   if (grid.half_tiles == 0) return cudaSuccess;
-  const int blocks = persistent_grid(dequantize_kernel<T>, grid.half_tiles);
+  const int blocks = persistent_grid<dequantize_kernel<T>>(grid.half_tiles);
   return launch_dependent(dequantize_kernel<T>, blocks, stream, p.codes, p.scales,
                           p.s_dec, p.rows / p.groups, p.groups == 1, p.k, grid,
                           static_cast<T*>(p.out));

@@ -8,9 +8,9 @@
 
 #include <array>
 #include <cstdint>
-#include <mutex>
 
 #include "common/launch_config.cuh"
+#include "common/per_device.h"
 #include "gemm/sm90/gemm_sm90_internal.h"  // sm_count
 
 namespace jax_nvfp4 {
@@ -60,32 +60,25 @@ ResidentBlocks query_resident_warp_parts(Kernel kernel) {
   return parts;
 }
 
-// query() once per device for each (kernel, kind of split): the queries cost more than a
-// decode-size kernel.
+// The queries cost more than a decode-size kernel: each (kernel, kind of split) is asked once per
+// device.
 enum class SplitOver { kCluster, kWarps };
-template <auto kKernel, SplitOver kOver, typename Query>
-ResidentBlocks cached_per_device(Query query) {
-  constexpr int kMaxDevices = 64;
-  static ResidentBlocks cache[kMaxDevices];
-  static std::once_flag done[kMaxDevices];
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return query();
-  std::call_once(done[device], [&] { cache[device] = query(); });
-  return cache[device];
-}
+template <auto kKernel, SplitOver kOver>
+struct ResidentOf {};
 
 // query_resident_blocks for kernel kKernel, cached per device. Also sets the kernel's dynamic
 // shared memory limit on the device (once).
 template <auto kKernel>
 ResidentBlocks resident_blocks(dim3 block, size_t smem_bytes) {
-  return cached_per_device<kKernel, SplitOver::kCluster>(
+  return once_per_device<ResidentOf<kKernel, SplitOver::kCluster>>(
       [&] { return query_resident_blocks(kKernel, block, smem_bytes); });
 }
 
 // query_resident_warp_parts for kernel kKernel, cached per device.
 template <auto kKernel>
 ResidentBlocks resident_warp_parts() {
-  return cached_per_device<kKernel, SplitOver::kWarps>([] { return query_resident_warp_parts(kKernel); });
+  return once_per_device<ResidentOf<kKernel, SplitOver::kWarps>>(
+      [] { return query_resident_warp_parts(kKernel); });
 }
 
 // The largest split (<= kMaxClusterSplit, >= min_chunks K chunks a part) that keeps `tiles`

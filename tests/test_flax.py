@@ -96,6 +96,28 @@ def test_linen_dense_general_matches_reshaped_dense():
     assert jax.tree.map(jnp.shape, init) == jax.tree.map(jnp.shape, q)
 
 
+@pytest.mark.parametrize("qat", [True, False], ids=["qat", "inference"])
+def test_linen_layers_initialize_like_flax(qat):
+    # Flax's DenseGeneral calls kernel_init on the flattened [prod(in), prod(out)] kernel, so its
+    # fan-in and fan-out are the totals; Dense and Conv call it on their own shapes.
+    x = jax.random.normal(jax.random.key(1), (2, 4, 16, 32))
+    key = jax.random.key(5)
+    cases = [(nn.DenseGeneral((2, 24), axis=(1, 2)), nvlinen.DenseGeneral((2, 24), axis=(1, 2), qat=qat), 2),
+             (nn.Dense(48), nvlinen.Dense(48, qat=qat), 1),
+             (nn.Conv(48, (3, 3)), nvlinen.Conv(48, (3, 3), qat=qat), None)]
+    for float_layer, layer, in_ndim in cases:
+        float_params = float_layer.init(key, x)
+        got = layer.init(key, x)["params"]["kernel"]
+        if qat:
+            np.testing.assert_array_equal(got, float_params["params"]["kernel"])
+            continue
+        want = convert.quantize_params(float_params, conv=lambda path, k, n=in_ndim: n is None,
+                                       in_ndim=lambda path, k, n=in_ndim: n)
+        want = want["params"]["kernel"]
+        for field in ("codes", "scales", "s_dec"):
+            np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
+
+
 @pytest.mark.parametrize("s_enc", [None, 1500.0])
 def test_w4a4_quantizes_activations(weights, s_enc):
     kernel, bias, x = weights
@@ -494,6 +516,45 @@ def test_orbax_round_trip_linen(tmp_path):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
+def test_flax_serialization_round_trip_linen():
+    tokens = jnp.arange(12).reshape(3, 4)
+    q = convert.quantize_params(_LinenLM().init(jax.random.key(0), tokens),
+                                predicate=convert.skip("lm_head"))
+    from flax import serialization
+    restored = serialization.from_bytes(q, serialization.to_bytes(q))
+    assert isinstance(restored["params"]["fc1"]["kernel"], jn.NVFP4Array)
+    for a, b in zip(jax.tree.leaves(q), jax.tree.leaves(restored)):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    state = serialization.to_state_dict(q)["params"]["fc1"]["kernel"]
+    with pytest.raises(ValueError, match="missing"):
+        serialization.from_state_dict(q["params"]["fc1"]["kernel"], {"codes": state["codes"]})
+
+
+def test_trainable_mask_keeps_an_optimizer_off_the_nvfp4_fields():
+    import optax
+
+    tokens = jnp.arange(12).reshape(3, 4)
+    q = convert.quantize_params(_LinenLM().init(jax.random.key(0), tokens),
+                                predicate=convert.skip("lm_head"))
+    model = _LinenLM(dense=nvlinen.Dense)
+    loss = lambda p: jnp.mean(model.apply(p, tokens) ** 2)  # noqa: E731
+    mask = convert.trainable_mask(q)
+    assert mask["params"]["fc1"]["kernel"] is False and mask["params"]["fc1"]["bias"] is True
+    assert mask["params"]["lm_head"]["kernel"] is True
+    # Adam over the whole tree divides the NVFP4 fields' zero gradients by zero: NaN scales.
+    opt = optax.masked(optax.adam(1e-2), mask)
+    updates, _ = opt.update(jax.grad(loss)(q), opt.init(q), q)
+    p = optax.apply_updates(q, updates)
+    assert jnp.isfinite(loss(p)) and loss(p) < loss(q)
+    for name in ("fc1", "fc2"):
+        for field in ("codes", "scales", "s_dec"):
+            np.testing.assert_array_equal(
+                np.asarray(getattr(p["params"][name]["kernel"], field), np.float32),
+                np.asarray(getattr(q["params"][name]["kernel"], field), np.float32))
+    assert not np.array_equal(p["params"]["lm_head"]["kernel"], q["params"]["lm_head"]["kernel"])
+
+
 def test_orbax_round_trip_nnx(tmp_path, weights):
     _, _, x = weights
     model = convert.quantize_model(_NnxMLP(nnx.Rngs(0)))
@@ -513,6 +574,21 @@ def test_numpy_sizes_and_scales_are_taken():
     assert layer(jnp.ones((2, IN))).shape == (2, OUT)
     with pytest.raises(ValueError, match="in_features=True"):
         nvnnx.Linear(True, OUT, rngs=nnx.Rngs(0))
+    x = jnp.ones((1, 6, 6, 16))
+    conv = nvnnx.Conv(16, 32, (np.int64(3), np.int64(3)), strides=np.int64(2), rngs=nnx.Rngs(0))
+    assert conv.kernel_size == (3, 3) and conv.strides == (2, 2) and conv(x).shape == (1, 3, 3, 32)
+    y = nvlinen.Conv(32, (3, 3), strides=(np.int32(2), 2)).init_with_output(jax.random.key(0), x)[0]
+    assert y.shape == (1, 3, 3, 32)
+
+
+def test_none_strides_and_dilation_are_one_as_in_flax():
+    x = jax.random.normal(jax.random.key(0), (1, 6, 6, 16))
+    float_conv = nnx.Conv(16, 32, (3, 3), strides=None, kernel_dilation=None, rngs=nnx.Rngs(0))
+    converted = convert.quantize_model(nnx.clone(float_conv))
+    assert isinstance(converted, nvnnx.Conv) and converted.strides == (1, 1)
+    assert converted(x).shape == float_conv(x).shape == (1, 6, 6, 32)
+    with pytest.raises(ValueError, match="kernel_size=None"):
+        nvnnx.Conv(16, 32, None, rngs=nnx.Rngs(0))
 
 
 def test_bad_features_are_rejected(weights):

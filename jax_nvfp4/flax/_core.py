@@ -110,20 +110,28 @@ def dense(x, kernel, bias, *, in_features: int, dtype, param_dtype, act_quant: b
 
 
 def pair(value, name: str, layer: str) -> tuple[int, int]:
-    """An int or a pair of positive ints (Flax's kernel_size/strides/dilation) -> a pair."""
-    pair_ = (value, value) if isinstance(value, int) else tuple(value)
-    if len(pair_) != 2 or not all(isinstance(v, int) and v > 0 for v in pair_):
+    """An int or a pair of positive ints (Flax's strides/dilation; Python or NumPy ints) -> a
+    pair; None is 1, as in Flax."""
+    if value is None:
+        return (1, 1)
+    try:
+        pair_ = (value, value) if _is_int(value) else tuple(value)
+    except TypeError:  # neither an int nor a sequence
+        pair_ = ()
+    if len(pair_) != 2 or not all(_is_int(v) and v > 0 for v in pair_):
         raise ValueError(f"{layer}: {name}={value!r} must be a positive int or a pair of them "
                          "(2-D convolutions only)")
-    return pair_
+    return tuple(int(v) for v in pair_)
 
 
 def kernel_pair(kernel_size, layer: str) -> tuple[int, int]:
     """Flax's kernel_size of a 2-D conv as a pair. An int is refused: Flax reads kernel_size=k as
     the 1-D kernel (k,), which these 2-D layers would have run as (k, k) on other axes."""
-    if isinstance(kernel_size, int):
+    if _is_int(kernel_size):
         raise ValueError(f"{layer}: kernel_size={kernel_size} is a 1-D kernel in Flax; these "
                          f"layers are 2-D: pass ({kernel_size}, {kernel_size})")
+    if kernel_size is None:
+        raise ValueError(f"{layer}: kernel_size=None; pass the 2-D kernel size, e.g. (3, 3)")
     return pair(kernel_size, "kernel_size", layer)
 
 

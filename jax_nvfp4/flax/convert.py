@@ -7,7 +7,10 @@
 - `quantize_model(model, predicate=...)`: an nnx model, in place: each selected `nnx.Linear` /
   `nnx.Conv` (or QAT-mode NVFP4 layer) becomes an inference-mode NVFP4 `Linear` / `Conv`.
 - `save(directory, tree)` / `restore(directory, like)`: orbax checkpoints of either (an nnx
-  model's `nnx.state(model)`, or a linen parameter tree).
+  model's `nnx.state(model)`, or a linen parameter tree). Importing this module also registers
+  NVFP4Array with `flax.serialization` (`to_bytes` / `from_bytes`, `to_state_dict`).
+- `trainable_mask(params)`: which leaves of a linen tree an optimizer may update (not the
+  NVFP4Array fields of inference layers).
 
 A predicate is called as predicate(path, kernel) with the layer's path (a tuple of names /
 indices) and its float kernel in Flax's layout; `quantize_all` is the default, `skip(*names)`
@@ -28,10 +31,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from flax import serialization
+
 from jax_nvfp4.flax import _core
 from jax_nvfp4.flax import linen as nvfp4_linen
 from jax_nvfp4.flax import nnx as nvfp4_nnx
-from jax_nvfp4.format import BLOCK
+from jax_nvfp4.format import BLOCK, NVFP4Array
 
 Predicate = Callable[[tuple, Any], bool]
 
@@ -196,3 +201,35 @@ def restore(directory: str | os.PathLike, like):
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     with ocp.StandardCheckpointer() as checkpointer:
         return checkpointer.restore(os.path.abspath(directory), abstract)
+
+
+def trainable_mask(params):
+    """A mask for `optax.masked` (a prefix of `params`): False at each NVFP4Array, True at every
+    other leaf. linen inference layers keep their NVFP4Array in the 'params' collection, where
+    `jax.grad` gives its float4/float8 fields zero gradients; an optimizer that divides by its
+    second moment (Adam) turns those zeros into NaN, and weight decay would shift the codes. So
+    fine-tune the float leaves of a converted tree only:
+    `optax.masked(optax.adam(lr), convert.trainable_mask(params))`. (nnx keeps NVFP4 weights in
+    `NVFP4Param`, which `nnx.Optimizer(wrt=nnx.Param)` skips.)"""
+    is_nvfp4 = lambda leaf: isinstance(leaf, NVFP4Array)  # noqa: E731
+    return jax.tree.map(lambda leaf: not is_nvfp4(leaf), params, is_leaf=is_nvfp4)
+
+
+# flax.serialization (msgpack `to_bytes`, `to_state_dict`) sees an NVFP4Array as its three fields.
+_FIELDS = ("codes", "scales", "s_dec")
+
+
+def _nvfp4_to_state_dict(q: NVFP4Array) -> dict:
+    return {f: serialization.to_state_dict(getattr(q, f)) for f in _FIELDS}
+
+
+def _nvfp4_from_state_dict(target: NVFP4Array, state: dict) -> NVFP4Array:
+    missing = [f for f in _FIELDS if f not in state]
+    if missing:
+        raise ValueError(f"an NVFP4Array state needs the fields {_FIELDS}; missing {missing}")
+    return NVFP4Array(*(serialization.from_state_dict(getattr(target, f), state[f], name=f)
+                        for f in _FIELDS))
+
+
+serialization.register_serialization_state(NVFP4Array, _nvfp4_to_state_dict, _nvfp4_from_state_dict,
+                                           override=True)

@@ -4,7 +4,8 @@ The attributes follow flax.linen's (features, use_bias, dtype, param_dtype, kern
 bias_init; DenseGeneral's axis; Conv's kernel_size, strides, padding, kernel_dilation) plus:
 - `qat`: keep a float master 'kernel' param (Flax's layout, [*in, *out] or HWIO) quantized in
   every forward pass with straight-through gradients; otherwise (inference) the 'kernel' param
-  is an `NVFP4Array` ([N = prod(out), K = prod(in)], or [R, S, out, in] for Conv);
+  is an `NVFP4Array` ([N = prod(out), K = prod(in)], or [R, S, out, in] for Conv), which an
+  optimizer must leave alone (`jax_nvfp4.flax.convert.trainable_mask`);
 - `act_quant` / `act_s_enc`: W4A4 (quantize activations per call, or with a calibrated static
   encode scale) instead of the default W4A16;
 - `reduce_dtype`: the dtype a row-parallel layer (input features split over devices) sums its
@@ -59,14 +60,30 @@ def quantize_kernel(kernel, layer: str, *, in_ndim: int = 1, conv: bool = False)
                       box.replace(value=q.scales, names=fields["scales"]), q.s_dec)
 
 
-def _params(module, layer: str, kernel_shape, bias_shape, **quantize_args):
+def _flax_kernel_init(module, in_ndim: int, conv: bool):
+    """module.kernel_init as Flax's layers call it: a conv's on the HWIO shape, a dense kernel's
+    on [prod(in), prod(out)] and reshaped to [*in, *out] (DenseGeneral's fan-in and fan-out)."""
+    if conv:
+        return module.kernel_init
+
+    def init(rng, shape, dtype):
+        kernel = module.kernel_init(rng, (math.prod(shape[:in_ndim]), math.prod(shape[in_ndim:])), dtype)
+        if isinstance(kernel, nn.meta.AxisMetadata):
+            return nn.meta.replace_boxed(kernel, jnp.reshape(kernel.unbox(), shape))
+        return jnp.reshape(kernel, shape)
+
+    return init
+
+
+def _params(module, layer: str, kernel_shape, bias_shape, *, in_ndim: int = 1, conv: bool = False):
     """The module's 'kernel' param (the float master kernel with `qat`, else its NVFP4Array:
-    `quantize_kernel` with `quantize_args`) and its 'bias' param (None without `use_bias`)."""
+    `quantize_kernel` with in_ndim / conv) and its 'bias' param (None without `use_bias`)."""
+    kernel_init = _flax_kernel_init(module, in_ndim, conv)
     if module.qat:
-        kernel = module.param("kernel", module.kernel_init, kernel_shape, module.param_dtype)
+        kernel = module.param("kernel", kernel_init, kernel_shape, module.param_dtype)
     else:
         kernel = module.param("kernel", lambda rng: quantize_kernel(
-            module.kernel_init(rng, kernel_shape, module.param_dtype), layer, **quantize_args))
+            kernel_init(rng, kernel_shape, module.param_dtype), layer, in_ndim=in_ndim, conv=conv))
     bias = None
     if module.use_bias:
         bias = module.param("bias", module.bias_init, bias_shape, module.param_dtype)

@@ -372,6 +372,44 @@ def test_quantize_model_converts_selected_layers(weights):
     assert model(x).shape == (3, 5, 10)
 
 
+def test_quantize_model_keeps_shared_layers_shared_and_reaches_into_containers():
+    class Model(nnx.Module):
+        def __init__(self):
+            self.a = nnx.Linear(32, 32, rngs=nnx.Rngs(0))
+            self.b = self.a  # tied
+            self.in_tuple = nnx.data((nnx.Linear(32, 16, rngs=nnx.Rngs(1)), 3))
+            self.in_dict = nnx.data({"p": nnx.Linear(32, 16, rngs=nnx.Rngs(2))})
+            self.in_list = nnx.List([nnx.Linear(32, 16, rngs=nnx.Rngs(3))])
+            self.stack = nnx.vmap(lambda r: nnx.Linear(32, 32, rngs=r))(nnx.Rngs(4).split(3))
+
+    model = Model()
+    assert convert.quantize_model(model) is model
+    assert model.a is model.b and isinstance(model.a, nvnnx.Linear)
+    assert isinstance(model.in_tuple[0], nvnnx.Linear) and model.in_tuple[1] == 3
+    assert isinstance(model.in_dict["p"], nvnnx.Linear) and isinstance(model.in_list[0], nvnnx.Linear)
+    assert type(model.stack) is nnx.Linear  # a stack of layers (nnx.vmap) stays float
+
+
+def test_quantize_model_leaves_the_model_unchanged_when_a_layer_fails(monkeypatch):
+    class Model(nnx.Module):
+        def __init__(self):
+            self.first = nnx.Linear(32, 32, rngs=nnx.Rngs(0))
+            self.second = nnx.Linear(32, 16, rngs=nnx.Rngs(1))
+
+    model = Model()
+    convert_layer = convert._to_nvfp4
+
+    def failing_on_second(module, *args):  # e.g. a sharding the mesh cannot split
+        if module is model.second:
+            raise ValueError("cannot convert the second layer")
+        return convert_layer(module, *args)
+
+    monkeypatch.setattr(convert, "_to_nvfp4", failing_on_second)
+    with pytest.raises(ValueError, match="second layer"):
+        convert.quantize_model(model)
+    assert type(model.first) is nnx.Linear and type(model.second) is nnx.Linear
+
+
 @pytest.mark.parametrize("padding", ["CIRCULAR", "REFLECT", "CAUSAL"])
 def test_quantize_model_leaves_convs_with_other_paddings_float(padding):
     conv = nnx.Conv(16, 8, (3, 3), padding=padding, rngs=nnx.Rngs(0))
@@ -487,6 +525,14 @@ with jax.set_mesh(mesh):
         y16 = np.asarray(nnx.jit(lambda h, m: m(h))(h, down16), np.float32)
         err = np.linalg.norm(y16 - y32) / np.linalg.norm(y32)
         assert 1e-4 < err < 1e-2, (qat, err)
+
+# 48 output rows over 4 devices: not whole 128-row scale tiles (the float layer takes it).
+with jax.set_mesh(mesh):
+    try:
+        nvnnx.Linear(64, 48, kernel_init=nnx.with_partitioning(init, (None, "model")), rngs=nnx.Rngs(0))
+        raise AssertionError("an uneven split of the scale tiles was accepted")
+    except ValueError as e:
+        assert "whole 128-row scale tiles" in str(e) and "(48, 64)" in str(e), e
 print("SHARDED_FLAX_OK")
 """
 

@@ -124,7 +124,7 @@ def _convertible(module) -> bool:
     if type(module) not in (nnx.Linear, nnx.Conv) or module.kernel[...].shape[-2] % BLOCK:
         return False
     if type(module) is nnx.Linear:
-        return True
+        return module.kernel[...].ndim == 2  # not a stack of layers (nnx.vmap)
     return (module.kernel[...].ndim == 4 and module.feature_group_count == 1
             and module.mask is None and _ones(module.input_dilation) and _padding_supported(module.padding))
 
@@ -166,20 +166,39 @@ def quantize_model(model, *, predicate: Predicate = quantize_all, act_quant: boo
     circular padding) stay float. `act_quant`/`act_s_enc` set W4A4 and `reduce_dtype` the
     row-parallel sum's dtype on the converted float layers.
     Keep the float model with `nnx.clone(model)` first if you still need it."""
-    selected = [(path, m) for path, m in nnx.iter_modules(model)
-                if _convertible(m) and predicate(path, m.kernel[...])]
-    for path, module in selected:
-        new = _to_nvfp4(module, act_quant, act_s_enc, reduce_dtype)
-        if not path:
-            return new
-        parent = model
-        for key in path[:-1]:
-            parent = parent[key] if isinstance(key, int) else getattr(parent, key)
-        if isinstance(path[-1], int):
-            parent[path[-1]] = new
-        else:
-            setattr(parent, path[-1], new)
+    modules = list(nnx.iter_modules(model))
+    # Every replacement is built before the model changes, so an error leaves it as it was.
+    new_of = {id(m): _to_nvfp4(m, act_quant, act_s_enc, reduce_dtype) for path, m in modules
+              if _convertible(m) and predicate(path, m.kernel[...])}
+    if id(model) in new_of:
+        return new_of[id(model)]
+    # Each module once (iter_modules visits a shared one once): every attribute that refers to
+    # a converted layer, directly or inside a dict / list / tuple, is pointed at its new layer,
+    # so layers used in several places stay shared.
+    for _, module in modules:
+        for name, value in list(vars(module).items()):
+            if not name.startswith("_"):
+                swapped = _swapped(value, new_of)
+                if swapped is not value:
+                    setattr(module, name, swapped)
     return model
+
+
+def _swapped(value, new_of: dict):
+    """`value` with the modules of new_of (by id) replaced: itself if none is in it, else the new
+    module or container (a dict or list updated in place is returned as itself)."""
+    if id(value) in new_of:
+        return new_of[id(value)]
+    if isinstance(value, dict):
+        for key, item in list(value.items()):
+            value[key] = _swapped(item, new_of)
+    elif isinstance(value, list):
+        value[:] = [_swapped(item, new_of) for item in value]
+    elif isinstance(value, tuple):
+        items = [_swapped(item, new_of) for item in value]
+        if any(a is not b for a, b in zip(items, value)):
+            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    return value
 
 
 def save(directory: str | os.PathLike, tree) -> None:

@@ -31,7 +31,7 @@ from flax import nnx
 from flax.nnx.nn.linear import default_bias_init, default_kernel_init
 
 from jax_nvfp4.flax import _core
-from jax_nvfp4.format import NVFP4Array, reduce_dtype_of
+from jax_nvfp4.format import BLOCK, TILE_K_BLOCKS, TILE_ROWS, NVFP4Array, reduce_dtype_of
 
 # The metadata key nnx reads a variable's sharding from (it has changed across Flax releases).
 _SHARDING_KEYS = ("out_sharding", "sharding_names", "sharding")
@@ -73,9 +73,20 @@ class NVFP4Kernel(nnx.Module):
                  *, layer: str = "NVFP4Kernel"):
         weight.validate(f"{layer}: weight")
         fields = _field_metadata(metadata, layer)
-        self.codes = NVFP4Param(weight.codes, **fields["codes"])
-        self.scales = NVFP4Param(weight.scales, **fields["scales"])
-        self.s_dec = NVFP4Param(weight.s_dec, **fields["s_dec"])
+        try:  # under a mesh, each variable is placed with its sharding here
+            self.codes = NVFP4Param(weight.codes, **fields["codes"])
+            self.scales = NVFP4Param(weight.scales, **fields["scales"])
+            self.s_dec = NVFP4Param(weight.s_dec, **fields["s_dec"])
+        except ValueError as e:
+            if type(e).__name__ != "IndivisibleError":
+                raise
+            names = {f: {k: v for k, v in fields[f].items() if k in _SHARDING_KEYS} for f in fields}
+            raise ValueError(
+                f"{layer}: the sharding of the NVFP4 weight {weight.shape} splits a dimension into "
+                f"uneven parts on the mesh; NVFP4 splits rows by whole {TILE_ROWS}-row scale tiles "
+                f"and K by whole {TILE_K_BLOCKS * BLOCK}-element tiles (fields' names: codes {names['codes']}, "
+                f"scales {names['scales']}). Replicate that dimension or use a smaller mesh axis. "
+                f"JAX said: {str(e).splitlines()[0]}") from e
 
     @property
     def value(self) -> NVFP4Array:

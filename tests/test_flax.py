@@ -390,6 +390,17 @@ def test_quantize_model_keeps_shared_layers_shared_and_reaches_into_containers()
     assert type(model.stack) is nnx.Linear  # a stack of layers (nnx.vmap) stays float
 
 
+def test_quantize_model_leaves_layers_with_their_own_product_float():
+    def my_dot(*args, **kwargs):
+        return jax.lax.dot_general(*args, **kwargs)
+
+    layers = [nnx.Linear(32, 16, dot_general=my_dot, rngs=nnx.Rngs(0)),
+              nnx.Linear(32, 16, preferred_element_type=jnp.float32, rngs=nnx.Rngs(0)),
+              nnx.Conv(16, 16, (3, 3), preferred_element_type=jnp.float32, rngs=nnx.Rngs(0))]
+    for layer in layers:
+        assert convert.quantize_model(layer) is layer
+
+
 def test_quantize_model_leaves_the_model_unchanged_when_a_layer_fails(monkeypatch):
     class Model(nnx.Module):
         def __init__(self):

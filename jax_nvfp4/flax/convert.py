@@ -30,6 +30,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax import lax
 
 from flax import serialization
 
@@ -118,12 +119,20 @@ def _ones(value) -> bool:
 def _convertible(module) -> bool:
     """An nnx layer quantize_model converts: a QAT-mode NVFP4 layer, a float nnx.Linear with a
     multiple of 16 inputs, or a float 2-D nnx.Conv NVFP4 can represent (a multiple of 16 input
-    channels; no feature groups, input dilation or mask; a padding jax_nvfp4.conv takes)."""
+    channels; no feature groups, input dilation or mask; a padding jax_nvfp4.conv takes); in
+    both cases with Flax's own product and no preferred_element_type."""
     if isinstance(module, (nvfp4_nnx.Linear, nvfp4_nnx.Conv)):
         return module.qat
     if type(module) not in (nnx.Linear, nnx.Conv) or module.kernel[...].shape[-2] % BLOCK:
         return False
-    if type(module) is nnx.Linear:
+    # A custom product (an fp8 or AQT dot_general, say) or a wider output type than the layer's
+    # dtype is an NVFP4 layer cannot keep: such layers stay as they are.
+    linear = type(module) is nnx.Linear
+    product = module.dot_general if linear else module.conv_general_dilated
+    if product is not (lax.dot_general if linear else lax.conv_general_dilated) or \
+            getattr(module, "preferred_element_type", None) is not None:
+        return False
+    if linear:
         return module.kernel[...].ndim == 2  # not a stack of layers (nnx.vmap)
     return (module.kernel[...].ndim == 4 and module.feature_group_count == 1
             and module.mask is None and _ones(module.input_dilation) and _padding_supported(module.padding))

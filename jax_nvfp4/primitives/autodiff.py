@@ -299,6 +299,12 @@ def _ste_fwd(x, w, bias, act_s_enc, cfg):
     return y, (x_in, w_q, act_s_enc)
 
 
+def _float_vjp(cfg, x_hat, w_hat, g_hat):
+    """(dx, dw) of the float op at the dequantized operands for the cotangent g_hat."""
+    _, vjp = jax.vjp(lambda x, w: _float_op(x, w, cfg), x_hat, w_hat)
+    return vjp(g_hat)
+
+
 def _ste_bwd(cfg, residuals, g):
     x_in, w_q, act_s_enc = residuals
     x_hat = (dequantize(x_in, BACKWARD_DTYPE) if isinstance(x_in, NVFP4Array)
@@ -306,8 +312,16 @@ def _ste_bwd(cfg, residuals, g):
     w_hat = dequantize(w_q, BACKWARD_DTYPE)
     if cfg.conv is not None:  # [R, S, K, C] -> the master HWIO layout
         w_hat = jnp.transpose(w_hat, (0, 1, 3, 2))
-    _, vjp = jax.vjp(lambda x, w: _float_op(x, w, cfg), x_hat, w_hat)
-    dx, dw = vjp(g.astype(BACKWARD_DTYPE).astype(jnp.float32))
+    g_hat = g.astype(BACKWARD_DTYPE).astype(jnp.float32)
+    if jax.sharding.get_abstract_mesh().explicit_axes:
+        # On Explicit mesh axes the cotangent can arrive without the output's sharding in its
+        # type, and JAX's convolution VJP over a sharded batch wants an out_sharding: run the
+        # float VJP with the axes Auto, the gradients typed like their inputs.
+        specs = (jax.typeof(x_hat).sharding.spec, jax.typeof(w_hat).sharding.spec)
+        dx, dw = jax.sharding.auto_axes(functools.partial(_float_vjp, cfg), out_sharding=specs)(
+            x_hat, w_hat, g_hat)
+    else:
+        dx, dw = _float_vjp(cfg, x_hat, w_hat, g_hat)
     dbias = None
     if cfg.bias_dtype is not None:
         dbias = jnp.sum(g.astype(jnp.float32), axis=tuple(range(g.ndim - 1)))

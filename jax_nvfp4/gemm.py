@@ -18,8 +18,9 @@ def _scales_as_matrix(scales, lead, k):
     if len(lead) <= 1:
         return scales  # [K] and [M, K] already have one matrix of scales
     rows = lead[-1]
-    if rows % TILE_ROWS == 0:  # whole tiles: the leading dims just merge (sizes given: any may be 0)
-        return scales.reshape(math.prod(lead[:-1]), *scales.shape[len(lead) - 1:])
+    if rows % TILE_ROWS == 0:  # whole tiles: the leading dims and the row tiles just merge
+        # (sizes given: any may be 0)
+        return scales.reshape(math.prod(lead[:-1]) * (rows // TILE_ROWS), *scales.shape[len(lead):])
     plain = tiled_to_plain(scales, rows, k // BLOCK)
     return plain_to_tiled(plain.reshape(-1, k // BLOCK))
 

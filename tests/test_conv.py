@@ -116,6 +116,13 @@ def test_vmap_over_nvfp4_activations_and_over_weights():
     assert cc.rel_err(got[0], cc.oracle(x, jax.tree_util.tree_map(lambda l: l[0], ws), case)) < 1e-5
 
 
+def test_vmap_with_an_empty_batch():
+    w = jn.quantize_conv_weight(jnp.ones((3, 3, 32, 24)))
+    f = lambda a: jn.conv(a, w, out_dtype=jnp.float32)  # noqa: E731
+    assert jax.vmap(f)(jnp.zeros((0, 1, 4, 4, 32))).shape == (0, 1, 4, 4, 24)
+    assert jax.vmap(f)(jnp.zeros((2, 0, 4, 4, 32))).shape == (2, 0, 4, 4, 24)
+
+
 def test_quantize_conv_weight_layout():
     w_hwio = jax.random.normal(jax.random.key(7), (3, 5, 32, 12))
     q = jn.quantize_conv_weight(w_hwio)

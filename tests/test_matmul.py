@@ -243,6 +243,24 @@ def test_vmap_over_x_and_over_weights():
         mc.assert_close(stacked[i], mc.oracle(xs[0], wi), 1e-5)
 
 
+def test_vmap_with_an_empty_batch_or_empty_rows():
+    w = mc.random_weight(32, 64, 18)
+    f = lambda a: jn.matmul(a, w, out_dtype=jnp.float32)  # noqa: E731
+    for shape in [(3, 0, 64), (0, 5, 64), (0, 64)]:
+        assert jax.vmap(f)(jnp.zeros(shape)).shape == (*shape[:-1], 32)
+
+
+def test_w4a4_with_several_leading_dims_and_whole_row_tiles():
+    # x [2, 128, K]: its scales merge into those of a [256, K] matrix (two row tiles).
+    x = mc.random_float((2, 128, 64), jnp.float32, 19)
+    w = mc.random_weight(32, 64, 20)
+    xq = jn.quantize(x)
+    got = jn.matmul(xq, w, out_dtype=jnp.float32)
+    want = jn.matmul(jn.quantize(x.reshape(256, 64), s_enc=1.0 / xq.s_dec), w, out_dtype=jnp.float32)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want).reshape(2, 128, 32))
+    mc.assert_close(got, mc.oracle(xq, w), 1e-5)
+
+
 class TestValidation:
     w = mc.random_weight(32, 64, 0)
 

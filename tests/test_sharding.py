@@ -736,3 +736,16 @@ def test_qat_grad_under_jit_on_a_mesh_with_explicit_axes(explicit_mesh):
     for g, g_want in zip(got, want):  # the backward runs in bfloat16
         g, g_want = np.asarray(g), np.asarray(g_want)
         assert np.linalg.norm(g - g_want) <= 1e-2 * np.linalg.norm(g_want)
+
+
+@multidevice
+@pytest.mark.parametrize("x_spec", [P(), P("x")], ids=["replicated", "batch-parallel"])
+def test_w4a4_with_several_leading_dims_and_whole_row_tiles(mesh, x_spec):
+    """NVFP4 x [B, S, K] with S a multiple of 128: its scales merge into those of [B*S, K] (the
+    partitioner checks their rank against the rule), with the bytes of a one-device run."""
+    x = nv.quantize(row_scaled(jax.random.key(7), (2, 128, 256)))
+    w = nv.quantize(row_scaled(jax.random.key(8), (256, 256)))
+    f = jax.jit(lambda a, b: nv.matmul(a, b, out_dtype=jnp.float32))
+    want = f(x, w)
+    got = f(jax.tree.map(lambda leaf: put(leaf, mesh, P(*x_spec[:leaf.ndim])), x), w)
+    assert same_bytes(got, want)

@@ -29,10 +29,8 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from flax import nnx
+from flax import nnx, serialization
 from jax import lax
-
-from flax import serialization
 
 from jax_nvfp4.flax import _core
 from jax_nvfp4.flax import linen as nvfp4_linen

@@ -83,10 +83,10 @@ class NVFP4Kernel(nnx.Module):
             names = {f: {k: v for k, v in fields[f].items() if k in _SHARDING_KEYS} for f in fields}
             raise ValueError(
                 f"{layer}: the sharding of the NVFP4 weight {weight.shape} splits a dimension into "
-                f"uneven parts on the mesh; NVFP4 splits rows by whole {TILE_ROWS}-row scale tiles "
-                f"and K by whole {TILE_K_BLOCKS * BLOCK}-element tiles (fields' names: codes {names['codes']}, "
-                f"scales {names['scales']}). Replicate that dimension or use a smaller mesh axis. "
-                f"JAX said: {str(e).splitlines()[0]}") from e
+                f"uneven parts on the mesh; NVFP4 splits rows by whole {TILE_ROWS}-row scale "
+                f"tiles and K by whole {TILE_K_BLOCKS * BLOCK}-element tiles (fields' names: "
+                f"codes {names['codes']}, scales {names['scales']}). Replicate that dimension or "
+                f"use a smaller mesh axis. JAX said: {str(e).splitlines()[0]}") from e
 
     @property
     def value(self) -> NVFP4Array:

@@ -188,12 +188,12 @@ def conv_batcher(prim):
             not params["x_nvfp4"] or (x_dims[1] is not None and x_dims[2] is None))
         if foldable:
             xs = [jnp.moveaxis(a, d, 0) for a, d in zip(args[:2], x_dims[:2]) if d is not None]
-            b = xs[0].shape[0]
+            b, images = xs[0].shape[:2]
             folded = [a.reshape(b * a.shape[1], *a.shape[2:]) for a in xs]
             if params["x_nvfp4"]:
                 folded.append(args[2])
             (out,) = prim.bind(*folded, *args[n_x:], **params)
-            return (out.reshape(b, -1, *out.shape[1:]),), (0,)
+            return (out.reshape(b, images, *out.shape[1:]),), (0,)  # sizes given: any may be 0
         return map_batch(args, dims, **params)
 
     return rule

@@ -72,6 +72,12 @@ def _out_avals(m, n, out_nvfp4, out_dtype):
 
 def _abstract(*args, a_nvfp4, has_bias, out_nvfp4, out_dtype, activation):
     ops = _unpack(args, a_nvfp4, has_bias, out_nvfp4)
+    # The tiled scales of each NVFP4 operand, as its [rows, K] codes need them: the kernels and
+    # the reference read them by position.
+    for name, codes in (("a", ops["a"] if a_nvfp4 else None), ("b", ops["b_codes"])):
+        if codes is not None and tuple(ops[f"{name}_scales"].shape) != tiled_scales_shape(codes.shape):
+            raise ValueError(f"nvfp4_matmul: {name}_scales has shape {ops[name + '_scales'].shape}; "
+                             f"codes of shape {codes.shape} need {tiled_scales_shape(codes.shape)}")
     cols = output_columns(ops["b_codes"].shape[0], activation)
     return _out_avals(ops["a"].shape[0], cols, out_nvfp4, out_dtype)
 
@@ -121,7 +127,7 @@ def matmul_batcher(prim):
             a = jnp.moveaxis(args[0], dims[0], 0)
             b, m, k = a.shape
             (out,) = prim.bind(a.reshape(b * m, k), *args[1:], **params)
-            return (out.reshape(b, m, -1),), (0,)
+            return (out.reshape(b, m, out.shape[-1]),), (0,)  # sizes given: b or m may be 0
         return map_batch(args, dims, **params)
 
     return rule

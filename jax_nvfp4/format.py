@@ -19,6 +19,7 @@ import math
 import jax
 import jax.numpy as jnp
 import ml_dtypes
+from jax import export
 import numpy as np
 
 BLOCK = 16
@@ -71,8 +72,10 @@ def tiled_to_plain(tiled, rows: int, k_blocks: int):
     return t[..., :rows, :k_blocks]
 
 
+# eq=False: the generated __eq__ would compare the arrays (an ambiguous truth value) and make
+# the class unhashable; two NVFP4Arrays are equal only when they are the same object.
 @jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class NVFP4Array:
     """An NVFP4-quantized tensor (a pytree: jit, vmap, device_put and sharding see its fields).
 
@@ -176,6 +179,13 @@ class NVFP4Array:
         return NVFP4Array(np.asarray(self.codes), np.asarray(self.scales), np.asarray(self.s_dec))
 
 
+# jax.export serializes the pytree structure of an exported function's arguments and results.
+# A dataclass pytree's auxiliary data is its tuple of static fields: NVFP4Array has none.
+export.register_pytree_node_serialization(
+    NVFP4Array, serialized_name="jax_nvfp4.NVFP4Array",
+    serialize_auxdata=lambda aux: b"", deserialize_auxdata=lambda data: ())
+
+
 def check_logical_shape(shape, name: str) -> None:
     """Trace-time check that `shape` can be NVFP4: rank >= 1, K a positive multiple of 16."""
     shape = tuple(shape)
@@ -250,17 +260,34 @@ def checked_s_enc(s_enc, name: str):
         raise TypeError(f"{name} must be a real number or float array, got {s_enc!r}")
     if isinstance(s_enc, (int, float, np.ndarray, np.generic)):
         host = np.asarray(s_enc, np.float64)
-        bad = ~(np.isfinite(host) & (host > 0))
+        # Checked as the float32 it becomes, and its reciprocal (s_dec) too: 1e39 rounds to inf,
+        # 1e-50 to 0, and below ~2.9e-39 the reciprocal overflows.
+        with np.errstate(over="ignore", divide="ignore"):
+            f32 = host.astype(np.float32)
+            bad = ~(np.isfinite(f32) & (f32 > 0) & np.isfinite(np.float32(1) / np.where(f32 > 0, f32, 1)))
         if bad.any():
-            raise ValueError(f"{name} must be finite and positive, got {float(host[bad].flat[0])}"
-                             + (f" (in an array of shape {host.shape})" if host.ndim else ""))
+            value = host[bad].flat[0]
+            raise ValueError(
+                f"{name} must be finite and positive, got {float(value)}"
+                + (f" (in an array of shape {host.shape})" if host.ndim else "")
+                + ("; it is used as a float32 whose reciprocal (s_dec) must be finite too"
+                   if np.isfinite(value) and value > 0 else ""))
     return jnp.asarray(s_enc, jnp.float32)
+
+
+def check_not_nvfp4(value, name: str, hint: str) -> None:
+    """TypeError naming `name` when a float array is expected and an NVFP4Array is given (JAX
+    would otherwise fail deep inside on its repr)."""
+    if isinstance(value, NVFP4Array):
+        raise TypeError(f"{name} must be a float array, got an NVFP4Array of shape {value.shape}; "
+                        f"{hint}")
 
 
 def checked_bias(bias, n: int, op: str):
     """None, or `bias` as a float array of shape (n,) (trace-time errors name the problem)."""
     if bias is None:
         return None
+    check_not_nvfp4(bias, f"{op}: bias", "biases stay float")
     bias = jnp.asarray(bias)
     check_float_dtype(bias.dtype, f"{op}: bias")
     if bias.shape != (n,):

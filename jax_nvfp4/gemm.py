@@ -82,7 +82,10 @@ def matmul(x, w: NVFP4Array, *, bias=None, activation=None, out_dtype=None, out_
        the order of the sum) or bfloat16 (half the bytes on the links, as Megatron's row-parallel
        layers; each partial product is rounded to bfloat16 first). No effect without a K split.
 
-    Accumulation is float32; s_dec_x * s_dec_w is applied in the epilogue."""
+    Accumulation is float32; s_dec_x * s_dec_w is applied in the epilogue.
+
+    Differentiable in a float x and in bias. NVFP4 operands (w, an NVFP4 x) are constants: their
+    fields, s_dec included, get zero gradients (train weights with jax_nvfp4.flax.qat_matmul)."""
     checked_weight(w, "matmul", "[N, K]", "jax_nvfp4.quantize")
     n, k = w.shape
     x, a_nvfp4 = checked_activation(x, "matmul")

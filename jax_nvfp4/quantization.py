@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_nvfp4.format import NVFP4Array, check_float_dtype, check_logical_shape, checked_s_enc
+from jax_nvfp4.format import (NVFP4Array, check_float_dtype, check_logical_shape, check_not_nvfp4,
+                              checked_s_enc)
 from jax_nvfp4.sharding.quantize import (partitioned_dequantize_p as dequantize_p,
                                          partitioned_quantize_p as quantize_p)
 
@@ -18,6 +19,7 @@ def quantize(x, *, s_enc=None) -> NVFP4Array:
     leading dims gives each group of rows its own scale. A host value (Python number, NumPy
     array) that is not finite and positive raises ValueError.
     Blocks holding NaN or +-Inf dequantize to NaN; other blocks are unaffected."""
+    check_not_nvfp4(x, "quantize: x", "it is quantized already (dequantize it to requantize)")
     if not hasattr(x, "dtype"):  # a (nested) list of Python numbers: float32, as jnp.asarray
         x = jnp.asarray(x, jnp.float32)
     check_float_dtype(x.dtype, "quantize: x")

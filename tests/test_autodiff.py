@@ -176,6 +176,8 @@ def test_qat_matmul_rejects_bad_arguments(problem):
         qat_matmul(x, w, b, act_s_enc=100.0)
     with pytest.raises(TypeError, match="qat_matmul: reduce_dtype must be float32 or bfloat16"):
         qat_matmul(x, w, b, reduce_dtype=jnp.float16)
+    with pytest.raises(TypeError, match="qat_matmul: w must be a float array, got an NVFP4Array"):
+        qat_matmul(x, jn.quantize(w), b)
 
 
 # ---- convolution --------------------------------------------------------------------------------
@@ -240,3 +242,5 @@ def test_qat_conv_rejects_bad_arguments(conv_problem):
         qat_conv(x, w[0], b)
     with pytest.raises(TypeError, match="qat_conv: reduce_dtype must be float32 or bfloat16"):
         qat_conv(x, w, b, reduce_dtype=jnp.int8)
+    with pytest.raises(TypeError, match="qat_conv: w_hwio must be a float array, got an NVFP4Array"):
+        qat_conv(x, jn.quantize_conv_weight(w), b)

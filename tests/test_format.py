@@ -128,6 +128,28 @@ def test_pytree_and_to_numpy():
     assert stacked.codes.shape == (3, 130, 48) and stacked.s_dec.shape == (3,)
 
 
+def test_equality_is_identity_and_arrays_hash():
+    q = NVFP4Array.from_plain_scales(*[jnp.asarray(a) for a in _example()])
+    same_values = NVFP4Array(q.codes, q.scales, q.s_dec)
+    assert q == q and q != same_values and q in [q] and same_values not in [q]
+    assert len({q, same_values}) == 2
+
+
+def test_export_serializes_functions_taking_and_returning_nvfp4_arrays():
+    from jax import export
+
+    import jax_nvfp4 as jn
+
+    w = jn.quantize(jax.random.normal(jax.random.key(0), (32, 64)))
+    x = jax.random.normal(jax.random.key(1), (5, 64))
+    f = jax.jit(lambda a, b: (jn.matmul(a, b), jn.quantize(a)))
+    restored = export.deserialize(export.export(f)(x, w).serialize())
+    got, want = restored.call(x, w), f(x, w)
+    assert isinstance(got[1], NVFP4Array)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
 @pytest.mark.parametrize("mutate, error, match", [
     (lambda c, s, d: (c.astype(np.float32), s, d), TypeError, "codes must be float4_e2m1fn"),
     (lambda c, s, d: (c, s.astype(np.float32), d), TypeError, "scales must be float8_e4m3fn"),

@@ -261,6 +261,16 @@ def test_w4a4_with_several_leading_dims_and_whole_row_tiles():
     mc.assert_close(got, mc.oracle(xq, w), 1e-5)
 
 
+def test_linear_transpose_equals_the_vjp():
+    w = mc.random_weight(32, 64, 21)
+    x = mc.random_float((5, 64), jnp.float32, 22)
+    ct = mc.random_float((5, 32), jnp.float32, 23)
+    f = lambda a: jn.matmul(a, w, out_dtype=jnp.float32)  # noqa: E731
+    (transposed,) = jax.linear_transpose(f, x)(ct)
+    (pulled,) = jax.vjp(f, x)[1](ct)
+    np.testing.assert_array_equal(np.asarray(transposed), np.asarray(pulled))
+
+
 class TestValidation:
     w = mc.random_weight(32, 64, 0)
 
@@ -311,6 +321,10 @@ class TestValidation:
     def test_out_dtype_with_out_s_enc(self):
         with pytest.raises(ValueError, match="out_dtype=float32 has no effect with out_s_enc"):
             jn.matmul(jnp.zeros((2, 64)), self.w, out_s_enc=1.0, out_dtype=jnp.float32)
+
+    def test_nvfp4_bias(self):
+        with pytest.raises(TypeError, match="matmul: bias must be a float array, got an NVFP4Array"):
+            jn.matmul(jnp.zeros((2, 64)), self.w, bias=jn.quantize(jnp.ones((2, 32))))
 
     @pytest.mark.parametrize("s_enc", [0.0, -1.0, float("inf")])
     def test_out_s_enc_finite_positive(self, s_enc):

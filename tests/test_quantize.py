@@ -328,6 +328,22 @@ def test_quantize_rejects_host_s_enc_not_finite_positive(s_enc, shown):
         jax_nvfp4.quantize(jnp.zeros((2, 4, 32)), s_enc=s_enc)
 
 
+@pytest.mark.parametrize("s_enc", [1e39, np.float64(1e-50), 1e-39])
+def test_quantize_rejects_host_s_enc_that_float32_makes_useless(s_enc):
+    # 1e39 rounds to inf in float32, 1e-50 to 0, and 1e-39 (a float32 subnormal) has no finite
+    # float32 reciprocal: quantizing would give all zeros or NaN.
+    with pytest.raises(ValueError, match="used as a float32 whose reciprocal"):
+        jax_nvfp4.quantize(jnp.ones((2, 32)), s_enc=s_enc)
+
+
+def test_a_quantized_array_is_refused_where_a_float_one_is_expected():
+    q = jax_nvfp4.quantize(jnp.ones((4, 32)))
+    with pytest.raises(TypeError, match=r"quantize: x must be a float array, got an NVFP4Array of shape \(4, 32\)"):
+        jax_nvfp4.quantize(q)
+    with pytest.raises(TypeError, match="quantize_conv_weight: w_hwio must be a float array"):
+        jax_nvfp4.quantize_conv_weight(q)
+
+
 def test_quantize_takes_traced_s_enc_unchecked():
     # A traced scale is not read back at trace time (no host sync); jit still compiles.
     q = jax.jit(lambda s: jax_nvfp4.quantize(jnp.ones((4, 32)), s_enc=s))(F32(2.0))

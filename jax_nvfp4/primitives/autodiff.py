@@ -34,7 +34,7 @@ from jax.interpreters import ad
 
 from jax_nvfp4 import reference
 from jax_nvfp4.convolution import conv, quantize_conv_weight
-from jax_nvfp4.format import NVFP4Array, reduce_dtype_of
+from jax_nvfp4.format import NVFP4Array, check_not_nvfp4, reduce_dtype_of
 from jax_nvfp4.gemm import matmul
 from jax_nvfp4.primitives.conv import conv_p
 from jax_nvfp4.primitives.matmul import matmul_p
@@ -232,6 +232,8 @@ def qat_matmul(x, w, bias=None, *, quantize_activations=False, act_s_enc=None, o
     forward pass used,
         dx = g @ w_hat,   dw = g^T @ x_hat,   dbias = sum of g over the leading axes.
     `act_s_enc` gets a zero gradient (a calibration constant)."""
+    check_not_nvfp4(w, "qat_matmul: w", "QAT trains the float master weight; jax_nvfp4.matmul "
+                    "takes a quantized one")
     x, w = jnp.asarray(x), jnp.asarray(w)
     if w.ndim != 2:
         raise ValueError(f"qat_matmul: w must be a 2-D [N, K] float array, got shape {w.shape}")
@@ -253,6 +255,8 @@ def qat_conv(x, w_hwio, bias=None, *, window_strides=(1, 1), padding="SAME",
     in `qat_matmul`).
     Backward: the straight-through gradients of the float convolution of x_hat with the
     dequantized filter, in bfloat16 with float32 accumulation."""
+    check_not_nvfp4(w_hwio, "qat_conv: w_hwio", "QAT trains the float master filter; "
+                    "jax_nvfp4.conv takes a quantized one")
     x, w_hwio = jnp.asarray(x), jnp.asarray(w_hwio)
     if w_hwio.ndim != 4:
         raise ValueError(f"qat_conv: w_hwio must be a 4-D [R, S, C, K] float array, got shape "

@@ -156,6 +156,7 @@ def define_partitioned_primitive(name, inner, op):
     mlir.register_lowering(prim, lowering)
     dispatch.prim_requires_devices_during_lowering.add(prim)
     ad.primitive_jvps[prim] = functools.partial(_delegated_jvp, prim, inner, op)
+    ad.primitive_transposes[prim] = functools.partial(_delegated_transpose, inner, op)
     return prim
 
 
@@ -168,6 +169,15 @@ def _delegated_jvp(outer, inner, op, primals, tangents, **params):
         raise NotImplementedError(f"Differentiation rule for '{inner}' not implemented")
     _, tangents_out = rule(primals, tangents, **_split_params(op, params)[0])
     return outer.bind(*primals, **params), tangents_out
+
+
+def _delegated_transpose(inner, op, cts, *args, **params):
+    """Transpose of the outer primitive (jax.linear_transpose; grad goes through the JVP above):
+    `inner`'s own rule, looked up at call time like the JVP's."""
+    rule = ad.primitive_transposes.get(inner)
+    if rule is None:
+        raise NotImplementedError(f"Transpose rule for '{inner}' not implemented")
+    return rule(cts, *args, **_split_params(op, params)[0])
 
 
 def register_batcher(prim, rule):

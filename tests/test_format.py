@@ -136,6 +136,8 @@ def test_equality_is_identity_and_arrays_hash():
 
 
 def test_export_serializes_functions_taking_and_returning_nvfp4_arrays():
+    pytest.importorskip("flatbuffers", reason="jax.export serialization needs flatbuffers (in "
+                        "the test extra)")
     from jax import export
 
     import jax_nvfp4 as jn

@@ -145,7 +145,12 @@ def test_export_serializes_functions_taking_and_returning_nvfp4_arrays():
     w = jn.quantize(jax.random.normal(jax.random.key(0), (32, 64)))
     x = jax.random.normal(jax.random.key(1), (5, 64))
     f = jax.jit(lambda a, b: (jn.matmul(a, b), jn.quantize(a)))
-    restored = export.deserialize(export.export(f)(x, w).serialize())
+    # On a GPU with the extension the program holds our FFI calls (no compatibility guarantee:
+    # JAX serializes them only when asked, README "What runs where").
+    targets = ("jax_nvfp4_gemm", "jax_nvfp4_gemm_nvfp4_out", "jax_nvfp4_quantize",
+               "jax_nvfp4_dequantize", "jax_nvfp4_conv")
+    checks = [export.DisabledSafetyCheck.custom_call(t) for t in targets]
+    restored = export.deserialize(export.export(f, disabled_checks=checks)(x, w).serialize())
     got, want = restored.call(x, w), f(x, w)
     assert isinstance(got[1], NVFP4Array)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):

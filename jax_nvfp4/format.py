@@ -72,10 +72,8 @@ def tiled_to_plain(tiled, rows: int, k_blocks: int):
     return t[..., :rows, :k_blocks]
 
 
-# eq=False: the generated __eq__ would compare the arrays (an ambiguous truth value) and make
-# the class unhashable; two NVFP4Arrays are equal only when they are the same object.
 @jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True)
 class NVFP4Array:
     """An NVFP4-quantized tensor (a pytree: jit, vmap, device_put and sharding see its fields).
 

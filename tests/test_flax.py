@@ -340,6 +340,37 @@ def test_quantize_params_keeps_kernels_nvfp4_cannot_hold():
     assert isinstance(q["b"]["kernel"], jn.NVFP4Array)
 
 
+def test_quantize_params_quantizes_scanned_layers_one_by_one():
+    class Block(nn.Module):
+        dense: type = nn.Dense
+
+        @nn.compact
+        def __call__(self, h, _):
+            return nn.relu(self.dense(64)(h)), None
+
+    def stack(**kw):
+        return nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True}, length=3)(**kw)
+
+    x = jax.random.normal(jax.random.key(1), (4, 64))
+    float_params = stack().init(jax.random.key(0), x, None)
+    q = convert.quantize_params(float_params, stack_ndim=lambda path, k: 1)
+    kernel = q["params"]["Dense_0"]["kernel"]
+    assert kernel.shape == (3, 64, 64) and kernel.s_dec.shape == (3,)
+    float_kernel = float_params["params"]["Dense_0"]["kernel"]
+    for i in range(3):  # each layer as quantize_params quantizes one unstacked layer
+        layer = jax.tree.map(lambda a: a[i], kernel)
+        want = convert.quantize_params({"kernel": float_kernel[i]})["kernel"]
+        for field in ("codes", "scales", "s_dec"):
+            np.testing.assert_array_equal(np.asarray(getattr(layer, field), np.float32),
+                                          np.asarray(getattr(want, field), np.float32))
+    y = stack(dense=nvlinen.Dense).apply(q, x, None)[0]
+    assert y.shape == (4, 64) and bool(jnp.isfinite(y).all())
+    init = stack(dense=nvlinen.Dense).init(jax.random.key(0), x, None)
+    assert jax.tree.map(jnp.shape, init) == jax.tree.map(jnp.shape, q)
+    with pytest.raises(ValueError, match="stack_ndim=2"):
+        convert.quantize_params(float_params, stack_ndim=lambda path, k: 2)
+
+
 def test_quantize_params_rejects_bad_in_ndim():
     params = {"a": {"kernel": jnp.ones((16, 4, 4))}}
     with pytest.raises(ValueError, match=r"in_ndim=3 .*\(16, 4, 4\) at a"):

@@ -128,11 +128,11 @@ def test_pytree_and_to_numpy():
     assert stacked.codes.shape == (3, 130, 48) and stacked.s_dec.shape == (3,)
 
 
-def test_equality_is_identity_and_arrays_hash():
+def test_trees_of_shapes_compare_by_value():
+    # The dataclass's field-wise equality: trees of shapes (jax.tree.map(jnp.shape, params))
+    # compare as users expect; between arrays, as for jax arrays, there is no single truth value.
     q = NVFP4Array.from_plain_scales(*[jnp.asarray(a) for a in _example()])
-    same_values = NVFP4Array(q.codes, q.scales, q.s_dec)
-    assert q == q and q != same_values and q in [q] and same_values not in [q]
-    assert len({q, same_values}) == 2
+    assert jax.tree.map(jnp.shape, q) == jax.tree.map(jnp.shape, NVFP4Array(q.codes, q.scales, q.s_dec))
 
 
 def test_export_serializes_functions_taking_and_returning_nvfp4_arrays():

@@ -73,7 +73,8 @@ def _is_float_kernel(leaf) -> bool:
 
 
 def quantize_params(params, *, predicate: Predicate = quantize_all, conv: Predicate = is_conv,
-                    in_ndim: Callable[[tuple, Any], int] | None = None):
+                    in_ndim: Callable[[tuple, Any], int] | None = None,
+                    stack_ndim: Callable[[tuple, Any], int] | None = None):
     """The NVFP4 counterpart of a float linen parameter tree (see the module docstring).
 
     Each mapping holding a float 'kernel' of rank >= 2 is a layer; if predicate(path, kernel)
@@ -81,10 +82,30 @@ def quantize_params(params, *, predicate: Predicate = quantize_all, conv: Predic
     (nn.with_partitioning / nn.with_logical_partitioning) is carried over. conv(path, kernel)
     tells an nn.Conv kernel (HWIO; default: rank 4) from a dense one. A dense kernel of rank 2
     is [in, out]; for a rank > 2 one (nn.DenseGeneral) `in_ndim(path, kernel)` says how many
-    leading axes are inputs (default: all but the last). The input tree is not modified."""
+    leading axes are inputs (default: all but the last). Layers stacked by nn.scan / nn.vmap
+    have leading stack axes, which the tree does not tell from a DenseGeneral's: give their
+    number with `stack_ndim(path, kernel)` (default 0), and each layer of the stack is quantized
+    on its own (one s_dec a layer, as the stacked NVFP4 layers hold it); `conv` and `in_ndim`
+    then see one layer's kernel. The input tree is not modified."""
 
     def quantized(kernel, path):
         where = "/".join(map(str, path))
+        value = _unboxed(kernel)
+        n_stack = stack_ndim(path, value) if stack_ndim else 0
+        if n_stack:
+            if not 0 < n_stack <= value.ndim - 2:
+                raise ValueError(f"quantize_params: stack_ndim={n_stack} for the kernel of shape "
+                                 f"{value.shape} at {where}")
+            if kernel is not value:
+                raise ValueError(f"quantize_params: the stacked kernel at {where} carries sharding "
+                                 "names; stacked kernels are converted without them")
+            one_layer = lambda k: quantized_layer(k, path, where)  # noqa: E731
+            for _ in range(n_stack):
+                one_layer = jax.vmap(one_layer)
+            return one_layer(value)
+        return quantized_layer(kernel, path, where)
+
+    def quantized_layer(kernel, path, where):
         value = _unboxed(kernel)
         if conv(path, value):
             if value.shape[2] % BLOCK:

@@ -98,7 +98,7 @@ def quantize_params(params, *, predicate: Predicate = quantize_all, conv: Predic
                                  f"{value.shape} at {where}")
             if kernel is not value:
                 raise ValueError(f"quantize_params: the stacked kernel at {where} carries sharding "
-                                 "names; stacked kernels are converted without them")
+                                 "names; stack_ndim takes unboxed kernels only (nn.unbox)")
             one_layer = lambda k: quantized_layer(k, path, where)  # noqa: E731
             for _ in range(n_stack):
                 one_layer = jax.vmap(one_layer)

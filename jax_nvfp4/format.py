@@ -29,6 +29,7 @@ TILE_K_BLOCKS = 4
 CODE_DTYPE = jnp.float4_e2m1fn
 SCALE_DTYPE = jnp.float8_e4m3fn
 FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+FIELDS = ("codes", "scales", "s_dec")  # NVFP4Array's arrays, in pytree order
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -104,7 +105,7 @@ class NVFP4Array:
 
     def validate(self, name: str = "NVFP4Array") -> None:
         """Raises ValueError/TypeError (naming `name`) unless the fields are consistent."""
-        for field in ("codes", "scales", "s_dec"):
+        for field in FIELDS:
             if not hasattr(getattr(self, field), "dtype"):
                 raise TypeError(f"{name}.{field} must be an array, got "
                                 f"{type(getattr(self, field)).__name__}")

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_nvfp4 import _extension, reference
-from jax_nvfp4.format import NVFP4Array
+from jax_nvfp4.format import FIELDS, NVFP4Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +100,7 @@ def check_quantize(device) -> str:
         for s_enc in (None, np.float32(1.0)):
             got = quantize(_on(device, x), s_enc=s_enc)
             want = ref(*_on(_cpu(), (x,) if s_enc is None else (x, s_enc)))
-            for field, g, w in zip(("codes", "scales", "s_dec"),
+            for field, g, w in zip(FIELDS,
                                    (got.codes, got.scales, got.s_dec), want):
                 assert _same_bits(g, w), (
                     f"quantize {shape} {jnp.dtype(dtype).name} s_enc={s_enc}: {field} differ")
@@ -202,7 +202,7 @@ def check_matmul_nvfp4_out(device) -> str:
         y = np.asarray(matmul(a, wd, out_dtype=jnp.float32))
         q = matmul(a, wd, out_s_enc=np.float32(500.0))
         want = jax.jit(reference.quantize)(*_on(_cpu(), (y, np.float32(500.0))))
-        for field, g, ref in zip(("codes", "scales", "s_dec"), (q.codes, q.scales, q.s_dec), want):
+        for field, g, ref in zip(FIELDS, (q.codes, q.scales, q.s_dec), want):
             assert _same_bits(g, ref), f"matmul NVFP4 output M={m} N={n} K={k}: {field} differ"
     return f"{len(_MATMUL_PROBLEMS)} problems, bytes equal"
 

@@ -35,7 +35,7 @@ from jax import lax
 from jax_nvfp4.flax import _core
 from jax_nvfp4.flax import linen as nvfp4_linen
 from jax_nvfp4.flax import nnx as nvfp4_nnx
-from jax_nvfp4.format import BLOCK, NVFP4Array
+from jax_nvfp4.format import BLOCK, FIELDS, NVFP4Array
 
 Predicate = Callable[[tuple, Any], bool]
 
@@ -263,19 +263,18 @@ def trainable_mask(params):
 
 
 # flax.serialization (msgpack `to_bytes`, `to_state_dict`) sees an NVFP4Array as its three fields.
-_FIELDS = ("codes", "scales", "s_dec")
 
 
 def _nvfp4_to_state_dict(q: NVFP4Array) -> dict:
-    return {f: serialization.to_state_dict(getattr(q, f)) for f in _FIELDS}
+    return {f: serialization.to_state_dict(getattr(q, f)) for f in FIELDS}
 
 
 def _nvfp4_from_state_dict(target: NVFP4Array, state: dict) -> NVFP4Array:
-    missing = [f for f in _FIELDS if f not in state]
+    missing = [f for f in FIELDS if f not in state]
     if missing:
-        raise ValueError(f"an NVFP4Array state needs the fields {_FIELDS}; missing {missing}")
+        raise ValueError(f"an NVFP4Array state needs the fields {FIELDS}; missing {missing}")
     return NVFP4Array(*(serialization.from_state_dict(getattr(target, f), state[f], name=f)
-                        for f in _FIELDS))
+                        for f in FIELDS))
 
 
 serialization.register_serialization_state(NVFP4Array, _nvfp4_to_state_dict, _nvfp4_from_state_dict,

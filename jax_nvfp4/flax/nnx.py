@@ -31,7 +31,7 @@ from flax import nnx
 from flax.nnx.nn.linear import default_bias_init, default_kernel_init
 
 from jax_nvfp4.flax import _core
-from jax_nvfp4.format import BLOCK, TILE_K_BLOCKS, TILE_ROWS, NVFP4Array, reduce_dtype_of
+from jax_nvfp4.format import BLOCK, FIELDS, TILE_K_BLOCKS, TILE_ROWS, NVFP4Array, reduce_dtype_of
 
 # The metadata key nnx reads a variable's sharding from (it has changed across Flax releases).
 _SHARDING_KEYS = ("out_sharding", "sharding_names", "sharding")
@@ -53,7 +53,7 @@ def _field_metadata(kernel_metadata: tp.Mapping, layer: str) -> dict[str, dict]:
     """Metadata of a float kernel ([in, out], or conv [R, S, in, out]) -> that of each NVFP4
     field."""
     common = {k: v for k, v in kernel_metadata.items() if k not in _SHARDING_KEYS}
-    fields = {f: dict(common) for f in ("codes", "scales", "s_dec")}
+    fields = {f: dict(common) for f in FIELDS}
     for key in _SHARDING_KEYS:
         names = kernel_metadata.get(key)
         if not names:

@@ -749,3 +749,133 @@ def test_w4a4_with_several_leading_dims_and_whole_row_tiles(mesh, x_spec):
     want = f(x, w)
     got = f(jax.tree.map(lambda leaf: put(leaf, mesh, P(*x_spec[:leaf.ndim])), x), w)
     assert same_bytes(got, want)
+
+
+# ------------------------------------------------------------------------------ stacked weights
+
+
+E, T = 4, 256  # experts (stacked weights) and tokens per expert in the tests below
+
+
+@pytest.fixture(scope="module")
+def experts():
+    """Per-expert activations [E, T, K] (T whole 128-row tiles, so NVFP4 x can split them), stacked NVFP4 weights [E, N, K] (each its own S_enc),
+    per-expert biases [E, N]."""
+    keys = jax.random.split(jax.random.key(11), 3)
+    x = row_scaled(keys[0], (E * T, K)).reshape(E, T, K)
+    w = jax.vmap(nv.quantize)(row_scaled(keys[1], (E * N, K)).reshape(E, N, K))
+    bias = jax.random.normal(keys[2], (E, N), jnp.float32)
+    return x, w, bias
+
+
+def _per_expert(f, *stacked):
+    """f applied expert by expert on one device (no vmap), stacked: what vmap must equal."""
+    return np.stack([np.asarray(f(*(jax.tree.map(lambda a: a[e], s) for s in stacked)))
+                     for e in range(E)])
+
+
+STACKED_PATTERNS = {  # (x spec, w spec); the experts over "y", the rest over "x"
+    "experts": (P("y"), P("y", None, None)),
+    "experts+column": (P("y"), P("y", "x", None)),
+    "experts+row": (P("y", None, "x"), P("y", None, "x")),
+    "experts+data": (P("y", "x", None), P("y", None, None)),
+}
+
+
+@multidevice
+@pytest.mark.parametrize("a_nvfp4", [False, True], ids=["w4a16", "w4a4"])
+@pytest.mark.parametrize("pattern", list(STACKED_PATTERNS))
+def test_vmap_over_stacked_weights_keeps_them_sharded(mesh, experts, pattern, a_nvfp4):
+    """vmap of matmul over experts (x, w and bias all stacked): each device multiplies its own
+    experts; with their N or K split too, the op's own rule applies within each expert. The
+    values of an expert-by-expert run, no weight gathered, the output split like the experts."""
+    x, w, bias = experts
+    if a_nvfp4:
+        x = jax.vmap(nv.quantize)(x)
+    one = lambda a, b, c: nv.matmul(a, b, bias=c, out_dtype=jnp.float32)  # noqa: E731
+    want = _per_expert(jax.jit(one), x, w, bias)
+    f = jax.jit(jax.vmap(one))
+    x_spec, w_spec = STACKED_PATTERNS[pattern]
+    place_x = (lambda a: shard_nvfp4(a, mesh, x_spec)) if a_nvfp4 else (
+        lambda a: put(a, mesh, x_spec))
+    args = (place_x(x), shard_nvfp4(w, mesh, w_spec), put(bias, mesh, P("y", w_spec[1])))
+    got = f(*args)
+    # float32 sums: row-parallel adds the K halves in another order
+    assert np.linalg.norm(np.asarray(got) - want) <= 1e-6 * np.linalg.norm(want)
+    text = hlo(f, *args)
+    assert "all-gather" not in text
+    assert ("all-reduce" in text) == (pattern == "experts+row" and mesh.shape["x"] > 1)
+    assert got.sharding.shard_shape(got.shape)[0] == E // mesh.shape["y"]
+
+
+@multidevice
+def test_vmap_over_stacked_weights_with_a_shared_activation(mesh, experts):
+    """One activation through every expert (x not batched): x is not broadcast per expert, the
+    weights stay split by expert."""
+    x, w, _ = experts
+    f = jax.jit(jax.vmap(lambda b: nv.matmul(x[0], b, out_dtype=jnp.float32)))
+    ws = shard_nvfp4(w, mesh, P("y", None, None))
+    want = _per_expert(jax.jit(lambda b: nv.matmul(x[0], b, out_dtype=jnp.float32)), w)
+    np.testing.assert_allclose(np.asarray(f(ws)), want, rtol=1e-5, atol=1e-4)
+    assert "all-gather" not in hlo(f, ws)
+
+
+@multidevice
+def test_grad_and_transpose_through_stacked_weights(mesh, experts):
+    """jax.grad and jax.linear_transpose of the vmapped matmul in its activation (the stacked
+    twin's JVP and transpose), sharded by expert, against expert-by-expert float64."""
+    x, w, bias = experts
+    w_hat = np.asarray(jax.vmap(lambda b: nv.dequantize(b, jnp.float32))(w), np.float64)
+    ct = np.asarray(jax.random.normal(jax.random.key(12), (E, T, N)), np.float64)
+    matmul = jax.vmap(lambda a, b, c: nv.matmul(a, b, bias=c, out_dtype=jnp.float32))
+    loss = lambda a, b, c: jnp.sum(matmul(a, b, c) * ct.astype(np.float32))  # noqa: E731
+    args = (put(x, mesh, P("y")), shard_nvfp4(w, mesh, P("y", None, None)),
+            put(bias, mesh, P("y")))
+    dx, db = jax.jit(jax.grad(loss, argnums=(0, 2)))(*args)
+    want_dx = np.einsum("etn,enk->etk", ct, w_hat)
+    for got, want in ((dx, want_dx), (db, ct.sum(1))):  # the backward runs in bfloat16
+        got = np.asarray(got, np.float64)
+        assert np.linalg.norm(got - want) <= 1e-2 * np.linalg.norm(want)
+
+    def through_experts(a):  # one activation through every expert: linear in it
+        return jax.vmap(lambda b: nv.matmul(a, b, out_dtype=jnp.float32))(args[1])
+
+    (dx0,) = jax.jit(jax.linear_transpose(through_experts, x[0]))(ct.astype(np.float32))
+    want_dx0 = np.einsum("etn,enk->tk", ct, w_hat)  # summed over the experts
+    assert np.linalg.norm(np.asarray(dx0, np.float64) - want_dx0) <= 1e-2 * np.linalg.norm(want_dx0)
+
+
+@multidevice
+def test_vmap_over_stacked_conv_weights(mesh):
+    """vmap of conv over a stack of NVFP4 filters, split by filter: each device convolves with
+    its own filters, no weight gathered."""
+    keys = jax.random.split(jax.random.key(13), 2)
+    x = jax.random.normal(keys[0], (E, 2, 6, 6, 64), jnp.float32)
+    w = jax.vmap(nv.quantize_conv_weight)(
+        jax.random.normal(keys[1], (E, 3, 3, 64, 128), jnp.float32))
+    one = lambda a, b: nv.conv(a, b, out_dtype=jnp.float32)  # noqa: E731
+    want = _per_expert(jax.jit(one), x, w)
+    f = jax.jit(jax.vmap(one))
+    args = (put(x, mesh, P("y")), shard_nvfp4(w, mesh, P("y", None, None, None, None)))
+    np.testing.assert_allclose(np.asarray(f(*args)), want, rtol=1e-5, atol=1e-4)
+    assert "all-gather" not in hlo(f, *args)
+
+
+@multidevice
+def test_stacked_weights_under_a_mesh_with_explicit_axes(explicit_mesh):
+    """vmap over experts split on an Explicit axis, forward and jax.grad: the values of an
+    expert-by-expert run, the output and the gradient split by expert."""
+    mesh, n = explicit_mesh, N_DEV
+    x = row_scaled(jax.random.key(14), (n * 64, 128)).reshape(n, 64, 128)
+    w = jax.vmap(nv.quantize)(row_scaled(jax.random.key(15), (n * 128, 128)).reshape(n, 128, 128))
+    one = lambda a, b: nv.matmul(a, b, out_dtype=jnp.float32)  # noqa: E731
+    loss = lambda a, b: jnp.sum(jax.vmap(one)(a, b) ** 2)  # noqa: E731
+    want_y = np.stack([np.asarray(jax.jit(one)(x[e], jax.tree.map(lambda a: a[e], w)))
+                       for e in range(n)])
+    want_g = np.asarray(jax.jit(jax.grad(loss))(x, w))
+    with jax.set_mesh(mesh):
+        args = (put(x, mesh, P("x")), shard_nvfp4(w, mesh, P("x", None, None)))
+        y, g = jax.jit(jax.vmap(one))(*args), jax.jit(jax.grad(loss))(*args)
+    assert y.sharding.shard_shape(y.shape)[0] == 1 and g.sharding.shard_shape(g.shape)[0] == 1
+    np.testing.assert_array_equal(np.asarray(y), want_y)
+    np.testing.assert_allclose(np.asarray(g), want_g, rtol=1e-6, atol=1e-6 * np.abs(want_g).max())

@@ -175,11 +175,12 @@ def _kernel(*args, x_nvfp4, has_bias, window_strides, padding, rhs_dilation, out
 conv_p = define_primitive("nvfp4_conv", abstract_eval=_abstract, reference=_reference,
                           kernel=_kernel, ffi_target=lambda **_: CONV_TARGET)
 
-def conv_batcher(prim):
+def conv_batcher(prim, fallback=None):
     """vmap rule for `prim` (conv_p or a wrapper of it with the same operands and params): folds
     a vmapped activation into the image dimension N when the weights, bias and the activation's
-    s_dec are shared; any other combination runs once per batch element."""
-    map_batch = map_batcher(prim)
+    s_dec are shared; any other combination goes to `fallback` (a batching rule; by default
+    `prim` once per batch element)."""
+    others = fallback or map_batcher(prim)
 
     def rule(args, dims, **params):
         n_x = 3 if params["x_nvfp4"] else 1
@@ -194,7 +195,7 @@ def conv_batcher(prim):
                 folded.append(args[2])
             (out,) = prim.bind(*folded, *args[n_x:], **params)
             return (out.reshape(b, images, *out.shape[1:]),), (0,)  # sizes given: any may be 0
-        return map_batch(args, dims, **params)
+        return others(args, dims, **params)
 
     return rule
 

@@ -116,9 +116,11 @@ matmul_p = define_primitive(
     "nvfp4_matmul", abstract_eval=_abstract, reference=_reference, kernel=gemm_kernel,
     ffi_target=lambda out_nvfp4, **_: GEMM_NVFP4_OUT_TARGET if out_nvfp4 else GEMM_TARGET)
 
-def matmul_batcher(prim):
-    """vmap rule for `prim` (matmul_p or a wrapper of it with the same operands and params)."""
-    map_batch = map_batcher(prim)
+def matmul_batcher(prim, fallback=None):
+    """vmap rule for `prim` (matmul_p or a wrapper of it with the same operands and params): a
+    batched float activation with shared weights folds into M; any other combination goes to
+    `fallback` (a batching rule; by default `prim` once per batch element)."""
+    others = fallback or map_batcher(prim)
 
     def rule(args, dims, **params):
         # Common case: a float activation batched, weights shared -> fold the batch into M.
@@ -128,7 +130,7 @@ def matmul_batcher(prim):
             b, m, k = a.shape
             (out,) = prim.bind(a.reshape(b * m, k), *args[1:], **params)
             return (out.reshape(b, m, out.shape[-1]),), (0,)  # sizes given: b or m may be 0
-        return map_batch(args, dims, **params)
+        return others(args, dims, **params)
 
     return rule
 

@@ -13,6 +13,8 @@ The inner primitives (jax_nvfp4.primitives) know nothing of meshes. Each op here
                                         shards combine their results (e.g. the dtype of a
                                         row-parallel sum): `plan` receives them as keywords, the
                                         inner primitive never sees them,
+  whole(inner, params) (optional)       the unpartitioned computation, when it is not `inner`
+                                        bound as is (a stacked op's, _stacked.py),
 and this module wires them into `custom_partitioning` (Shardy rule plus the GSPMD callbacks).
 The outer primitive is needed because `custom_partitioning` has no batching rule: vmap of the
 outer primitive is defined by each op and binds the outer primitive again, so batched code stays
@@ -85,7 +87,7 @@ def _partitioned(inner, op, avals_key, params_key):
     """A custom_partitioning function running `inner` with the rules of `op` (cached per shape)."""
     avals = [jax.ShapeDtypeStruct(s, d) for s, d in avals_key]
     params, options = _split_params(op, dict(params_key))
-    whole = local_body(inner, params)
+    whole = op.whole(inner, params) if hasattr(op, "whole") else local_body(inner, params)
 
     def shardings(mesh, dims_list):
         return tuple(named(mesh, d) for d in dims_list)

@@ -23,6 +23,7 @@ from jax_nvfp4.primitives.conv import conv_batcher, conv_p
 from jax_nvfp4.sharding._partitioned import (Plan, define_partitioned_primitive, local_body,
                                              register_batcher, summed_partials)
 from jax_nvfp4.sharding._rules import RuleBuilder
+from jax_nvfp4.sharding._stacked import define_stacked_primitive, stacked_batcher
 from jax_nvfp4.sharding._specs import (REPLICATED, TILE_K, even_split, k_axes, row_axes,
                                        scale_dims, scatters, without)
 
@@ -89,6 +90,11 @@ class _ConvOp:
         return Plan(operands, [[y_n_ax, _R, _R, y_k_ax]], body)
 
     @staticmethod
+    def stack_leader(params):
+        """The operand whose stacked sharding a stacked conv follows: the weight's codes."""
+        return 3 if params["x_nvfp4"] else 1
+
+    @staticmethod
     def operands_from_results(dims, avals, params):
         n_x, _, _ = _ConvOp._layout(avals, params)
         n_ax, _, _, k_ax = dims[0]
@@ -115,4 +121,7 @@ def _input_channel_parallel_body(params, c_ax, reduce_dtype, scatter):
 
 partitioned_conv_p = define_partitioned_primitive("nvfp4_conv_partitioned", conv_p, _ConvOp)
 
-register_batcher(partitioned_conv_p, conv_batcher(partitioned_conv_p))
+stacked_conv_p = define_stacked_primitive("nvfp4_conv_stacked", conv_p, _ConvOp)
+
+register_batcher(partitioned_conv_p,
+                 conv_batcher(partitioned_conv_p, stacked_batcher(stacked_conv_p)))

@@ -30,6 +30,7 @@ from jax_nvfp4.primitives.quantize import quantize_p
 from jax_nvfp4.sharding._partitioned import (Plan, define_partitioned_primitive, local_body,
                                              register_batcher, summed_partials)
 from jax_nvfp4.sharding._rules import RuleBuilder
+from jax_nvfp4.sharding._stacked import define_stacked_primitive, stacked_batcher
 from jax_nvfp4.sharding._specs import (REPLICATED, TILE_K, even_split, k_axes, row_axes,
                                        scale_dims, scatters, without)
 
@@ -148,6 +149,11 @@ class _MatmulOp:
         return Plan([operand_dims[name] for name in names], results, body)
 
     @staticmethod
+    def stack_leader(params):
+        """The operand whose stacked sharding a stacked matmul follows: the weight's codes."""
+        return 3 if params["a_nvfp4"] else 1
+
+    @staticmethod
     def operands_from_results(dims, avals, params):
         names = _operand_names(params["a_nvfp4"], params["has_bias"], params["out_nvfp4"])
         m_ax, n_ax = dims[0]
@@ -178,4 +184,7 @@ def _row_parallel_body(names, params, k_ax, scatter, reduce_dtype):
 partitioned_matmul_p = define_partitioned_primitive(
     "nvfp4_matmul_partitioned", matmul_p, _MatmulOp)
 
-register_batcher(partitioned_matmul_p, matmul_batcher(partitioned_matmul_p))
+stacked_matmul_p = define_stacked_primitive("nvfp4_matmul_stacked", matmul_p, _MatmulOp)
+
+register_batcher(partitioned_matmul_p,
+                 matmul_batcher(partitioned_matmul_p, stacked_batcher(stacked_matmul_p)))

@@ -84,6 +84,11 @@ def matmul(x, w: NVFP4Array, *, bias=None, activation=None, out_dtype=None, out_
 
     Accumulation is float32; s_dec_x * s_dec_w is applied in the epilogue.
 
+    Under jax.vmap a batched x with a shared w folds into M (one GEMM); a batched w (a stack of
+    experts or layers, e.g. `jax.vmap(quantize)(weights)`, each with its own s_dec) runs as one
+    stacked call that multiplies each element in turn, reading it in place, and under a mesh
+    keeps the stack split as w has it (expert parallelism, no gather).
+
     Differentiable in a float x and in bias. NVFP4 operands (w, an NVFP4 x) are constants: their
     fields, s_dec included, get zero gradients (train weights with jax_nvfp4.flax.qat_matmul)."""
     checked_weight(w, "matmul", "[N, K]", "jax_nvfp4.quantize")

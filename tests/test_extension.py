@@ -32,7 +32,8 @@ def _cuda_module_text(fn, *args):
 
 
 _TARGETS = ("jax_nvfp4_quantize", "jax_nvfp4_dequantize", "jax_nvfp4_gemm",
-            "jax_nvfp4_gemm_nvfp4_out", "jax_nvfp4_conv")
+            "jax_nvfp4_gemm_nvfp4_out", "jax_nvfp4_gemm_stacked", "jax_nvfp4_gemm_nvfp4_out_stacked",
+            "jax_nvfp4_conv")
 
 
 def _ops():
@@ -41,7 +42,13 @@ def _ops():
     return [("jax_nvfp4_quantize", jn.quantize, (x,)),
             ("jax_nvfp4_dequantize", jn.dequantize, (w,)),
             ("jax_nvfp4_gemm", jn.matmul, (x, w)),
-            ("jax_nvfp4_gemm_nvfp4_out", lambda a, b: jn.matmul(a, b, out_s_enc=1.0), (x, w))]
+            ("jax_nvfp4_gemm_nvfp4_out", lambda a, b: jn.matmul(a, b, out_s_enc=1.0), (x, w)),
+            ("jax_nvfp4_gemm_stacked", jax.vmap(jn.matmul), _stack_of_two(x, w))]
+
+
+def _stack_of_two(x, w):
+    """x and w stacked twice (vmap over both: the stacked GEMM)."""
+    return jax.tree.map(lambda a: jnp.stack([a, a]), (x, w))
 
 
 @pytest.mark.parametrize("target,fn,args", _ops(), ids=lambda v: v if isinstance(v, str) else "")
@@ -309,10 +316,30 @@ def test_quantize_workspace_only_for_the_amax_pass():
 
 @needs_extension
 def test_targets_without_workspace_are_not_sized():
-    sized = {"jax_nvfp4_quantize", "jax_nvfp4_gemm", "jax_nvfp4_gemm_nvfp4_out"}
+    sized = {"jax_nvfp4_quantize", "jax_nvfp4_gemm", "jax_nvfp4_gemm_nvfp4_out",
+             "jax_nvfp4_gemm_stacked", "jax_nvfp4_gemm_nvfp4_out_stacked"}
     assert set(_extension._ext.workspace_targets()) == sized & set(_extension.ffi_targets())
     with pytest.raises(ValueError, match="takes no workspace"):
         _extension._ext.workspace_bytes("jax_nvfp4_conv", 90, [], [])
+
+
+@needs_extension
+@pytest.mark.parametrize("x_stacked", [True, False], ids=["x_stacked", "x_shared"])
+def test_the_stacked_gemm_call_flags_its_stacked_operands(monkeypatch, x_stacked):
+    """vmap over stacked weights lowers to one stacked FFI call: its `stacked` attribute flags
+    the operands that carry the stack (a: bit 0, b's codes, scales, s_dec: bits 3-5) and its
+    workspace is that of one element's GEMM (the elements run in turn)."""
+    monkeypatch.setattr(_extension, "kernel_available", lambda name: True)
+    monkeypatch.setattr(_extension, "_cuda_compute_capability", lambda: (9, 0))
+    x, w = _stack_of_two(jnp.zeros((1024, 256), jnp.bfloat16), jn.quantize(jnp.ones((512, 256))))
+    if not x_stacked:
+        x = x[0]
+    text = _cuda_module_text(jax.vmap(jn.matmul, in_axes=(0 if x_stacked else None, 0)), x, w)
+    flags = (1 if x_stacked else 0) | 0b111000
+    assert "@jax_nvfp4_gemm_stacked" in text and f"stacked = {flags} : i64" in text
+    assert "@jax_nvfp4_gemm(" not in text and "stablehlo.while" not in text
+    nbytes = _gemm_workspace(90, 1024, 512, 256)
+    assert nbytes > 0 and f"tensor<{nbytes}xui8>" in text
 
 
 @needs_extension

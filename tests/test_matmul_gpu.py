@@ -24,7 +24,8 @@ import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
 from jax_nvfp4.format import output_columns
 from jax_nvfp4.primitives._base import empty_f32, ffi_kernel_call
-from jax_nvfp4.primitives.matmul import GEMM_NVFP4_OUT_TARGET, GEMM_TARGET, PATH_ENV
+from jax_nvfp4.primitives.matmul import (GEMM_NVFP4_OUT_STACKED_TARGET, GEMM_NVFP4_OUT_TARGET,
+                                         GEMM_STACKED_TARGET, GEMM_TARGET, PATH_ENV)
 
 HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("matmul_cases", HERE / "matmul_cases.py")
@@ -287,6 +288,34 @@ def test_jit_and_vmap(kernels):
     w = mc.random_weight(48, 128, 13)
     f = jax.jit(jax.vmap(lambda a: jn.matmul(a, w, out_dtype=jnp.float32)))
     mc.assert_close(f(xs).reshape(24, 48), w4a16_oracle(kernels, xs.reshape(24, 128), w), 1e-5)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 208, 272), (40, 2048, 4096), (700, 256, 4096)])
+def test_vmap_over_stacked_weights(gpu_kernels, m, n, k):
+    """vmap over 3 stacked weights (each its own s_dec; x stacked, x shared, W4A4, stacked bias,
+    NVFP4 output, a gated activation) runs one stacked FFI call whose every element equals the
+    unstacked call of that element, bit for bit, and the float64 oracle. The shapes take the
+    decode, fused and prefill paths."""
+    device = gpu_kernels(GEMM_STACKED_TARGET, GEMM_NVFP4_OUT_STACKED_TARGET)
+    xs = mc.random_float((3, m, k), jnp.bfloat16, 40)
+    ws = jax.vmap(jn.quantize)(mc.random_float((3, n, k), jnp.float32, 41, 0.05))
+    bs = mc.random_float((3, n), jnp.float32, 42)
+    element = lambda tree, e: jax.tree.map(lambda a: a[e], tree)  # noqa: E731
+    cases = [(xs, 0, {}), (xs[0], None, {}), (jax.vmap(jn.quantize)(xs), 0, {}),
+             (xs, 0, {"out_s_enc": 8.0}), (xs, 0, {"activation": "swiglu"})]
+    for a, axis, kw in cases:
+        one = lambda a_, w_, b_: jn.matmul(a_, w_, bias=b_, **kw)  # noqa: E731
+        poison(3 * m * n * 4)
+        got = jax.jit(jax.vmap(one, in_axes=(axis, 0, 0)))(a, ws, bs)
+        for e in range(3):
+            a_e = a if axis is None else element(a, e)
+            want = jax.jit(one)(a_e, element(ws, e), bs[e])
+            for g, w_ in zip(jax.tree.leaves(element(got, e)), jax.tree.leaves(want)):
+                assert np.asarray(g).tobytes() == np.asarray(w_).tobytes(), (axis, kw, e)
+            if not kw and not isinstance(a, jn.NVFP4Array):
+                mc.assert_close(got[e], w4a16_oracle(device, a_e, element(ws, e), bs[e]), 1e-2)
+    text = jax.jit(jax.vmap(jn.matmul)).lower(xs, ws).compile().as_text()
+    assert "jax_nvfp4_gemm_stacked" in text and "while" not in text  # no loop copying slices
 
 
 @pytest.mark.parametrize("path,m", [("decode", 8), ("fused", 64), ("fused_ws", 200), ("fused_ws_wide", 300)])

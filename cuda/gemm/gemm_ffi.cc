@@ -15,10 +15,18 @@
 // Attributes: path (GemmPath: 0 the launcher's choice, 1 decode, 2 prefill, 3 fused, 4 fused_ws,
 // 5 prefill_cutlass, 6 fused_ws_wide) and activation (Activation: 0 none, 1 relu, 2 gelu, 3 silu,
 // 4 swiglu, 5 geglu).
+//
+// "jax_nvfp4_gemm_stacked" and "jax_nvfp4_gemm_nvfp4_out_stacked" (stacked_matmul_p: vmap over a
+// stack of weights) take the same operands, of which those flagged in the attribute `stacked`
+// (bit i: operand i above) carry a leading dimension E, and give every result that leading
+// dimension. They run the GEMM of each of the E elements in turn on the stream, each reading its
+// element of the stacked buffers in place.
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/ffi_registry.h"
 #include "common/ffi_utils.h"
@@ -39,10 +47,82 @@ ffi::Error invalid(const std::string& what) {
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_nvfp4_gemm: " + what);
 }
 
-std::string dims_str(ffi::AnyBuffer::Dimensions d) {
+std::string dims_str(const std::vector<int64_t>& d) {
   std::string s = "[";
   for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
   return s + "]";
+}
+
+// An operand or result as the handlers read it: a whole buffer, or one element of a stacked
+// buffer (its leading dimension dropped, the data advanced to that element).
+struct View {
+  void* data = nullptr;
+  ffi::DataType type = ffi::DataType::INVALID;
+  std::vector<int64_t> dims;
+
+  int64_t elements() const {
+    int64_t n = 1;
+    for (int64_t d : dims) n *= d;
+    return n;
+  }
+};
+
+// Bytes of `elements` values of `type` in device memory (float4 packed two a byte); 0 for the
+// types no operand may have (their check fails before anything is read).
+int64_t device_bytes(ffi::DataType type, int64_t elements) {
+  switch (type) {
+    case ffi::DataType::F4E2M1FN: return (elements + 1) / 2;
+    case ffi::DataType::F8E4M3FN:
+    case ffi::DataType::U8: return elements;
+    case ffi::DataType::BF16:
+    case ffi::DataType::F16: return 2 * elements;
+    case ffi::DataType::F32: return 4 * elements;
+    default: return 0;
+  }
+}
+
+std::vector<int64_t> dims_of(const ffi::AnyBuffer& b) {
+  const auto d = b.dimensions();
+  return std::vector<int64_t>(d.begin(), d.end());
+}
+
+// Element e of `b` when it is stacked (count elements, checked by stack_count), else all of it.
+View element_of(const ffi::AnyBuffer& b, bool stacked, int64_t count, int64_t e) {
+  View v{b.untyped_data(), b.element_type(), dims_of(b)};
+  if (stacked) {
+    const int64_t bytes = device_bytes(v.type, static_cast<int64_t>(b.element_count())) / count;
+    v.data = static_cast<uint8_t*>(v.data) + e * bytes;
+    v.dims.erase(v.dims.begin());
+  }
+  return v;
+}
+
+using Operands = std::array<ffi::AnyBuffer, 8>;  // in the order of the comment above
+
+// The number of stacked elements, E: the leading dimension of every result and of every operand
+// flagged in `stacked`.
+ffi::Error stack_count(const Operands& ops, int64_t stacked, const std::vector<ffi::AnyBuffer>& rets,
+                       int64_t* count) {
+  if (stacked < 0 || stacked >= (int64_t{1} << ops.size())) {
+    return invalid("stacked must flag some of the 8 operands, got " + std::to_string(stacked));
+  }
+  const auto lead = dims_of(rets.front());
+  if (lead.empty()) return invalid("the results of a stacked call need a leading dimension");
+  *count = lead[0];
+  auto check = [&](const ffi::AnyBuffer& b, const std::string& what) {
+    const auto d = dims_of(b);
+    return !d.empty() && d[0] == *count ? ffi::Error::Success()
+                                        : invalid(what + " " + dims_str(d) + " is not a stack of " +
+                                                  std::to_string(*count) + " elements");
+  };
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if ((stacked >> i & 1) == 0) continue;
+    if (auto err = check(ops[i], "stacked operand " + std::to_string(i)); err.failure()) return err;
+  }
+  for (size_t i = 0; i < rets.size(); ++i) {
+    if (auto err = check(rets[i], "result " + std::to_string(i)); err.failure()) return err;
+  }
+  return ffi::Error::Success();
 }
 
 ffi::Error decode_path(int64_t path, GemmProblem* p) {
@@ -68,27 +148,26 @@ ffi::Error decode_activation(int64_t activation, GemmProblem* p) {
 
 // The NVFP4 operand `name` [rows, k] (codes already checked): its tiled e4m3 scales and float32
 // s_dec scalar.
-ffi::Error nvfp4_operand(const std::string& name, ffi::AnyBuffer codes, ffi::AnyBuffer scales,
-                         ffi::AnyBuffer s_dec, int64_t rows, int64_t k, Nvfp4Operand* out) {
-  if (scales.element_type() != ffi::DataType::F8E4M3FN ||
-      static_cast<int64_t>(scales.element_count()) != scale_matrix_bytes(rows, k / kBlockSize)) {
+ffi::Error nvfp4_operand(const std::string& name, const View& codes, const View& scales,
+                         const View& s_dec, int64_t rows, int64_t k, Nvfp4Operand* out) {
+  if (scales.type != ffi::DataType::F8E4M3FN ||
+      scales.elements() != scale_matrix_bytes(rows, k / kBlockSize)) {
     return invalid(name + "_scales must be the tiled e4m3 scales of " + name + " " +
-                   dims_str(codes.dimensions()));
+                   dims_str(codes.dims));
   }
-  if (s_dec.element_type() != ffi::DataType::F32 || s_dec.element_count() != 1) {
+  if (s_dec.type != ffi::DataType::F32 || s_dec.elements() != 1) {
     return invalid(name + "_s_dec must be a float32 scalar");
   }
-  *out = {static_cast<const uint8_t*>(codes.untyped_data()),
-          static_cast<const uint8_t*>(scales.untyped_data()),
-          static_cast<const float*>(s_dec.untyped_data())};
+  *out = {static_cast<const uint8_t*>(codes.data), static_cast<const uint8_t*>(scales.data),
+          static_cast<const float*>(s_dec.data)};
   return ffi::Error::Success();
 }
 
 // Fills everything but the outputs; checks shapes and dtypes.
-ffi::Error decode_operands(ffi::AnyBuffer a, ffi::AnyBuffer a_scales, ffi::AnyBuffer a_s_dec,
-                           ffi::AnyBuffer b_codes, ffi::AnyBuffer b_scales, ffi::AnyBuffer b_s_dec,
-                           ffi::AnyBuffer bias, GemmProblem* p) {
-  const auto ad = a.dimensions(), bd = b_codes.dimensions();
+ffi::Error decode_operands(const View& a, const View& a_scales, const View& a_s_dec,
+                           const View& b_codes, const View& b_scales, const View& b_s_dec,
+                           const View& bias, GemmProblem* p) {
+  const auto &ad = a.dims, &bd = b_codes.dims;
   if (ad.size() != 2 || bd.size() != 2) {
     return invalid("a and b must be rank 2, got a " + dims_str(ad) + " and b " + dims_str(bd));
   }
@@ -99,25 +178,25 @@ ffi::Error decode_operands(ffi::AnyBuffer a, ffi::AnyBuffer a_scales, ffi::AnyBu
     return invalid("K must match and be a positive multiple of 16: a " + dims_str(ad) + ", b " +
                    dims_str(bd));
   }
-  if (b_codes.element_type() != ffi::DataType::F4E2M1FN) return invalid("b must be float4_e2m1fn");
+  if (b_codes.type != ffi::DataType::F4E2M1FN) return invalid("b must be float4_e2m1fn");
   if (auto err = nvfp4_operand("b", b_codes, b_scales, b_s_dec, p->n, p->k, &p->b); err.failure()) {
     return err;
   }
-  p->a_is_nvfp4 = a.element_type() == ffi::DataType::F4E2M1FN;
+  p->a_is_nvfp4 = a.type == ffi::DataType::F4E2M1FN;
   if (p->a_is_nvfp4) {
     if (auto err = nvfp4_operand("a", a, a_scales, a_s_dec, p->m, p->k, &p->a_q); err.failure()) {
       return err;
     }
-  } else if (!to_dtype(a.element_type(), &p->a_dtype)) {
+  } else if (!to_dtype(a.type, &p->a_dtype)) {
     return invalid("a must be bf16, f16, f32 or float4_e2m1fn");
   }
-  p->a = a.untyped_data();
+  p->a = a.data;
 
-  if (bias.element_count() > 0) {
-    if (static_cast<int64_t>(bias.element_count()) != p->n || !to_dtype(bias.element_type(), &p->bias_dtype)) {
+  if (bias.elements() > 0) {
+    if (bias.elements() != p->n || !to_dtype(bias.type, &p->bias_dtype)) {
       return invalid("bias must be a bf16/f16/f32 vector of N = " + std::to_string(p->n) + " elements");
     }
-    p->bias = bias.untyped_data();
+    p->bias = bias.data;
   }
   return ffi::Error::Success();
 }
@@ -187,32 +266,80 @@ size_t gemm_call_workspace(const WorkspaceQuery& q) {
   return workspace_result_bytes(workspace_bytes(q.compute_capability, p));
 }
 
-ffi::Error gemm_impl(cudaStream_t stream, ffi::AnyBuffer a,
-                     ffi::AnyBuffer a_scales, ffi::AnyBuffer a_s_dec, ffi::AnyBuffer b_codes,
-                     ffi::AnyBuffer b_scales, ffi::AnyBuffer b_s_dec, ffi::AnyBuffer bias,
-                     ffi::AnyBuffer out_s_enc, ffi::Result<ffi::AnyBuffer> out,
-                     ffi::Result<ffi::AnyBuffer> workspace, int64_t path, int64_t activation) {
-  JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_gemm");
-  (void)out_s_enc;
-  GemmProblem p;
-  if (auto err = decode_operands(a, a_scales, a_s_dec, b_codes, b_scales, b_s_dec, bias, &p);
-      err.failure()) {
-    return err;
+// The float output of one GEMM: out [M, C].
+ffi::Error float_out(const View& out, GemmProblem* p) {
+  if (out.dims.size() != 2 || out.dims[0] != p->m || out.dims[1] != out_cols(*p)) {
+    return invalid("out must be [M, " + std::string(is_gated(p->activation) ? "N / 2" : "N") +
+                   "], got " + dims_str(out.dims));
   }
-  if (auto err = decode_path(path, &p); err.failure()) return err;
-  if (auto err = decode_activation(activation, &p); err.failure()) return err;
-  const auto od = out->dimensions();
-  if (od.size() != 2 || od[0] != p.m || od[1] != out_cols(p)) {
-    return invalid("out must be [M, " + std::string(is_gated(p.activation) ? "N / 2" : "N") + "], got " +
-                   dims_str(od));
-  }
-  if (!to_dtype(out->element_type(), &p.out_dtype)) return invalid("out must be bf16, f16 or f32");
-  p.out = out->untyped_data();
-  return run(stream, workspace, p);
+  if (!to_dtype(out.type, &p->out_dtype)) return invalid("out must be bf16, f16 or f32");
+  p->out = out.data;
+  return ffi::Error::Success();
 }
 
-ffi::Error gemm_nvfp4_out_impl(cudaStream_t stream, ffi::AnyBuffer a,
-                               ffi::AnyBuffer a_scales, ffi::AnyBuffer a_s_dec, ffi::AnyBuffer b_codes,
+// The NVFP4 output of one GEMM: codes [M, C], tiled scales, s_dec; quantized with out_s_enc.
+ffi::Error nvfp4_out(const View& codes, const View& scales, const View& s_dec,
+                     const View& out_s_enc, GemmProblem* p) {
+  const int64_t cols = out_cols(*p);
+  if (cols % kBlockSize != 0) {
+    return invalid("NVFP4 output needs its columns a multiple of 16, got " + std::to_string(cols));
+  }
+  if (codes.type != ffi::DataType::F4E2M1FN || codes.dims.size() != 2 || codes.dims[0] != p->m ||
+      codes.dims[1] != cols) {
+    return invalid("out codes must be float4_e2m1fn [M, " + std::to_string(cols) + "], got " +
+                   dims_str(codes.dims));
+  }
+  if (scales.elements() != scale_matrix_bytes(p->m, cols / kBlockSize)) {
+    return invalid("out scales must be the tiled scales of [M, " + std::to_string(cols) + "]");
+  }
+  if (out_s_enc.type != ffi::DataType::F32 || out_s_enc.elements() != 1) {
+    return invalid("out_s_enc must be a float32 scalar");
+  }
+  p->out_codes = static_cast<uint8_t*>(codes.data);
+  p->out_scales = static_cast<uint8_t*>(scales.data);
+  p->out_s_enc = static_cast<const float*>(out_s_enc.data);
+  p->out_s_dec = static_cast<float*>(s_dec.data);
+  p->out_dtype = DType::kF32;
+  return ffi::Error::Success();
+}
+
+// Runs the GEMM of each stacked element in turn (one GEMM when `stacked` is 0): the operands'
+// and results' views of element e, checked and launched on the stream before the next element.
+ffi::Error gemm_elements(cudaStream_t stream, const Operands& ops, const std::vector<ffi::AnyBuffer>& rets,
+                         ffi::Result<ffi::AnyBuffer>& workspace, int64_t path, int64_t activation,
+                         int64_t stacked) {
+  int64_t count = 1;
+  if (stacked != 0) {
+    if (auto err = stack_count(ops, stacked, rets, &count); err.failure()) return err;
+  }
+  for (int64_t e = 0; e < count; ++e) {
+    auto op = [&](size_t i) { return element_of(ops[i], stacked >> i & 1, count, e); };
+    auto ret = [&](size_t i) { return element_of(rets[i], stacked != 0, count, e); };
+    GemmProblem p;
+    if (auto err = decode_operands(op(0), op(1), op(2), op(3), op(4), op(5), op(6), &p); err.failure()) {
+      return err;
+    }
+    if (auto err = decode_path(path, &p); err.failure()) return err;
+    if (auto err = decode_activation(activation, &p); err.failure()) return err;
+    auto err = rets.size() == 1 ? float_out(ret(0), &p) : nvfp4_out(ret(0), ret(1), ret(2), op(7), &p);
+    if (err.failure()) return err;
+    if (auto err = run(stream, workspace, p); err.failure()) return err;
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error gemm_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer a_scales,
+                     ffi::AnyBuffer a_s_dec, ffi::AnyBuffer b_codes, ffi::AnyBuffer b_scales,
+                     ffi::AnyBuffer b_s_dec, ffi::AnyBuffer bias, ffi::AnyBuffer out_s_enc,
+                     ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
+                     int64_t path, int64_t activation) {
+  JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_gemm");
+  return gemm_elements(stream, {a, a_scales, a_s_dec, b_codes, b_scales, b_s_dec, bias, out_s_enc},
+                       {*out}, workspace, path, activation, 0);
+}
+
+ffi::Error gemm_nvfp4_out_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer a_scales,
+                               ffi::AnyBuffer a_s_dec, ffi::AnyBuffer b_codes,
                                ffi::AnyBuffer b_scales, ffi::AnyBuffer b_s_dec, ffi::AnyBuffer bias,
                                ffi::AnyBuffer out_s_enc, ffi::Result<ffi::AnyBuffer> out_codes,
                                ffi::Result<ffi::AnyBuffer> out_scales,
@@ -220,34 +347,45 @@ ffi::Error gemm_nvfp4_out_impl(cudaStream_t stream, ffi::AnyBuffer a,
                                ffi::Result<ffi::AnyBuffer> workspace, int64_t path,
                                int64_t activation) {
   JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_gemm_nvfp4_out");
-  GemmProblem p;
-  if (auto err = decode_operands(a, a_scales, a_s_dec, b_codes, b_scales, b_s_dec, bias, &p);
-      err.failure()) {
-    return err;
+  return gemm_elements(stream, {a, a_scales, a_s_dec, b_codes, b_scales, b_s_dec, bias, out_s_enc},
+                       {*out_codes, *out_scales, *out_s_dec}, workspace, path, activation, 0);
+}
+
+ffi::Error gemm_stacked_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer a_scales,
+                             ffi::AnyBuffer a_s_dec, ffi::AnyBuffer b_codes, ffi::AnyBuffer b_scales,
+                             ffi::AnyBuffer b_s_dec, ffi::AnyBuffer bias, ffi::AnyBuffer out_s_enc,
+                             ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
+                             int64_t path, int64_t activation, int64_t stacked) {
+  JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_gemm_stacked");
+  return gemm_elements(stream, {a, a_scales, a_s_dec, b_codes, b_scales, b_s_dec, bias, out_s_enc},
+                       {*out}, workspace, path, activation, stacked);
+}
+
+ffi::Error gemm_nvfp4_out_stacked_impl(
+    cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer a_scales, ffi::AnyBuffer a_s_dec,
+    ffi::AnyBuffer b_codes, ffi::AnyBuffer b_scales, ffi::AnyBuffer b_s_dec, ffi::AnyBuffer bias,
+    ffi::AnyBuffer out_s_enc, ffi::Result<ffi::AnyBuffer> out_codes,
+    ffi::Result<ffi::AnyBuffer> out_scales, ffi::Result<ffi::AnyBuffer> out_s_dec,
+    ffi::Result<ffi::AnyBuffer> workspace, int64_t path, int64_t activation, int64_t stacked) {
+  JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_gemm_nvfp4_out_stacked");
+  return gemm_elements(stream, {a, a_scales, a_s_dec, b_codes, b_scales, b_s_dec, bias, out_s_enc},
+                       {*out_codes, *out_scales, *out_s_dec}, workspace, path, activation, stacked);
+}
+
+// The workspace of a stacked call: that of one element's GEMM (the elements run in turn and
+// share it), the stacked dimension dropped from the flagged operands and every result.
+size_t gemm_stacked_call_workspace(const WorkspaceQuery& q) {
+  const auto stacked = q.attrs.find("stacked");
+  const int64_t flags = stacked == q.attrs.end() ? 0 : stacked->second;
+  WorkspaceQuery element = q;
+  auto drop_lead = [](ArgShape& shape) {
+    if (!shape.dims.empty()) shape.dims.erase(shape.dims.begin());
+  };
+  for (size_t i = 0; i < element.args.size(); ++i) {
+    if (flags >> i & 1) drop_lead(element.args[i]);
   }
-  if (auto err = decode_path(path, &p); err.failure()) return err;
-  if (auto err = decode_activation(activation, &p); err.failure()) return err;
-  const int64_t cols = out_cols(p);
-  if (cols % kBlockSize != 0) {
-    return invalid("NVFP4 output needs its columns a multiple of 16, got " + std::to_string(cols));
-  }
-  const auto od = out_codes->dimensions();
-  if (out_codes->element_type() != ffi::DataType::F4E2M1FN || od.size() != 2 || od[0] != p.m ||
-      od[1] != cols) {
-    return invalid("out codes must be float4_e2m1fn [M, " + std::to_string(cols) + "], got " + dims_str(od));
-  }
-  if (static_cast<int64_t>(out_scales->element_count()) != scale_matrix_bytes(p.m, cols / kBlockSize)) {
-    return invalid("out scales must be the tiled scales of [M, " + std::to_string(cols) + "]");
-  }
-  if (out_s_enc.element_type() != ffi::DataType::F32 || out_s_enc.element_count() != 1) {
-    return invalid("out_s_enc must be a float32 scalar");
-  }
-  p.out_codes = static_cast<uint8_t*>(out_codes->untyped_data());
-  p.out_scales = static_cast<uint8_t*>(out_scales->untyped_data());
-  p.out_s_enc = static_cast<const float*>(out_s_enc.untyped_data());
-  p.out_s_dec = static_cast<float*>(out_s_dec->untyped_data());
-  p.out_dtype = DType::kF32;
-  return run(stream, workspace, p);
+  for (ArgShape& ret : element.rets) drop_lead(ret);
+  return gemm_call_workspace(element);
 }
 
 }  // namespace
@@ -279,11 +417,33 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmNvfp4OutFfi, gemm_nvfp4_out_impl,
                                   .Attr<int64_t>("activation"),
                               {jax_nvfp4::kGraphSafe});
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmStackedFfi, gemm_stacked_impl,
+                              ffi::Ffi::Bind() JAX_NVFP4_GEMM_OPERANDS.Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()  // workspace
+                                  .Attr<int64_t>("path")
+                                  .Attr<int64_t>("activation")
+                                  .Attr<int64_t>("stacked"),
+                              {jax_nvfp4::kGraphSafe});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmNvfp4OutStackedFfi, gemm_nvfp4_out_stacked_impl,
+                              ffi::Ffi::Bind() JAX_NVFP4_GEMM_OPERANDS.Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()  // workspace
+                                  .Attr<int64_t>("path")
+                                  .Attr<int64_t>("activation")
+                                  .Attr<int64_t>("stacked"),
+                              {jax_nvfp4::kGraphSafe});
+
 #undef JAX_NVFP4_GEMM_OPERANDS
 
 JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_gemm", GemmFfi);
 JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_gemm_nvfp4_out", GemmNvfp4OutFfi);
+JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_gemm_stacked", GemmStackedFfi);
+JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_gemm_nvfp4_out_stacked", GemmNvfp4OutStackedFfi);
 JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_gemm", gemm_call_workspace);
 JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_gemm_nvfp4_out", gemm_call_workspace);
+JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_gemm_stacked", gemm_stacked_call_workspace);
+JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_gemm_nvfp4_out_stacked", gemm_stacked_call_workspace);
 
 }  // namespace jax_nvfp4

@@ -20,10 +20,11 @@ import jax.numpy as jnp
 
 from jax_nvfp4.format import TILE_ROWS
 from jax_nvfp4.primitives.conv import conv_batcher, conv_p
+from jax_nvfp4.primitives._stacking import stacked_batcher
 from jax_nvfp4.sharding._partitioned import (Plan, define_partitioned_primitive, local_body,
                                              register_batcher, summed_partials)
 from jax_nvfp4.sharding._rules import RuleBuilder
-from jax_nvfp4.sharding._stacked import define_stacked_primitive, stacked_batcher
+from jax_nvfp4.sharding._stacked import define_stacked_primitive
 from jax_nvfp4.sharding._specs import (REPLICATED, TILE_K, even_split, k_axes, row_axes,
                                        scale_dims, scatters, without)
 

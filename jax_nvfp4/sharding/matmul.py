@@ -27,10 +27,11 @@ from jax_nvfp4 import reference
 from jax_nvfp4.format import GATED_ACTIVATIONS, TILE_ROWS, output_columns
 from jax_nvfp4.primitives.matmul import matmul_batcher, matmul_p
 from jax_nvfp4.primitives.quantize import quantize_p
+from jax_nvfp4.primitives._stacking import stacked_batcher
 from jax_nvfp4.sharding._partitioned import (Plan, define_partitioned_primitive, local_body,
                                              register_batcher, summed_partials)
 from jax_nvfp4.sharding._rules import RuleBuilder
-from jax_nvfp4.sharding._stacked import define_stacked_primitive, stacked_batcher
+from jax_nvfp4.sharding._stacked import define_stacked_primitive
 from jax_nvfp4.sharding._specs import (REPLICATED, TILE_K, even_split, k_axes, row_axes,
                                        scale_dims, scatters, without)
 

@@ -91,7 +91,7 @@ def _llama_weights(ctx: DemoContext) -> None:
         print(f"(CPU: shapes divided by {ctx.shrink}, same aspect ratio)")
     key = jax.random.key(0)
     print(f"{'weight':<10} {'shape':>12} {'rel Frobenius':>14} {'max |err|':>10} {'SNR dB':>7} "
-          f"{'bf16 MB':>8} {'NVFP4 MB':>9}")
+          f"{'bf16 MiB':>8} {'NVFP4 MiB':>9}")
     total_bf16 = total_fp4 = 0
     for name, dims in LLAMA3_8B_MLP.items():
         key, sub = jax.random.split(key)
@@ -103,7 +103,7 @@ def _llama_weights(ctx: DemoContext) -> None:
         total_bf16, total_fp4 = total_bf16 + bf16_mb, total_fp4 + fp4_mb
         print(f"{name:<10} {str(shape):>12} {s['rel_fro']:>14.4f} {s['max_abs']:>10.2e} "
               f"{s['snr_db']:>7.2f} {bf16_mb:>8.1f} {fp4_mb:>9.1f}")
-    print(f"memory: {total_bf16:.1f} MB bf16 -> {total_fp4:.1f} MB NVFP4 "
+    print(f"memory: {total_bf16:.1f} MiB bf16 -> {total_fp4:.1f} MiB NVFP4 "
           f"({total_bf16 / total_fp4:.2f}x smaller)")
 
 

@@ -139,16 +139,22 @@ class NVFP4Array:
 
     @classmethod
     def from_plain_scales(cls, codes, scales, s_dec) -> "NVFP4Array":
-        """Builds an NVFP4Array from codes [..., K], plain scales [..., K/16] and s_dec."""
+        """Builds an NVFP4Array from codes [..., K], plain scales [..., K/16] (float8_e4m3fn) and
+        s_dec."""
         xp = np if isinstance(scales, np.ndarray) else jnp
         name = "NVFP4Array.from_plain_scales"
         check_logical_shape(codes.shape, f"{name}: codes")
+        if scales.dtype != SCALE_DTYPE:  # converting by value would misread raw scale bytes
+            raise TypeError(
+                f"{name}: scales must be float8_e4m3fn, got {scales.dtype}; raw scale bytes "
+                "(uint8) are reinterpreted with .view(ml_dtypes.float8_e4m3fn) in NumPy or "
+                "jax.lax.bitcast_convert_type(scales, jnp.float8_e4m3fn)")
         want = tuple(codes.shape[:-1]) + (codes.shape[-1] // BLOCK,)
         if tuple(scales.shape) != want:  # the tiled check alone would pass a mismatch within a tile
             raise ValueError(f"{name}: codes of shape {tuple(codes.shape)} need plain scales of "
                              f"shape {want}, got {tuple(scales.shape)}")
         plain = scales.reshape(1, -1) if scales.ndim == 1 else scales
-        q = cls(codes, plain_to_tiled(plain).astype(SCALE_DTYPE), xp.asarray(s_dec, xp.float32))
+        q = cls(codes, plain_to_tiled(plain), xp.asarray(s_dec, xp.float32))
         q.validate()
         return q
 
@@ -164,9 +170,13 @@ class NVFP4Array:
 
     @classmethod
     def from_packed(cls, packed, scales, s_dec) -> "NVFP4Array":
-        """Inverse of `packed_codes`: packed uint8 codes [..., K/2], plain scales [..., K/16]."""
+        """Inverse of `packed_codes`: packed uint8 codes [..., K/2], plain scales [..., K/16]
+        (float8_e4m3fn)."""
         xp = np if isinstance(packed, np.ndarray) else jnp
-        nibbles = xp.stack([packed & 0xF, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
+        if packed.dtype != np.uint8:  # a signed byte's shift would carry its sign into the codes
+            raise TypeError(f"NVFP4Array.from_packed: packed codes must be uint8, got {packed.dtype}")
+        nibbles = xp.stack([packed & 0xF, packed >> 4], axis=-1).reshape(
+            *packed.shape[:-1], 2 * packed.shape[-1])  # sizes given: an empty array has no -1
         if xp is np:
             codes = nibbles.astype(np.uint8).view(ml_dtypes.float4_e2m1fn)
         else:
@@ -250,28 +260,42 @@ def reduce_dtype_of(reduce_dtype, op: str):
 
 
 def checked_s_enc(s_enc, name: str):
-    """`s_enc` as a float32 array. A host value (Python number, NumPy array) must be finite and
-    positive everywhere, else ValueError: quantizing with it would give NaN (zero, NaN), all zeros
-    (inf) or negative block scales (a negative s_enc; Blackwell's MMA reads scales as unsigned).
-    A jax array is not read back (that would sync the host with the device): a traced or
-    device-resident scale is the caller's to keep positive."""
-    if isinstance(s_enc, (str, bytes, bool, np.bool_)) or np.iscomplexobj(s_enc):
-        raise TypeError(f"{name} must be a real number or float array, got {s_enc!r}")
-    if isinstance(s_enc, (int, float, np.ndarray, np.generic)):
-        host = np.asarray(s_enc, np.float64)
-        # Checked as the float32 it becomes, and its reciprocal (s_dec) too: 1e39 rounds to inf,
-        # 1e-50 to 0, and below ~2.9e-39 the reciprocal overflows.
-        with np.errstate(over="ignore", divide="ignore"):
-            f32 = host.astype(np.float32)
-            bad = ~(np.isfinite(f32) & (f32 > 0) & np.isfinite(np.float32(1) / np.where(f32 > 0, f32, 1)))
-        if bad.any():
-            value = host[bad].flat[0]
-            raise ValueError(
-                f"{name} must be finite and positive, got {float(value)}"
-                + (f" (in an array of shape {host.shape})" if host.ndim else "")
-                + ("; it is used as a float32 whose reciprocal (s_dec) must be finite too"
-                   if np.isfinite(value) and value > 0 else ""))
-    return jnp.asarray(s_enc, jnp.float32)
+    """`s_enc` as a float32 array. A host value (Python number, NumPy array or scalar, list or
+    tuple) must be real and finite and positive everywhere, else TypeError or ValueError:
+    quantizing with it would give NaN (zero, NaN), all zeros (inf) or negative block scales (a
+    negative s_enc; Blackwell's MMA reads scales as unsigned). A jax array is not read back (that
+    would sync the host with the device): a traced or device-resident scale is the caller's to
+    keep positive; only its dtype is checked."""
+    def not_real(what):
+        what = what if len(what) <= 80 else what[:77] + "..."
+        return TypeError(f"{name} must be a real number or float array, got {what}")
+
+    if isinstance(s_enc, jax.Array):
+        if not (jnp.issubdtype(s_enc.dtype, jnp.floating) or jnp.issubdtype(s_enc.dtype, jnp.integer)):
+            raise not_real(f"a jax array of dtype {s_enc.dtype}")
+        return jnp.asarray(s_enc, jnp.float32)
+    if isinstance(s_enc, (str, bytes)):
+        raise not_real(repr(s_enc))
+    try:
+        given = np.asarray(s_enc)
+        host = given.astype(np.float64) if given.dtype.kind in "iuf" else None
+    except (TypeError, ValueError, OverflowError) as err:
+        raise not_real(f"{s_enc!r} ({err})") from err
+    if host is None:  # bool, complex, object, string
+        raise not_real(repr(s_enc))
+    # Checked as the float32 it becomes, and its reciprocal (s_dec) too: 1e39 rounds to inf,
+    # 1e-50 to 0, and below ~2.9e-39 the reciprocal overflows.
+    with np.errstate(over="ignore", divide="ignore"):
+        f32 = host.astype(np.float32)
+        bad = ~(np.isfinite(f32) & (f32 > 0) & np.isfinite(np.float32(1) / np.where(f32 > 0, f32, 1)))
+    if bad.any():
+        value = host[bad].flat[0]
+        raise ValueError(
+            f"{name} must be finite and positive, got {float(value)}"
+            + (f" (in an array of shape {host.shape})" if host.ndim else "")
+            + ("; it is used as a float32 whose reciprocal (s_dec) must be finite too"
+               if np.isfinite(value) and value > 0 else ""))
+    return jnp.asarray(f32)
 
 
 def check_not_nvfp4(value, name: str, hint: str) -> None:

@@ -38,7 +38,10 @@ def quantize(x, *, s_enc=None) -> NVFP4Array:
 
 def dequantize(q: NVFP4Array, dtype=jnp.bfloat16):
     """The values e2m1(code) * e4m3(block scale) * s_dec of `q`, computed in float32 and returned
-    as `dtype` (float32, bfloat16 or float16)."""
+    as `dtype` (float32, bfloat16 or float16).
+
+    Under jax.grad `q` is a constant, as in matmul: its fields, s_dec included, get zero
+    gradients (train weights with jax_nvfp4.flax.qat_matmul)."""
     if not isinstance(q, NVFP4Array):
         raise TypeError(f"dequantize expects an NVFP4Array, got {type(q).__name__}")
     q.validate("dequantize: q")

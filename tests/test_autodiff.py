@@ -88,10 +88,14 @@ def test_vjp_of_bfloat16_output(problem):
     assert dx.dtype == x.dtype and _rel(dx, ref) < 1e-2
 
 
-def test_nvfp4_weight_gets_zero_gradient(problem):
+@pytest.mark.parametrize("through", ["matmul", "dequantize"])
+def test_nvfp4_weight_gets_zero_gradient(problem, through):
     x, w, _ = problem
     wq = jn.quantize(w)
-    g = jax.grad(lambda wq: _loss(jn.matmul(x, wq, out_dtype=jnp.float32)))(wq)
+    if through == "matmul":
+        g = jax.grad(lambda wq: _loss(jn.matmul(x, wq, out_dtype=jnp.float32)))(wq)
+    else:
+        g = jax.grad(lambda wq: _loss(jn.dequantize(wq, jnp.float32)))(wq)
     assert isinstance(g, jn.NVFP4Array)
     for field in (g.codes, g.scales, g.s_dec):
         assert not np.any(np.asarray(field, np.float32))

@@ -88,6 +88,25 @@ def test_from_plain_scales_rejects_scales_of_another_shape(scales_shape):
         NVFP4Array.from_packed(packed[:129], _example()[1], s_dec)
 
 
+def test_from_plain_scales_and_from_packed_reject_other_dtypes():
+    """Raw scale bytes (uint8) or float scales would be converted by value, not reinterpreted;
+    signed packed bytes would carry their sign bit into the high nibble's neighbours."""
+    codes, scales, s_dec = _example()
+    for other in (scales.view(np.uint8), scales.astype(np.float32)):
+        with pytest.raises(TypeError, match=f"scales must be float8_e4m3fn, got {other.dtype}"):
+            NVFP4Array.from_plain_scales(codes, other, s_dec)
+    packed = NVFP4Array.from_plain_scales(codes, scales, s_dec).packed_codes()
+    with pytest.raises(TypeError, match="packed codes must be uint8, got int8"):
+        NVFP4Array.from_packed(packed.view(np.int8), scales, s_dec)
+
+
+@pytest.mark.parametrize("to", [np.asarray, jnp.asarray], ids=["numpy", "jax"])
+def test_from_packed_with_no_rows(to):
+    q = NVFP4Array.from_packed(to(np.zeros((0, 24), np.uint8)),
+                               to(np.zeros((0, 3), ml_dtypes.float8_e4m3fn)), np.float32(1))
+    assert q.shape == (0, 48)
+
+
 def test_validate_names_a_field_that_is_not_an_array():
     q = NVFP4Array.from_plain_scales(*_example())
     with pytest.raises(TypeError, match=r"NVFP4Array.s_dec must be an array, got float"):
@@ -147,8 +166,9 @@ def test_export_serializes_functions_taking_and_returning_nvfp4_arrays():
     f = jax.jit(lambda a, b: (jn.matmul(a, b), jn.quantize(a)))
     # On a GPU with the extension the program holds our FFI calls (no compatibility guarantee:
     # JAX serializes them only when asked, README "What runs where").
-    targets = ("jax_nvfp4_gemm", "jax_nvfp4_gemm_nvfp4_out", "jax_nvfp4_quantize",
-               "jax_nvfp4_dequantize", "jax_nvfp4_conv")
+    targets = ("jax_nvfp4_gemm", "jax_nvfp4_gemm_nvfp4_out", "jax_nvfp4_gemm_stacked",
+               "jax_nvfp4_gemm_nvfp4_out_stacked", "jax_nvfp4_quantize", "jax_nvfp4_dequantize",
+               "jax_nvfp4_conv")
     checks = [export.DisabledSafetyCheck.custom_call(t) for t in targets]
     restored = export.deserialize(export.export(f, disabled_checks=checks)(x, w).serialize())
     got, want = restored.call(x, w), f(x, w)

@@ -307,7 +307,10 @@ def test_quantize_takes_nested_lists():
     assert_same_bytes(jax_nvfp4.quantize(rows), recipe(np.asarray(rows, np.float32)))
 
 
-@pytest.mark.parametrize("s_enc", ["2", True, 1 + 1j])
+@pytest.mark.parametrize("s_enc", ["2", True, 1 + 1j, 10**400, object(), [True, False],
+                                   jnp.bool_(True), jnp.ones((2,), jnp.complex64)],
+                         ids=["str", "bool", "complex", "huge_int", "object", "bool_list",
+                              "jax_bool", "jax_complex"])
 def test_quantize_rejects_s_enc_that_is_not_a_real_number(s_enc):
     with pytest.raises(TypeError, match="quantize: s_enc must be a real number or float array"):
         jax_nvfp4.quantize(jnp.ones((2, 16)), s_enc=s_enc)
@@ -322,7 +325,8 @@ def test_quantize_rejects_bad_s_enc_shape():
 
 @pytest.mark.parametrize("s_enc, shown", [
     (0.0, "0.0"), (-2.0, "-2.0"), (float("inf"), "inf"), (float("nan"), "nan"),
-    (np.array([3.0, -1.0], F32), r"-1.0 \(in an array of shape \(2,\)\)")])
+    (np.array([3.0, -1.0], F32), r"-1.0 \(in an array of shape \(2,\)\)"),
+    ([2.0, -1.0], r"-1.0 \(in an array of shape \(2,\)\)"), ((0.0, 1.0), "0.0")])
 def test_quantize_rejects_host_s_enc_not_finite_positive(s_enc, shown):
     with pytest.raises(ValueError, match=f"s_enc must be finite and positive, got {shown}"):
         jax_nvfp4.quantize(jnp.zeros((2, 4, 32)), s_enc=s_enc)
@@ -401,6 +405,7 @@ def test_selftest_checks_pass_on_the_reference_and_catch_a_broken_op(monkeypatch
     assert "bytes equal" in selftest_module.check_quantize(cpu)
     assert "values equal" in selftest_module.check_dequantize(cpu)
     assert "worst relative error" in selftest_module.check_matmul_activation(cpu)
+    assert "worst relative error" in selftest_module.check_matmul_stacked(cpu)
     real = quantization.quantize
 
     def off_by_one_scale(x, *, s_enc=None):

@@ -11,8 +11,8 @@ Importing this module registers JVP and transpose rules for `matmul_p` and `conv
   lost against a float32 backward, and the kernels' K-major layouts do not fit a product over N.
 - NVFP4 operands (the weight, or an NVFP4 activation) are constants: codes and block scales are
   rounded values with no useful derivative, so their tangents are ignored and they get no
-  cotangent. Train NVFP4 weights through `qat_matmul` / `qat_conv` (float master weights,
-  straight-through gradients).
+  cotangent; `dequantize` gives them a zero tangent the same way. Train NVFP4 weights through
+  `qat_matmul` / `qat_conv` (float master weights, straight-through gradients).
 - An NVFP4 *output* (`out_s_enc`) is a rounding step: differentiating through it is rejected,
   and so is differentiating through `quantize`.
 - A matmul with an epilogue `activation` is act(z) of the linear op's float32 value z: its JVP
@@ -38,7 +38,7 @@ from jax_nvfp4.format import NVFP4Array, check_not_nvfp4, reduce_dtype_of
 from jax_nvfp4.gemm import matmul
 from jax_nvfp4.primitives.conv import conv_p
 from jax_nvfp4.primitives.matmul import matmul_p
-from jax_nvfp4.primitives.quantize import quantize_p
+from jax_nvfp4.primitives.quantize import dequantize_p, quantize_p
 from jax_nvfp4.quantization import dequantize, quantize
 
 BACKWARD_DTYPE = jnp.bfloat16
@@ -192,6 +192,16 @@ def _quantize_jvp(primals, tangents):
 
 
 ad.primitive_jvps[quantize_p] = _quantize_jvp
+
+
+def _dequantize_jvp(primals, tangents, *, dtype):
+    """An NVFP4Array's fields are constants, as matmul treats them: a zero tangent (train with
+    the QAT layers' float master weights)."""
+    out = dequantize_p.bind(*primals, dtype=dtype)
+    return out, _zero_like(out)
+
+
+ad.primitive_jvps[dequantize_p] = _dequantize_jvp
 
 
 class _QatConfig(NamedTuple):

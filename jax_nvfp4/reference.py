@@ -8,6 +8,7 @@ this), so the E4M3 scale passes through an optimization barrier before it is wid
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -103,6 +104,20 @@ def dequantize(codes, scales, s_dec, dtype=jnp.bfloat16):
 _SQRT_2_OVER_PI = 0.7978845608028654
 
 
+@jax.custom_jvp
+def _silu(y):
+    return y / (1.0 + jnp.exp(-y))
+
+
+@_silu.defjvp
+def _silu_jvp(primals, tangents):
+    # The quotient rule on y / (1 + exp(-y)) gives inf / inf = NaN once exp(-y) overflows
+    # (y < -88.7); with s = sigmoid(y) the derivative s (1 + y (1 - s)) goes to 0 there.
+    (y,), (t,) = primals, tangents
+    s = jax.nn.sigmoid(y)
+    return _silu(y), t * (s * (1.0 + y * (1.0 - s)))
+
+
 def activation(y, name: str):
     """The GEMM epilogue's activation of a float32 y, with the kernels' formulas
     (cuda/common/activation.cuh): relu = y < 0 ? 0 : y (NaN stays NaN, -0 stays -0), gelu in its
@@ -117,7 +132,7 @@ def activation(y, name: str):
     if name == "gelu":
         return 0.5 * y * (1.0 + jnp.tanh(_SQRT_2_OVER_PI * (y + 0.044715 * (y * y * y))))
     if name == "silu":
-        return y / (1.0 + jnp.exp(-y))
+        return _silu(y)
     if name in ("swiglu", "geglu"):
         gate, up = y[..., 0::2], y[..., 1::2]
         return activation(gate, "silu" if name == "swiglu" else "gelu") * up

@@ -88,6 +88,16 @@ def test_vjp_of_bfloat16_output(problem):
     assert dx.dtype == x.dtype and _rel(dx, ref) < 1e-2
 
 
+@pytest.mark.parametrize("activation", ["silu", "swiglu"])
+def test_silu_gradient_is_finite_far_below_zero(activation):
+    """silu's JVP at pre-activations where exp(-y) overflows float32 (y < -88.7): 0, as
+    jax.nn.silu's, not inf / inf."""
+    w = jn.quantize(jnp.ones((16, 16), jnp.float32))
+    x = jnp.full((1, 16), -6.0)  # every pre-activation -96
+    g = jax.grad(lambda a: jn.matmul(a, w, activation=activation, out_dtype=jnp.float32).sum())(x)
+    np.testing.assert_array_equal(np.asarray(g), 0.0)
+
+
 @pytest.mark.parametrize("through", ["matmul", "dequantize"])
 def test_nvfp4_weight_gets_zero_gradient(problem, through):
     x, w, _ = problem

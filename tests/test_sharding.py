@@ -713,6 +713,47 @@ def test_grad_under_a_mesh_with_explicit_axes(explicit_mesh):
 
 
 @multidevice
+@pytest.mark.parametrize("w_spec", [P("x", None), P(None, "x")], ids=["column", "row"])
+@pytest.mark.parametrize("activation", [None, "gelu"])
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_grad_of_split_weights_on_explicit_axes(explicit_mesh, w_spec, activation, jit):
+    """jax.grad through a column- or row-parallel matmul on Explicit axes, with and without jit
+    and an epilogue activation: the JVP and transpose bind the partitioned primitives (an inner
+    primitive traced on the split types failed to reshape the scales), and a column-parallel
+    backward product sums over N, split in both its operands."""
+    mesh, n = explicit_mesh, N_DEV
+    x = jax.random.normal(jax.random.key(3), (16, 128 * n), jnp.float32)
+    w = nv.quantize(jax.random.normal(jax.random.key(4), (128 * n, 128 * n), jnp.float32))
+
+    def loss(a, b):
+        return jnp.sum(nv.matmul(a, b, activation=activation, out_dtype=jnp.float32) ** 2)
+
+    grad = jax.grad(loss)
+    want = jax.jit(grad)(x, w)
+    with jax.set_mesh(mesh):
+        got = (jax.jit(grad) if jit else grad)(x, shard_nvfp4(w, mesh, w_spec))
+    got, want = np.asarray(got), np.asarray(want)  # the backward runs in bfloat16
+    assert np.linalg.norm(got - want) <= 1e-2 * np.linalg.norm(want)
+
+
+@multidevice
+@pytest.mark.parametrize("w_spec", [P(None, None, "x"), P(None, None, None, "x")],
+                         ids=["out_channels", "in_channels"])
+def test_conv_grad_of_split_weights_on_explicit_axes(explicit_mesh, w_spec):
+    """jax.grad (no jit) through a conv whose filter is split on Explicit axes: the transposed
+    convolution runs on Auto axes, typed like x."""
+    mesh = explicit_mesh
+    x = jax.random.normal(jax.random.key(5), (2, 6, 6, 64 * N_DEV), jnp.float32)
+    w = nv.quantize_conv_weight(
+        jax.random.normal(jax.random.key(6), (3, 3, 64 * N_DEV, 128 * N_DEV), jnp.float32))
+    grad = jax.grad(lambda a, b: jnp.sum(nv.conv(a, b, out_dtype=jnp.float32) ** 2))
+    want = np.asarray(jax.jit(grad)(x, w))
+    with jax.set_mesh(mesh):
+        got = np.asarray(grad(x, shard_nvfp4(w, mesh, w_spec)))
+    assert np.linalg.norm(got - want) <= 1e-2 * np.linalg.norm(want)
+
+
+@multidevice
 def test_qat_grad_under_jit_on_a_mesh_with_explicit_axes(explicit_mesh):
     """The straight-through backward of qat_matmul / qat_conv under jit on Explicit axes: the
     cotangent reaching it may lack the output's sharding in its type; the gradients come back
@@ -862,13 +903,14 @@ def test_vmap_over_stacked_conv_weights(mesh):
 
 
 @multidevice
-def test_stacked_weights_under_a_mesh_with_explicit_axes(explicit_mesh):
-    """vmap over experts split on an Explicit axis, forward and jax.grad: the values of an
-    expert-by-expert run, the output and the gradient split by expert."""
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_stacked_weights_under_a_mesh_with_explicit_axes(explicit_mesh, activation):
+    """vmap over experts split on an Explicit axis, forward and jax.grad under jit: the values of
+    an expert-by-expert run, the output and the gradient split by expert."""
     mesh, n = explicit_mesh, N_DEV
     x = row_scaled(jax.random.key(14), (n * 64, 128)).reshape(n, 64, 128)
     w = jax.vmap(nv.quantize)(row_scaled(jax.random.key(15), (n * 128, 128)).reshape(n, 128, 128))
-    one = lambda a, b: nv.matmul(a, b, out_dtype=jnp.float32)  # noqa: E731
+    one = lambda a, b: nv.matmul(a, b, activation=activation, out_dtype=jnp.float32)  # noqa: E731
     loss = lambda a, b: jnp.sum(jax.vmap(one)(a, b) ** 2)  # noqa: E731
     want_y = np.stack([np.asarray(jax.jit(one)(x[e], jax.tree.map(lambda a: a[e], w)))
                        for e in range(n)])

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax._src import dispatch
 from jax.interpreters import mlir
+from jax.sharding import PartitionSpec
 
 from jax_nvfp4 import _extension
 
@@ -20,7 +21,7 @@ except ImportError:  # pragma: no cover
     from jax._src.core import ShapedArray
 
 __all__ = ["ShapedArray", "define_primitive", "ffi_kernel_call", "batch_size", "to_front",
-           "map_batcher", "empty_f32"]
+           "map_batcher", "empty_f32", "on_auto_axes"]
 
 
 def _no_elements(ctx) -> bool:
@@ -102,6 +103,22 @@ def map_batcher(prim):
         return outs, 0
 
     return rule
+
+
+def on_auto_axes(fn):
+    """`fn`, run with a mesh's Explicit axes made Auto (results typed replicated, as the outer
+    primitives' are). On Explicit axes `vmap` wants every mapped operand split alike along the
+    mapped dimension, and `lax.map` (the vmap of a primitive with no stacked form, conv, over a
+    stacked weight) refuses to loop over a split one: a stacked twin's unpartitioned trace and
+    its per-element tangents run through this (a partitioned stack runs per shard, on its local
+    elements)."""
+
+    def run(*args):
+        if not jax.sharding.get_abstract_mesh().explicit_axes:
+            return fn(*args)
+        return jax.sharding.auto_axes(fn, out_sharding=PartitionSpec())(*args)
+
+    return run
 
 
 def empty_f32():

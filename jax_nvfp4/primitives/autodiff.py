@@ -1,8 +1,9 @@
 """Differentiation of the NVFP4 GEMM and convolution (DESIGN.md §6).
 
-Importing this module registers JVP and transpose rules for `matmul_p` and `conv_p`, so
+Importing this module registers JVP and transpose rules for `matmul_p` and `conv_p` and for
+their partitioned outer primitives (jax_nvfp4.sharding), which the public functions bind, so
 `jax.grad`, `jax.jvp`, `jax.linearize` and `jax.vjp` work through `jax_nvfp4.matmul` and
-`jax_nvfp4.conv`:
+`jax_nvfp4.conv`, partitioned like the forward pass:
 
 - Both are linear in their float activation (W4A16) and in `bias`. The JVP applies the same
   NVFP4 op to the activation's tangent and adds the tangent of `bias`.
@@ -40,6 +41,9 @@ from jax_nvfp4.primitives.conv import conv_p
 from jax_nvfp4.primitives.matmul import matmul_p
 from jax_nvfp4.primitives.quantize import dequantize_p, quantize_p
 from jax_nvfp4.quantization import dequantize, quantize
+from jax_nvfp4.sharding.conv import partitioned_conv_p
+from jax_nvfp4.sharding.matmul import partitioned_matmul_p
+from jax_nvfp4.sharding.quantize import partitioned_dequantize_p, partitioned_quantize_p
 
 BACKWARD_DTYPE = jnp.bfloat16
 
@@ -153,8 +157,11 @@ def _typed_like(value, aval):
 
 
 def _matmul_backward(ct, w_hat, act_aval, params):
-    """d(act) = ct [M, N] @ w_hat [N, K]."""
-    return jnp.dot(ct, w_hat, preferred_element_type=jnp.float32)
+    """d(act) = ct [M, N] @ w_hat [N, K]. Where both split N on Explicit mesh axes (a
+    column-parallel layer), the product sums over the split, and is typed like the activation."""
+    split_n = jax.typeof(ct).sharding.spec[-1] and jax.typeof(w_hat).sharding.spec[0]
+    return jnp.dot(ct, w_hat, preferred_element_type=jnp.float32,
+                   out_sharding=act_aval.sharding.spec if split_n else None)
 
 
 def _float_conv(x, w_hwio, window_strides, padding, rhs_dilation):
@@ -166,42 +173,57 @@ def _float_conv(x, w_hwio, window_strides, padding, rhs_dilation):
 
 
 def _conv_backward(ct, w_hat, act_aval, params):
-    """d(x) = the transposed convolution of ct with w_hat [R, S, K, C] (as HWIO)."""
-    w_hwio = jnp.transpose(w_hat, (0, 1, 3, 2))
-    x_aval = jax.ShapeDtypeStruct(act_aval.shape, BACKWARD_DTYPE)
-    conv = functools.partial(_float_conv, w_hwio=w_hwio, window_strides=params["window_strides"],
-                             padding=params["padding"], rhs_dilation=params["rhs_dilation"])
-    (dx,) = jax.linear_transpose(conv, x_aval)(ct.astype(jnp.float32))
-    return dx
+    """d(x) = the transposed convolution of ct with w_hat [R, S, K, C] (as HWIO). On Explicit
+    mesh axes it runs on Auto axes, typed like x: JAX's convolution asks for an out_sharding once
+    its operands are split."""
+
+    def transposed(ct, w_hat):
+        w_hwio = jnp.transpose(w_hat, (0, 1, 3, 2))
+        x_aval = jax.ShapeDtypeStruct(act_aval.shape, BACKWARD_DTYPE)
+        conv = functools.partial(_float_conv, w_hwio=w_hwio,
+                                 window_strides=params["window_strides"],
+                                 padding=params["padding"], rhs_dilation=params["rhs_dilation"])
+        (dx,) = jax.linear_transpose(conv, x_aval)(ct.astype(jnp.float32))
+        return dx
+
+    if jax.sharding.get_abstract_mesh().explicit_axes:
+        return jax.sharding.auto_axes(transposed, out_sharding=act_aval.sharding.spec)(ct, w_hat)
+    return transposed(ct, w_hat)
 
 
+# Each rule is registered for the inner primitive and for its partitioned outer primitive
+# (jax_nvfp4.sharding), binding the primitive it is registered for: the public functions bind the
+# outer ones, so their primal, tangent and transposed products are partitioned like the forward
+# pass (on meshes with Explicit axes too, where an inner primitive traced on sharded types fails).
 for _op in (_LinearOp(matmul_p, "a_nvfp4", _matmul_backward),
-            _LinearOp(conv_p, "x_nvfp4", _conv_backward)):
+            _LinearOp(partitioned_matmul_p, "a_nvfp4", _matmul_backward),
+            _LinearOp(conv_p, "x_nvfp4", _conv_backward),
+            _LinearOp(partitioned_conv_p, "x_nvfp4", _conv_backward)):
     ad.primitive_jvps[_op.prim] = functools.partial(_jvp, _op)
     ad.primitive_transposes[_op.prim] = functools.partial(_transpose, _op)
 
 
-def _quantize_jvp(primals, tangents):
+def _quantize_jvp(prim, primals, tangents):
     """Quantization rounds: a tangent through it is refused with the way to train instead."""
     if not all(_is_zero(t) for t in tangents):
         raise TypeError("jax_nvfp4.quantize is a rounding step and cannot be differentiated; "
                         "train with jax_nvfp4.flax.qat_matmul / qat_conv or its QAT layers "
                         "(straight-through gradients)")
-    outs = quantize_p.bind(*primals)
+    outs = prim.bind(*primals)
     return outs, [_zero_like(o) for o in outs]
 
 
-ad.primitive_jvps[quantize_p] = _quantize_jvp
-
-
-def _dequantize_jvp(primals, tangents, *, dtype):
+def _dequantize_jvp(prim, primals, tangents, *, dtype):
     """An NVFP4Array's fields are constants, as matmul treats them: a zero tangent (train with
     the QAT layers' float master weights)."""
-    out = dequantize_p.bind(*primals, dtype=dtype)
+    out = prim.bind(*primals, dtype=dtype)
     return out, _zero_like(out)
 
 
-ad.primitive_jvps[dequantize_p] = _dequantize_jvp
+for _prim in (quantize_p, partitioned_quantize_p):
+    ad.primitive_jvps[_prim] = functools.partial(_quantize_jvp, _prim)
+for _prim in (dequantize_p, partitioned_dequantize_p):
+    ad.primitive_jvps[_prim] = functools.partial(_dequantize_jvp, _prim)
 
 
 class _QatConfig(NamedTuple):

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax._src import dispatch
 from jax.experimental.custom_partitioning import custom_partitioning
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import batching, mlir
 
 from jax_nvfp4.sharding._specs import named, spec_axes
 
@@ -143,7 +143,9 @@ _partitioned_cached = functools.lru_cache(maxsize=256)(_partitioned)
 
 def define_partitioned_primitive(name, inner, op):
     """The outer primitive `name`: abstract eval of `inner`, lowered through custom_partitioning
-    with `op`'s rules. Give it a batching rule with `batching.primitive_batchers`."""
+    with `op`'s rules. Give it a batching rule (`register_batcher`); jax_nvfp4.primitives.autodiff
+    registers its JVP and transpose (the inner primitive's rules, binding the outer primitive, so
+    tangents and cotangents are partitioned too)."""
     prim = jax.extend.core.Primitive(name)
     prim.multiple_results = inner.multiple_results
     prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
@@ -157,29 +159,7 @@ def define_partitioned_primitive(name, inner, op):
 
     mlir.register_lowering(prim, lowering)
     dispatch.prim_requires_devices_during_lowering.add(prim)
-    ad.primitive_jvps[prim] = functools.partial(_delegated_jvp, prim, inner, op)
-    ad.primitive_transposes[prim] = functools.partial(_delegated_transpose, inner, op)
     return prim
-
-
-def _delegated_jvp(outer, inner, op, primals, tangents, **params):
-    """JVP of the outer primitive: the primal output partitioned, the tangent by `inner`'s own
-    JVP rule (looked up at call time: jax_nvfp4.primitives.autodiff registers it). The tangent
-    (and so the backward pass) runs on the inner primitives, outside these partitioning rules."""
-    rule = ad.primitive_jvps.get(inner)
-    if rule is None:
-        raise NotImplementedError(f"Differentiation rule for '{inner}' not implemented")
-    _, tangents_out = rule(primals, tangents, **_split_params(op, params)[0])
-    return outer.bind(*primals, **params), tangents_out
-
-
-def _delegated_transpose(inner, op, cts, *args, **params):
-    """Transpose of the outer primitive (jax.linear_transpose; grad goes through the JVP above):
-    `inner`'s own rule, looked up at call time like the JVP's."""
-    rule = ad.primitive_transposes.get(inner)
-    if rule is None:
-        raise NotImplementedError(f"Transpose rule for '{inner}' not implemented")
-    return rule(cts, *args, **_split_params(op, params)[0])
 
 
 def register_batcher(prim, rule):

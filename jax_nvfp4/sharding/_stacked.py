@@ -23,10 +23,9 @@ from jax._src import dispatch
 from jax.experimental.custom_partitioning import ArrayMapping, SdyShardingRule
 from jax.interpreters import mlir
 
-from jax_nvfp4.primitives._stacking import (on_auto_axes, register_stacked_rules,
-                                            stacked_abstract_eval)
-from jax_nvfp4.sharding._partitioned import (Plan, _avals_key, _partitioned_cached, _split_params,
-                                             local_body)
+from jax_nvfp4.primitives._base import on_auto_axes
+from jax_nvfp4.primitives._stacking import register_stacked_rules, stacked_abstract_eval
+from jax_nvfp4.sharding._partitioned import Plan, _avals_key, _partitioned_cached, local_body
 from jax_nvfp4.sharding._specs import even_split, without
 
 STACK = "stack"  # the Shardy factor of the stacked dimension
@@ -89,15 +88,17 @@ class _Stacked:
         return [[stack_ax, *d] if s else d for d, s in zip(inner, self.stacked)]
 
 
-def define_stacked_primitive(name, inner, op):
-    """The stacked twin `name` of the partitioned primitive of `inner` with rules `op` (which
-    names its leader operand with `op.stack_leader(params)`). Parameters: `inner`'s, `op`'s
-    OPTIONS, and `stacked` (a bool per operand). Its own vmap runs it per batch element."""
+def define_stacked_primitive(name, outer, inner, op):
+    """The stacked twin `name` of the partitioned primitive `outer` (of `inner`, with rules `op`,
+    which names its leader operand with `op.stack_leader(params)`). Parameters: `outer`'s and
+    `stacked` (a bool per operand). Differentiated by `outer`'s own rules under vmap over the
+    stack (their GEMMs bind `outer`, so vmap brings them back here, partitioned); its own vmap
+    runs it per batch element."""
     prim = jax.extend.core.Primitive(name)
-    prim.multiple_results = inner.multiple_results
+    prim.multiple_results = outer.multiple_results
 
-    def inner_params(params):
-        return _split_params(op, params)[0]
+    def outer_params(params):
+        return {k: v for k, v in params.items() if k != "stacked"}
 
     def lowering(ctx, *args, stacked, **params):
         fn = _partitioned_cached(inner, _Stacked(op, stacked), _avals_key(ctx.avals_in),
@@ -105,8 +106,8 @@ def define_stacked_primitive(name, inner, op):
         return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
 
     prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
-    prim.def_abstract_eval(stacked_abstract_eval(inner, inner_params))
+    prim.def_abstract_eval(stacked_abstract_eval(outer, outer_params))
     mlir.register_lowering(prim, lowering)
     dispatch.prim_requires_devices_during_lowering.add(prim)
-    register_stacked_rules(prim, inner, inner_params)
+    register_stacked_rules(prim, outer, outer_params)
     return prim

@@ -122,7 +122,7 @@ def _input_channel_parallel_body(params, c_ax, reduce_dtype, scatter):
 
 partitioned_conv_p = define_partitioned_primitive("nvfp4_conv_partitioned", conv_p, _ConvOp)
 
-stacked_conv_p = define_stacked_primitive("nvfp4_conv_stacked", conv_p, _ConvOp)
+stacked_conv_p = define_stacked_primitive("nvfp4_conv_stacked", partitioned_conv_p, conv_p, _ConvOp)
 
 register_batcher(partitioned_conv_p,
                  conv_batcher(partitioned_conv_p, stacked_batcher(stacked_conv_p)))

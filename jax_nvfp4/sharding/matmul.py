@@ -185,7 +185,8 @@ def _row_parallel_body(names, params, k_ax, scatter, reduce_dtype):
 partitioned_matmul_p = define_partitioned_primitive(
     "nvfp4_matmul_partitioned", matmul_p, _MatmulOp)
 
-stacked_matmul_p = define_stacked_primitive("nvfp4_matmul_stacked", matmul_p, _MatmulOp)
+stacked_matmul_p = define_stacked_primitive("nvfp4_matmul_stacked", partitioned_matmul_p, matmul_p,
+                                            _MatmulOp)
 
 register_batcher(partitioned_matmul_p,
                  matmul_batcher(partitioned_matmul_p, stacked_batcher(stacked_matmul_p)))

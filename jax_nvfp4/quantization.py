@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from jax_nvfp4.format import (NVFP4Array, check_float_dtype, check_logical_shape, check_not_nvfp4,
                               checked_s_enc)
@@ -22,6 +23,8 @@ def quantize(x, *, s_enc=None) -> NVFP4Array:
     check_not_nvfp4(x, "quantize: x", "it is quantized already (dequantize it to requantize)")
     if not hasattr(x, "dtype"):  # a (nested) list of Python numbers: float32, as jnp.asarray
         x = jnp.asarray(x, jnp.float32)
+    elif isinstance(x, np.ndarray):  # as matmul takes it: float64 is float32 unless x64 is on
+        x = jnp.asarray(x)
     check_float_dtype(x.dtype, "quantize: x")
     check_logical_shape(x.shape, "quantize: x")
     if s_enc is None:

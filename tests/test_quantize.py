@@ -302,6 +302,12 @@ def test_dequantize_dtype_none_is_named():
         jax_nvfp4.dequantize(jax_nvfp4.quantize(jnp.ones((2, 16))), None)
 
 
+def test_quantize_takes_numpy_float64_as_jax_does():
+    """A NumPy float64 array is float32 to JAX unless x64 is on, as matmul's x is."""
+    x = np.random.default_rng(3).standard_normal((4, 32))
+    assert_same_bytes(jax_nvfp4.quantize(x), recipe(x.astype(np.float32)))
+
+
 def test_quantize_takes_nested_lists():
     rows = [[0.5 * (i - j) for i in range(32)] for j in range(3)]
     assert_same_bytes(jax_nvfp4.quantize(rows), recipe(np.asarray(rows, np.float32)))

@@ -418,7 +418,38 @@ def test_quantize_model_keeps_shared_layers_shared_and_reaches_into_containers()
     assert model.a is model.b and isinstance(model.a, nvnnx.Linear)
     assert isinstance(model.in_tuple[0], nvnnx.Linear) and model.in_tuple[1] == 3
     assert isinstance(model.in_dict["p"], nvnnx.Linear) and isinstance(model.in_list[0], nvnnx.Linear)
-    assert type(model.stack) is nnx.Linear  # a stack of layers (nnx.vmap) stays float
+    assert isinstance(model.stack, nvnnx.Linear)  # a stack (nnx.vmap): a stack of NVFP4 layers
+
+
+def test_quantize_model_converts_a_stack_of_layers_made_by_nnx_vmap():
+    """Each layer of an nnx.vmap stack (experts, say) is quantized on its own, one s_dec a
+    layer; applied under nnx.vmap the stack runs one stacked GEMM and gives each layer's own
+    NVFP4 result. A stack whose variables carry sharding names stays float (their names would
+    need the stack axis mapped onto the NVFP4 fields)."""
+    stack = nnx.vmap(lambda r: nnx.Linear(32, 16, rngs=r))(nnx.Rngs(5).split(3))
+    kernels, biases = stack.kernel[...], stack.bias[...]
+    x = jax.random.normal(jax.random.key(6), (3, 4, 32))
+    q = convert.quantize_model(stack)
+    assert isinstance(q, nvnnx.Linear) and q.weight.s_dec.shape == (3,)
+
+    @nnx.vmap(in_axes=(0, 0), out_axes=0)
+    def apply(layer, a):
+        return layer(a)
+
+    want = np.stack([np.asarray(nvnnx.Linear.from_float(kernels[e], biases[e])(x[e]))
+                     for e in range(3)])
+    np.testing.assert_array_equal(np.asarray(apply(q, x)), want)
+    graphdef, state = nnx.split(q)
+    jaxpr = str(jax.make_jaxpr(lambda st, a: apply(nnx.merge(graphdef, st), a))(state, x))
+    assert "nvfp4_matmul_stacked" in jaxpr and "scan" not in jaxpr
+
+    with jax.set_mesh(jax.make_mesh((1,), ("tp",), axis_types=(jax.sharding.AxisType.Auto,))):
+        init = nnx.with_partitioning(nnx.initializers.lecun_normal(), (None, "tp"))
+        named = nnx.vmap(lambda r: nnx.Linear(32, 16, kernel_init=init, rngs=r),
+                         transform_metadata={nnx.PARTITION_NAME: None})(nnx.Rngs(7).split(3))
+        assert type(convert.quantize_model(named)) is nnx.Linear
+    convs = nnx.vmap(lambda r: nnx.Conv(32, 16, (3,), rngs=r))(nnx.Rngs(8).split(3))
+    assert type(convert.quantize_model(convs)) is nnx.Conv  # 1-D convs: [3, 3, 32, 16] kernels
 
 
 def test_quantize_model_leaves_layers_with_their_own_product_float():

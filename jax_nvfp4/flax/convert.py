@@ -21,6 +21,8 @@ float whatever the predicate says.
 
 from __future__ import annotations
 
+import functools
+
 import math
 import os
 from collections.abc import Mapping
@@ -151,10 +153,24 @@ def _convertible(module) -> bool:
     if product is not (lax.dot_general if linear else lax.conv_general_dilated) or \
             getattr(module, "preferred_element_type", None) is not None:
         return False
-    if linear:
-        return module.kernel[...].ndim == 2  # not a stack of layers (nnx.vmap)
-    return (module.kernel[...].ndim == 4 and module.feature_group_count == 1
+    if linear:  # one layer, or a stack (nnx.vmap) whose variables carry no sharding names
+        return module.kernel[...].ndim == 2 or not (
+            _sharded(module.kernel) or (module.bias is not None and _sharded(module.bias)))
+    # a 2-D conv (not a 1-D one stacked by nnx.vmap, whose kernel has 4 axes too)
+    return (len(module.kernel_size) == 2 and module.kernel[...].ndim == 4
+            and module.feature_group_count == 1
             and module.mask is None and _ones(module.input_dilation) and _padding_supported(module.padding))
+
+
+def _sharded(variable) -> bool:
+    """Whether an nnx variable carries sharding names."""
+    return any(variable.get_metadata().get(key) for key in nvfp4_nnx.SHARDING_KEYS)
+
+
+def _stack_depth(module) -> int:
+    """The stack axes of a Linear made by nnx.vmap (one layer's kernel is [in, out])."""
+    linear = isinstance(module, (nnx.Linear, nvfp4_nnx.Linear))
+    return module.kernel[...].ndim - 2 if linear else 0
 
 
 def _padding_supported(padding) -> bool:
@@ -180,6 +196,12 @@ def _to_nvfp4(module, act_quant: bool, act_s_enc, reduce_dtype):
     else:
         cls = nvfp4_nnx.Linear
     bias = module.bias[...] if module.bias is not None else None
+    depth = _stack_depth(module)
+    if depth:  # each layer of the stack quantized on its own (one s_dec a layer), stacked again
+        build = functools.partial(cls.from_float, **kwargs)
+        for _ in range(depth):
+            build = nnx.vmap(build, in_axes=0, out_axes=0)
+        return build(module.kernel[...], bias)
     return cls.from_float(
         module.kernel[...], bias, kernel_metadata=module.kernel.get_metadata(),
         bias_metadata={} if module.bias is None else module.bias.get_metadata(), **kwargs)
@@ -190,7 +212,9 @@ def quantize_model(model, *, predicate: Predicate = quantize_all, act_quant: boo
     """Converts an nnx model's float `nnx.Linear` / `nnx.Conv` layers (and QAT-mode NVFP4 layers,
     which keep their options) accepted by predicate(path, kernel) into inference-mode NVFP4
     `Linear` / `Conv` layers, in place; returns the model (the new layer itself when `model` is
-    one layer). Convolutions NVFP4 cannot represent (feature groups, input dilation, masks,
+    one layer). A stack of Linear layers made by nnx.vmap becomes a stack of NVFP4 layers (each
+    quantized on its own; one whose variables carry sharding names stays float). Convolutions
+    NVFP4 cannot represent (feature groups, input dilation, masks,
     circular padding) stay float. `act_quant`/`act_s_enc` set W4A4 and `reduce_dtype` the
     row-parallel sum's dtype on the converted float layers.
     Keep the float model with `nnx.clone(model)` first if you still need it."""

@@ -34,7 +34,7 @@ from jax_nvfp4.flax import _core
 from jax_nvfp4.format import BLOCK, FIELDS, TILE_K_BLOCKS, TILE_ROWS, NVFP4Array, reduce_dtype_of
 
 # The metadata key nnx reads a variable's sharding from (it has changed across Flax releases).
-_SHARDING_KEYS = ("out_sharding", "sharding_names", "sharding")
+SHARDING_KEYS = ("out_sharding", "sharding_names", "sharding")
 
 
 class NVFP4Param(nnx.Variable):
@@ -52,9 +52,9 @@ def _unwrap(value) -> tuple[tp.Any, dict]:
 def _field_metadata(kernel_metadata: tp.Mapping, layer: str) -> dict[str, dict]:
     """Metadata of a float kernel ([in, out], or conv [R, S, in, out]) -> that of each NVFP4
     field."""
-    common = {k: v for k, v in kernel_metadata.items() if k not in _SHARDING_KEYS}
+    common = {k: v for k, v in kernel_metadata.items() if k not in SHARDING_KEYS}
     fields = {f: dict(common) for f in FIELDS}
-    for key in _SHARDING_KEYS:
+    for key in SHARDING_KEYS:
         names = kernel_metadata.get(key)
         if not names:
             continue
@@ -80,7 +80,7 @@ class NVFP4Kernel(nnx.Module):
         except ValueError as e:
             if type(e).__name__ != "IndivisibleError":
                 raise
-            names = {f: {k: v for k, v in fields[f].items() if k in _SHARDING_KEYS} for f in fields}
+            names = {f: {k: v for k, v in fields[f].items() if k in SHARDING_KEYS} for f in fields}
             raise ValueError(
                 f"{layer}: the sharding of the NVFP4 weight {weight.shape} splits a dimension into "
                 f"uneven parts on the mesh; NVFP4 splits rows by whole {TILE_ROWS}-row scale "

@@ -10,7 +10,7 @@ import jax.extend
 import jax.numpy as jnp
 from jax import lax
 from jax._src import dispatch
-from jax.interpreters import mlir
+from jax.interpreters import ad, mlir
 from jax.sharding import PartitionSpec
 
 from jax_nvfp4 import _extension
@@ -21,7 +21,8 @@ except ImportError:  # pragma: no cover
     from jax._src.core import ShapedArray
 
 __all__ = ["ShapedArray", "define_primitive", "ffi_kernel_call", "batch_size", "to_front",
-           "map_batcher", "empty_f32", "on_auto_axes"]
+           "map_batcher", "empty_f32", "on_auto_axes", "zero_like", "is_zero",
+           "typed_like"]
 
 
 def _no_elements(ctx) -> bool:
@@ -119,6 +120,27 @@ def on_auto_axes(fn):
         return jax.sharding.auto_axes(fn, out_sharding=PartitionSpec())(*args)
 
     return run
+
+
+def zero_like(x):
+    """A symbolic zero tangent for primal value x."""
+    return ad.Zero(jax.typeof(x).to_tangent_aval())
+
+
+def is_zero(t) -> bool:
+    """Whether `t` is a symbolic zero tangent or cotangent."""
+    return type(t) is ad.Zero
+
+
+def typed_like(value, aval):
+    """`value` resharded to the sharding in `aval`'s type. Under a mesh with Explicit axes every
+    array's type carries its sharding, and a cotangent must match its primal's; the NVFP4
+    primitives' outputs carry none (nor do results computed on Auto axes), so a cotangent
+    computed from them is resharded here."""
+    spec = getattr(getattr(aval, "sharding", None), "spec", None)
+    if spec is None or all(p is None for p in spec):
+        return value
+    return jax.sharding.reshard(value, spec)
 
 
 def empty_f32():

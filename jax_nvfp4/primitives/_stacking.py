@@ -16,7 +16,8 @@ import jax.numpy as jnp
 from jax.interpreters import ad, batching
 from jax.sharding import PartitionSpec
 
-from jax_nvfp4.primitives._base import batch_size, map_batcher, on_auto_axes, to_front
+from jax_nvfp4.primitives._base import (batch_size, is_zero, map_batcher, on_auto_axes, to_front,
+                                        typed_like, zero_like)
 
 
 def element_aval(aval):
@@ -48,20 +49,6 @@ def stacked_batcher(prim):
     return rule
 
 
-def _typed_like(value, aval):
-    """`value` resharded to the sharding in `aval`'s type, on Explicit mesh axes (a cotangent
-    must be typed like its primal; the transposes run on Auto axes and return replicated
-    types)."""
-    spec = aval.sharding.spec
-    if not jax.sharding.get_abstract_mesh().explicit_axes or all(p is None for p in spec):
-        return value
-    return jax.sharding.reshard(value, spec)
-
-
-def _is_zero(t) -> bool:
-    return type(t) is ad.Zero
-
-
 def stacked_jvp(outer, element, element_params, primals, tangents, *, stacked, **params):
     """JVP of `outer`, the stacked form of `element`: the primal by `outer`; the tangent from
     `element`'s own JVP rule under vmap over the stack. Symbolic zero tangents stay symbolic:
@@ -69,15 +56,15 @@ def stacked_jvp(outer, element, element_params, primals, tangents, *, stacked, *
     rule = ad.primitive_jvps.get(element)
     if rule is None:
         raise NotImplementedError(f"Differentiation rule for '{element}' not implemented")
-    live = [not _is_zero(t) for t in tangents]
+    live = [not is_zero(t) for t in tangents]
 
     def one(element_primals, live_tangents):
         it = iter(live_tangents)
-        element_tangents = [next(it) if is_live else ad.Zero(jax.typeof(p).to_tangent_aval())
+        element_tangents = [next(it) if is_live else zero_like(p)
                             for p, is_live in zip(element_primals, live)]
         _, outs = rule(element_primals, element_tangents, **element_params(params))
         outs = outs if element.multiple_results else [outs]
-        return [None if _is_zero(t) else t for t in outs]
+        return [None if is_zero(t) else t for t in outs]
 
     axes = [0 if s else None for s in stacked]
     live_axes = [a for a, is_live in zip(axes, live) if is_live]
@@ -85,7 +72,7 @@ def stacked_jvp(outer, element, element_params, primals, tangents, *, stacked, *
         list(primals), [t for t, is_live in zip(tangents, live) if is_live])
     primal_out = outer.bind(*primals, stacked=stacked, **params)
     outs = primal_out if outer.multiple_results else [primal_out]
-    tangents_out = [ad.Zero(jax.typeof(o).to_tangent_aval()) if t is None else t
+    tangents_out = [zero_like(o) if t is None else t
                     for t, o in zip(tangents_out, outs)]
     return primal_out, tangents_out if outer.multiple_results else tangents_out[0]
 
@@ -99,7 +86,7 @@ def stacked_transpose(element, element_params, cts, *args, stacked, **params):
         raise NotImplementedError(f"Transpose rule for '{element}' not implemented")
     cts = cts if isinstance(cts, (list, tuple)) else [cts]
     linear = [ad.is_undefined_primal(a) for a in args]
-    zero_cts = [_is_zero(c) for c in cts]
+    zero_cts = [is_zero(c) for c in cts]
     if all(zero_cts):
         return [ad.Zero(a.aval) if is_linear else None for a, is_linear in zip(args, linear)]
 
@@ -114,7 +101,7 @@ def stacked_transpose(element, element_params, cts, *args, stacked, **params):
                         for a, s, is_linear in zip(args, stacked, linear)]
         if not element.multiple_results:
             element_cts = element_cts[0]
-        return [None if r is None or _is_zero(r) else r
+        return [None if r is None or is_zero(r) else r
                 for r in rule(element_cts, *element_args, **element_params(params))]
 
     known_axes = [0 if s else None for s, is_linear in zip(stacked, linear) if not is_linear]
@@ -129,7 +116,7 @@ def stacked_transpose(element, element_params, cts, *args, stacked, **params):
             out.append(ad.Zero(a.aval))
         else:
             r = r if s else r.astype(jnp.float32).sum(0).astype(r.dtype)
-            out.append(_typed_like(r, a.aval))
+            out.append(typed_like(r, a.aval))
     return out
 
 

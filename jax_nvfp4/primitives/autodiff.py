@@ -37,6 +37,7 @@ from jax_nvfp4 import reference
 from jax_nvfp4.convolution import conv, quantize_conv_weight
 from jax_nvfp4.format import NVFP4Array, check_not_nvfp4, reduce_dtype_of
 from jax_nvfp4.gemm import matmul
+from jax_nvfp4.primitives._base import is_zero, typed_like, zero_like
 from jax_nvfp4.primitives.conv import conv_p
 from jax_nvfp4.primitives.matmul import matmul_p
 from jax_nvfp4.primitives.quantize import dequantize_p, quantize_p
@@ -46,15 +47,6 @@ from jax_nvfp4.sharding.matmul import partitioned_matmul_p
 from jax_nvfp4.sharding.quantize import partitioned_dequantize_p, partitioned_quantize_p
 
 BACKWARD_DTYPE = jnp.bfloat16
-
-
-def _zero_like(x):
-    """A symbolic zero tangent for primal value x."""
-    return ad.Zero(jax.typeof(x).to_tangent_aval())
-
-
-def _is_zero(t) -> bool:
-    return type(t) is ad.Zero
 
 
 class _LinearOp(NamedTuple):
@@ -79,25 +71,25 @@ def _jvp(op, primals, tangents, **params):
         return _activated_jvp(op, primals, tangents, params)
     outs = op.prim.bind(*primals, **params)
     b_codes, bias_i = _positions(op, len(primals), params)
-    act_dot = _zero_like(primals[0]) if params[op.act_nvfp4_param] else tangents[0]
-    bias_dot = tangents[bias_i] if bias_i is not None else _zero_like(primals[0])
+    act_dot = zero_like(primals[0]) if params[op.act_nvfp4_param] else tangents[0]
+    bias_dot = tangents[bias_i] if bias_i is not None else zero_like(primals[0])
 
     if params.get("out_nvfp4", False):
-        if not (_is_zero(act_dot) and _is_zero(bias_dot)):
+        if not (is_zero(act_dot) and is_zero(bias_dot)):
             raise TypeError("jax_nvfp4.matmul: an NVFP4 output (out_s_enc=...) is a rounding step "
                             "and cannot be differentiated; differentiate a float output, or train "
                             "with jax_nvfp4.flax's QAT layers (straight-through gradients)")
-        return outs, [_zero_like(o) for o in outs]
+        return outs, [zero_like(o) for o in outs]
 
-    if _is_zero(act_dot) and _is_zero(bias_dot):
-        return outs, [_zero_like(outs[0])]
+    if is_zero(act_dot) and is_zero(bias_dot):
+        return outs, [zero_like(outs[0])]
     out_dtype = params["out_dtype"]
-    if _is_zero(act_dot):
+    if is_zero(act_dot):
         t = jnp.zeros(outs[0].shape, out_dtype)
     else:  # linear in the activation: the same op on the tangent, without the bias
         (t,) = op.prim.bind(act_dot, *primals[b_codes:b_codes + 3],
                             **{**params, "has_bias": False})
-    if not _is_zero(bias_dot):
+    if not is_zero(bias_dot):
         t = (t.astype(jnp.float32) + bias_dot.astype(jnp.float32)).astype(out_dtype)
     return outs, [t]
 
@@ -110,9 +102,9 @@ def _activated_jvp(op, primals, tangents, params):
     (z,), (z_dot,) = _jvp(op, primals, tangents, **linear)
     act = functools.partial(reference.activation, name=params["activation"])
     out_dtype = params["out_dtype"]
-    if _is_zero(z_dot):
+    if is_zero(z_dot):
         y = act(z).astype(out_dtype)
-        return [y], [_zero_like(y)]
+        return [y], [zero_like(y)]
     y, y_dot = jax.jvp(act, (z,), (z_dot,))
     return [y.astype(out_dtype)], [y_dot.astype(out_dtype)]
 
@@ -129,7 +121,7 @@ def _transpose(op, cts, *args, **params):
             f"operands at positions {[i for i, is_linear in enumerate(linear) if is_linear]}")
     (ct,) = cts
     result = [None] * len(args)
-    if _is_zero(ct):
+    if is_zero(ct):
         result[0] = ad.Zero(act.aval)
         if bias_i is not None:
             result[bias_i] = ad.Zero(args[bias_i].aval)
@@ -137,23 +129,13 @@ def _transpose(op, cts, *args, **params):
     codes, scales, s_dec = args[b_codes:b_codes + 3]
     # the public dequantize: partitioned like the weight (jax_nvfp4.sharding), never gathered
     w_hat = dequantize(NVFP4Array(codes, scales, s_dec), BACKWARD_DTYPE)
-    result[0] = _typed_like(op.backward(ct.astype(BACKWARD_DTYPE), w_hat, act.aval,
+    result[0] = typed_like(op.backward(ct.astype(BACKWARD_DTYPE), w_hat, act.aval,
                                         params).astype(act.aval.dtype), act.aval)
     if bias_i is not None:
         summed = tuple(range(ct.ndim - 1))
-        result[bias_i] = _typed_like(jnp.sum(ct.astype(jnp.float32), axis=summed).astype(
+        result[bias_i] = typed_like(jnp.sum(ct.astype(jnp.float32), axis=summed).astype(
             args[bias_i].aval.dtype), args[bias_i].aval)
     return result
-
-
-def _typed_like(value, aval):
-    """`value` resharded to the sharding in `aval`'s type. Under a mesh with Explicit axes every
-    array's type carries its sharding, and a cotangent must match its primal's; the NVFP4
-    primitives' outputs carry none, so the cotangent computed from them is resharded here."""
-    spec = getattr(getattr(aval, "sharding", None), "spec", None)
-    if spec is None or all(p is None for p in spec):
-        return value
-    return jax.sharding.reshard(value, spec)
 
 
 def _matmul_backward(ct, w_hat, act_aval, params):
@@ -205,19 +187,19 @@ for _op in (_LinearOp(matmul_p, "a_nvfp4", _matmul_backward),
 
 def _quantize_jvp(prim, primals, tangents):
     """Quantization rounds: a tangent through it is refused with the way to train instead."""
-    if not all(_is_zero(t) for t in tangents):
+    if not all(is_zero(t) for t in tangents):
         raise TypeError("jax_nvfp4.quantize is a rounding step and cannot be differentiated; "
                         "train with jax_nvfp4.flax.qat_matmul / qat_conv or its QAT layers "
                         "(straight-through gradients)")
     outs = prim.bind(*primals)
-    return outs, [_zero_like(o) for o in outs]
+    return outs, [zero_like(o) for o in outs]
 
 
 def _dequantize_jvp(prim, primals, tangents, *, dtype):
     """An NVFP4Array's fields are constants, as matmul treats them: a zero tangent (train with
     the QAT layers' float master weights)."""
     out = prim.bind(*primals, dtype=dtype)
-    return out, _zero_like(out)
+    return out, zero_like(out)
 
 
 for _prim in (quantize_p, partitioned_quantize_p):

@@ -24,9 +24,10 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
-#include <vector>
 
 #include "common/ffi_registry.h"
 #include "common/ffi_utils.h"
@@ -47,7 +48,19 @@ ffi::Error invalid(const std::string& what) {
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_nvfp4_gemm: " + what);
 }
 
-std::string dims_str(const std::vector<int64_t>& d) {
+// A buffer's dimensions, or those of one element of a stacked buffer: a view into XLA's array
+// (no copy: the handlers run on every call that is not captured into a command buffer).
+struct Dims {
+  const int64_t* d = nullptr;
+  size_t n = 0;
+
+  size_t size() const { return n; }
+  bool empty() const { return n == 0; }
+  int64_t operator[](size_t i) const { return d[i]; }
+  Dims tail() const { return {d + 1, n - 1}; }  // without the leading dimension
+};
+
+std::string dims_str(Dims d) {
   std::string s = "[";
   for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
   return s + "]";
@@ -58,11 +71,11 @@ std::string dims_str(const std::vector<int64_t>& d) {
 struct View {
   void* data = nullptr;
   ffi::DataType type = ffi::DataType::INVALID;
-  std::vector<int64_t> dims;
+  Dims dims;
 
   int64_t elements() const {
     int64_t n = 1;
-    for (int64_t d : dims) n *= d;
+    for (size_t i = 0; i < dims.size(); ++i) n *= dims[i];
     return n;
   }
 };
@@ -81,9 +94,9 @@ int64_t device_bytes(ffi::DataType type, int64_t elements) {
   }
 }
 
-std::vector<int64_t> dims_of(const ffi::AnyBuffer& b) {
+Dims dims_of(const ffi::AnyBuffer& b) {
   const auto d = b.dimensions();
-  return std::vector<int64_t>(d.begin(), d.end());
+  return {d.begin(), d.size()};
 }
 
 // Element e of `b` when it is stacked (count elements, checked by stack_count), else all of it.
@@ -92,7 +105,7 @@ View element_of(const ffi::AnyBuffer& b, bool stacked, int64_t count, int64_t e)
   if (stacked) {
     const int64_t bytes = device_bytes(v.type, static_cast<int64_t>(b.element_count())) / count;
     v.data = static_cast<uint8_t*>(v.data) + e * bytes;
-    v.dims.erase(v.dims.begin());
+    v.dims = v.dims.tail();
   }
   return v;
 }
@@ -101,12 +114,15 @@ using Operands = std::array<ffi::AnyBuffer, 8>;  // in the order of the comment 
 
 // The number of stacked elements, E: the leading dimension of every result and of every operand
 // flagged in `stacked`.
-ffi::Error stack_count(const Operands& ops, int64_t stacked, const std::vector<ffi::AnyBuffer>& rets,
-                       int64_t* count) {
+// The results of a call, in order: out, or out codes, scales and s_dec (an initializer list keeps
+// them on the stack).
+using Results = std::initializer_list<ffi::AnyBuffer>;
+
+ffi::Error stack_count(const Operands& ops, int64_t stacked, Results rets, int64_t* count) {
   if (stacked < 0 || stacked >= (int64_t{1} << ops.size())) {
     return invalid("stacked must flag some of the 8 operands, got " + std::to_string(stacked));
   }
-  const auto lead = dims_of(rets.front());
+  const auto lead = dims_of(*rets.begin());
   if (lead.empty()) return invalid("the results of a stacked call need a leading dimension");
   *count = lead[0];
   auto check = [&](const ffi::AnyBuffer& b, const std::string& what) {
@@ -120,7 +136,7 @@ ffi::Error stack_count(const Operands& ops, int64_t stacked, const std::vector<f
     if (auto err = check(ops[i], "stacked operand " + std::to_string(i)); err.failure()) return err;
   }
   for (size_t i = 0; i < rets.size(); ++i) {
-    if (auto err = check(rets[i], "result " + std::to_string(i)); err.failure()) return err;
+    if (auto err = check(rets.begin()[i], "result " + std::to_string(i)); err.failure()) return err;
   }
   return ffi::Error::Success();
 }
@@ -305,7 +321,7 @@ ffi::Error nvfp4_out(const View& codes, const View& scales, const View& s_dec,
 
 // Runs the GEMM of each stacked element in turn (one GEMM when `stacked` is 0): the operands'
 // and results' views of element e, checked and launched on the stream before the next element.
-ffi::Error gemm_elements(cudaStream_t stream, const Operands& ops, const std::vector<ffi::AnyBuffer>& rets,
+ffi::Error gemm_elements(cudaStream_t stream, const Operands& ops, Results rets,
                          ffi::Result<ffi::AnyBuffer>& workspace, int64_t path, int64_t activation,
                          int64_t stacked) {
   int64_t count = 1;
@@ -314,7 +330,7 @@ ffi::Error gemm_elements(cudaStream_t stream, const Operands& ops, const std::ve
   }
   for (int64_t e = 0; e < count; ++e) {
     auto op = [&](size_t i) { return element_of(ops[i], stacked >> i & 1, count, e); };
-    auto ret = [&](size_t i) { return element_of(rets[i], stacked != 0, count, e); };
+    auto ret = [&](size_t i) { return element_of(rets.begin()[i], stacked != 0, count, e); };
     GemmProblem p;
     if (auto err = decode_operands(op(0), op(1), op(2), op(3), op(4), op(5), op(6), &p); err.failure()) {
       return err;

@@ -448,8 +448,16 @@ def test_quantize_model_converts_a_stack_of_layers_made_by_nnx_vmap():
         named = nnx.vmap(lambda r: nnx.Linear(32, 16, kernel_init=init, rngs=r),
                          transform_metadata={nnx.PARTITION_NAME: None})(nnx.Rngs(7).split(3))
         assert type(convert.quantize_model(named)) is nnx.Linear
+        qat = nnx.vmap(lambda r: nvnnx.Linear(32, 16, qat=True, kernel_init=init, rngs=r),
+                       transform_metadata={nnx.PARTITION_NAME: None})(nnx.Rngs(9).split(3))
+        assert convert.quantize_model(qat).qat  # a named QAT stack stays QAT, its names kept
     convs = nnx.vmap(lambda r: nnx.Conv(32, 16, (3,), rngs=r))(nnx.Rngs(8).split(3))
     assert type(convert.quantize_model(convs)) is nnx.Conv  # 1-D convs: [3, 3, 32, 16] kernels
+    qat_convs = nnx.vmap(lambda r: nvnnx.Conv(32, 16, (3, 3), qat=True, rngs=r))(
+        nnx.Rngs(10).split(3))
+    assert convert.quantize_model(qat_convs).qat  # a stack of convs stays as it is
+    nested = nnx.vmap(nnx.vmap(lambda r: nnx.Linear(32, 16, rngs=r)))(nnx.Rngs(11).split((2, 3)))
+    assert convert.quantize_model(nested).weight.s_dec.shape == (2, 3)
 
 
 def test_quantize_model_leaves_layers_with_their_own_product_float():

@@ -21,8 +21,6 @@ float whatever the predicate says.
 
 from __future__ import annotations
 
-import functools
-
 import math
 import os
 from collections.abc import Mapping
@@ -142,8 +140,9 @@ def _convertible(module) -> bool:
     multiple of 16 inputs, or a float 2-D nnx.Conv NVFP4 can represent (a multiple of 16 input
     channels; no feature groups, input dilation or mask; a padding jax_nvfp4.conv takes); in
     both cases with Flax's own product and no preferred_element_type."""
-    if isinstance(module, (nvfp4_nnx.Linear, nvfp4_nnx.Conv)):
-        return module.qat
+    if isinstance(module, (nvfp4_nnx.Linear, nvfp4_nnx.Conv)):  # QAT: one layer or a stack
+        one_layer = module.kernel[...].ndim == (2 if isinstance(module, nvfp4_nnx.Linear) else 4)
+        return module.qat and (one_layer or _plain_linear_stack(module))
     if type(module) not in (nnx.Linear, nnx.Conv) or module.kernel[...].shape[-2] % BLOCK:
         return False
     # A custom product (an fp8 or AQT dot_general, say) or a wider output type than the layer's
@@ -153,9 +152,8 @@ def _convertible(module) -> bool:
     if product is not (lax.dot_general if linear else lax.conv_general_dilated) or \
             getattr(module, "preferred_element_type", None) is not None:
         return False
-    if linear:  # one layer, or a stack (nnx.vmap) whose variables carry no sharding names
-        return module.kernel[...].ndim == 2 or not (
-            _sharded(module.kernel) or (module.bias is not None and _sharded(module.bias)))
+    if linear:
+        return module.kernel[...].ndim == 2 or _plain_linear_stack(module)
     # a 2-D conv (not a 1-D one stacked by nnx.vmap, whose kernel has 4 axes too)
     return (len(module.kernel_size) == 2 and module.kernel[...].ndim == 4
             and module.feature_group_count == 1
@@ -165,6 +163,14 @@ def _convertible(module) -> bool:
 def _sharded(variable) -> bool:
     """Whether an nnx variable carries sharding names."""
     return any(variable.get_metadata().get(key) for key in nvfp4_nnx.SHARDING_KEYS)
+
+
+def _plain_linear_stack(module) -> bool:
+    """A stack of Linear layers (nnx.vmap) whose variables carry no sharding names: their names
+    would need the stack axis mapped onto the NVFP4 fields, which the conversion does not do.
+    Stacks of convs are not converted."""
+    return (isinstance(module, (nnx.Linear, nvfp4_nnx.Linear)) and not _sharded(module.kernel)
+            and (module.bias is None or not _sharded(module.bias)))
 
 
 def _stack_depth(module) -> int:
@@ -198,7 +204,9 @@ def _to_nvfp4(module, act_quant: bool, act_s_enc, reduce_dtype):
     bias = module.bias[...] if module.bias is not None else None
     depth = _stack_depth(module)
     if depth:  # each layer of the stack quantized on its own (one s_dec a layer), stacked again
-        build = functools.partial(cls.from_float, **kwargs)
+        def build(kernel, bias):  # a closure: nnx.vmap does not wrap a keyword partial twice
+            return cls.from_float(kernel, bias, **kwargs)
+
         for _ in range(depth):
             build = nnx.vmap(build, in_axes=0, out_axes=0)
         return build(module.kernel[...], bias)

@@ -19,8 +19,8 @@ Results: DIR/activation_<device>.md (silu) or DIR/activation_swiglu_<device>.md.
 
 from __future__ import annotations
 
-import argparse
 import datetime
+import sys
 from pathlib import Path
 
 import jax
@@ -29,6 +29,9 @@ import numpy as np
 
 import jax_nvfp4 as nv
 from jax_nvfp4.timing import LoopTimer, interleaved_times
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import table_parser, write_table  # noqa: E402
 
 SHAPES = {"silu": [(14336, 4096), (4096, 14336)], "swiglu": [(2 * 14336, 4096)]}
 MS = [1, 16, 64, 256, 4096]
@@ -94,18 +97,11 @@ def run(out_dir: Path, rounds: int, activation: str):
                 f"| {m} | {n} x {k} | " + " | ".join(f"{us[op]:.1f}" for op in ops) +
                 f" | {us[names[1]] / us[names[0]]:.2f}x | {us[names[4]] / us[names[3]]:.2f}x |")
             print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = "activation" if activation == "silu" else f"activation_{activation}"
-    path = out_dir / f"{stem}_{name.replace(' ', '_')}.md"
-    path.write_text(text)
-    print(f"wrote {path}")
+    write_table(lines, out_dir, "activation" if activation == "silu" else f"activation_{activation}", name)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("bench/results"))
-    parser.add_argument("--rounds", type=int, default=5)
+    parser = table_parser(__doc__)
     parser.add_argument("--activation", choices=sorted(SHAPES), default="silu")
     args = parser.parse_args()
     run(args.out, args.rounds, args.activation)

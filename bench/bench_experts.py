@@ -18,7 +18,6 @@ the same run (bench_matmul.hbm_bandwidth). Results: DIR/experts_<device>.md.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import sys
 from pathlib import Path
@@ -34,6 +33,7 @@ from jax_nvfp4.timing import LoopTimer, interleaved_times
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_matmul import hbm_bandwidth  # noqa: E402
+from report import table_parser, write_table  # noqa: E402
 
 EXPERTS, N, K = 8, 14336, 4096
 TOKENS = [1, 4, 16, 64, 256]
@@ -95,19 +95,11 @@ def run(out_dir: Path, rounds: int):
                      f"{us['one stacked']:.1f} | {us['one separate']:.1f} | "
                      f"{us['one separate'] / us['one stacked']:.2f}x |")
         print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"experts_{name.replace(' ', '_')}.md"
-    path.write_text(text)
-    print(text)
-    print(f"wrote {path}")
+    write_table(lines, out_dir, "experts", name)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("bench/results"))
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = table_parser(__doc__).parse_args()
     run(args.out, args.rounds)
 
 

@@ -13,7 +13,6 @@ HBM read + write rate measured in the same run. Results: DIR/layer_stack_<device
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from jax_nvfp4.timing import LoopTimer, interleaved_times
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_matmul import hbm_bandwidth  # noqa: E402
+from report import table_parser, write_table  # noqa: E402
 
 LAYERS = 8
 SIZES = [4096, 8192]  # square layers [N, N]: each output feeds the next layer
@@ -85,19 +85,11 @@ def run(out_dir: Path, rounds: int):
                      f"{100 * floor_q / us['nvfp4 loop']:.0f}% | "
                      f"{100 * floor_16 / us['bf16 loop']:.0f}% |")
         print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"layer_stack_{device.device_kind.replace(' ', '_')}.md"
-    path.write_text(text)
-    print(text)
-    print(f"wrote {path}")
+    write_table(lines, out_dir, "layer_stack", device.device_kind)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("bench/results"))
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = table_parser(__doc__).parse_args()
     run(args.out, args.rounds)
 
 

@@ -19,8 +19,8 @@ Results: DIR/sharded_matmul_<device>.md.
 
 from __future__ import annotations
 
-import argparse
 import datetime
+import sys
 from pathlib import Path
 
 import jax
@@ -31,6 +31,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import jax_nvfp4 as nv
 from jax_nvfp4.sharding import shard_nvfp4
 from jax_nvfp4.timing import LoopTimer, interleaved_times
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import table_parser, write_table  # noqa: E402
 
 SHAPES = [(4096, 4096), (4096, 14336)]  # (N, K): o and down projections of Llama-3-8B
 MS = [1, 16, 2048, 8192]
@@ -107,19 +110,11 @@ def run(out_dir: Path, rounds: int):
         floor.append(f"- M = {m}, N = {SHAPES[0][0]}: all-reduce "
                      f"{2 * (n_dev - 1) / n_dev * y32:.1f} MB, reduce-scatter "
                      f"{(n_dev - 1) / n_dev * y32:.1f} MB.")
-    text = "\n".join(lines + floor) + "\n"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"sharded_matmul_{name.replace(' ', '_')}.md"
-    path.write_text(text)
-    print(text)
-    print(f"wrote {path}")
+    write_table(lines + floor, out_dir, "sharded_matmul", name)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("bench/results"))
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = table_parser(__doc__).parse_args()
     if len(jax.devices()) < 2:
         raise SystemExit(f"needs 2 or more devices, found {len(jax.devices())}")
     run(args.out, args.rounds)

@@ -22,11 +22,13 @@ def random_weight(n, k, seed):
 
 
 def nvfp4_to_f64(q):
-    """Value of an NVFP4Array in float64 NumPy: e2m1(code) * e4m3(scale) * s_dec."""
+    """Value of an NVFP4Array in float64 NumPy: e2m1(code) * e4m3(scale) * s_dec (a stack's
+    s_dec [E] scaling its elements)."""
     codes = np.asarray(q.codes).astype(np.float64)
     scales = np.asarray(q.plain_scales()).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
     blocks = codes.reshape(*codes.shape[:-1], -1, 16) * scales[..., None]
-    return blocks.reshape(codes.shape) * np.float64(np.asarray(q.s_dec))
+    s_dec = np.asarray(q.s_dec).astype(np.float64)
+    return blocks.reshape(codes.shape) * s_dec.reshape(s_dec.shape + (1,) * (codes.ndim - s_dec.ndim))
 
 
 def activation_f64(y, name):

@@ -58,14 +58,14 @@ def forced_path(path):
         jax.clear_caches()
 
 
-def w4a16_oracle(device, x, w, bias=None):
+def w4a16_oracle(device, x, w, bias=None, activation=None):
     """The float64 oracle of a W4A16 call on `device`. Blackwell's kernel quantizes the activations
     first (NVFP4 x NVFP4 MMA, DESIGN.md §4), so there the oracle takes quantize(x); the quantizer
     gives the same bytes on every path, so the CPU reference stands in for the kernel's."""
     if _extension.device_arch(device) == "sm_100a":
         cpu = jax.devices("cpu")[0]
         x = jax.jit(jn.quantize)(jax.device_put(x, cpu))
-    return mc.oracle(x, w, bias)
+    return mc.oracle(x, w, bias, activation)
 
 
 def poison(nbytes):
@@ -295,7 +295,8 @@ def test_vmap_over_stacked_weights(gpu_kernels, m, n, k):
     """vmap over 3 stacked weights (each its own s_dec; x stacked, x shared, W4A4, stacked bias,
     NVFP4 output, a gated activation) runs one stacked FFI call whose every element equals the
     unstacked call of that element, bit for bit, and the float64 oracle. The shapes take the
-    decode, fused and prefill paths."""
+    decode, fused and prefill paths (the decode shape's K is too short to split, so the stack's
+    one launch sums as each call alone does)."""
     device = gpu_kernels(GEMM_STACKED_TARGET, GEMM_NVFP4_OUT_STACKED_TARGET)
     xs = mc.random_float((3, m, k), jnp.bfloat16, 40)
     ws = jax.vmap(jn.quantize)(mc.random_float((3, n, k), jnp.float32, 41, 0.05))
@@ -316,6 +317,56 @@ def test_vmap_over_stacked_weights(gpu_kernels, m, n, k):
                 mc.assert_close(got[e], w4a16_oracle(device, a_e, element(ws, e), bs[e]), 1e-2)
     text = jax.jit(jax.vmap(jn.matmul)).lower(xs, ws).compile().as_text()
     assert "jax_nvfp4_gemm_stacked" in text and "while" not in text  # no loop copying slices
+
+
+def _experts(e, n, k, seed):
+    """e NVFP4 weights [n, k] stacked, expert i scaled by 4^(i % 7 - 3): neighbouring experts have
+    their own s_dec, orders of magnitude apart, so an element that read another's weights, scales
+    or s_dec would be far off."""
+    mags = 4.0 ** (np.arange(e) % 7 - 3)
+    w = mc.random_float((e, n, k), jnp.float32, seed, 0.05) * mags[:, None, None]
+    return jax.vmap(jn.quantize)(w.astype(jnp.float32))
+
+
+@pytest.mark.parametrize("m", [1, 5, 12, 20])
+def test_stacked_decode_runs_the_stack_at_once(gpu_kernels, m):
+    """On the decode path the sm_90a kernel runs a stack of M <= 8 in one launch (the elements'
+    tiles share one wave, so K is split over fewer parts than an element alone takes; larger M
+    run element by element): every element matches the float64 oracle (float32 output) and the
+    unstacked call within the float32 sums' reordering, with x stacked (bf16, float32, NVFP4) or
+    shared, a stacked bias, a gated activation; N and K have tails (K % 32 == 16: the 8-byte code
+    loads)."""
+    device = gpu_kernels(GEMM_STACKED_TARGET)
+    e, n, k = 6, 2056, 4144
+    ws = _experts(e, n, k, 60)
+    xs = mc.random_float((e, m, k), jnp.bfloat16, 61)
+    bs = mc.random_float((e, n), jnp.float32, 62)
+    element = lambda tree, i: jax.tree.map(lambda a: a[i], tree)  # noqa: E731
+    cases = [(xs, 0, {}), (xs.astype(jnp.float32), 0, {}), (xs[0], None, {}),
+             (jax.vmap(jn.quantize)(xs), 0, {}), (xs, 0, {"activation": "swiglu"})]
+    for a, axis, kw in cases:
+        one = lambda a_, w_, b_: jn.matmul(a_, w_, bias=b_, out_dtype=jnp.float32, **kw)  # noqa: E731
+        poison(e * m * n * 4)
+        got = np.asarray(jax.jit(jax.vmap(one, in_axes=(axis, 0, 0)))(a, ws, bs))
+        for i in range(e):
+            a_i = a if axis is None else element(a, i)
+            w_i, act = element(ws, i), kw.get("activation")
+            want = (mc.oracle(a_i, w_i, bs[i], act) if isinstance(a_i, jn.NVFP4Array)
+                    else w4a16_oracle(device, a_i, w_i, bs[i], act))
+            mc.assert_close(got[i], want, 1e-5)
+            mc.assert_close(got[i], np.asarray(jax.jit(one)(a_i, w_i, bs[i]), np.float64), 1e-5)
+
+
+def test_stacked_decode_past_the_grid_runs_elements_in_turn(gpu_kernels):
+    """A stack whose activation tiles overflow the grid's y dimension (65535) runs element by
+    element: still right."""
+    gpu_kernels(GEMM_STACKED_TARGET)
+    e, k = 65536 + 7, 32
+    ws = _experts(e, 16, k, 63)
+    xs = mc.random_float((e, 1, k), jnp.bfloat16, 64)
+    got = np.asarray(jax.jit(jax.vmap(lambda a, w: jn.matmul(a, w, out_dtype=jnp.float32)))(xs, ws))
+    want = np.einsum("emk,enk->emn", np.asarray(xs).astype(np.float64), mc.nvfp4_to_f64(ws))
+    mc.assert_close(got, want, 1e-5)
 
 
 @pytest.mark.parametrize("path,m", [("decode", 8), ("fused", 64), ("fused_ws", 200), ("fused_ws_wide", 300)])

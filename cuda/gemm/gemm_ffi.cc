@@ -19,8 +19,9 @@
 // "jax_nvfp4_gemm_stacked" and "jax_nvfp4_gemm_nvfp4_out_stacked" (stacked_matmul_p: vmap over a
 // stack of weights) take the same operands, of which those flagged in the attribute `stacked`
 // (bit i: operand i above) carry a leading dimension E, and give every result that leading
-// dimension. They run the GEMM of each of the E elements in turn on the stream, each reading its
-// element of the stacked buffers in place.
+// dimension. Each element's GEMM reads its element of the stacked buffers in place: all E in one
+// launch where the device's kernels run stacks (sm_90a's decode path at M <= 8, float output),
+// else one element after another on the stream.
 #include <cuda_runtime.h>
 
 #include <array>
@@ -319,8 +320,53 @@ ffi::Error nvfp4_out(const View& codes, const View& scales, const View& s_dec,
   return ffi::Error::Success();
 }
 
-// Runs the GEMM of each stacked element in turn (one GEMM when `stacked` is 0): the operands'
-// and results' views of element e, checked and launched on the stream before the next element.
+// The problem of element e of the call (the whole call when `stacked` is 0): the operands' and
+// results' views of that element, checked.
+ffi::Error element_problem(const Operands& ops, Results rets, int64_t stacked, int64_t count, int64_t e,
+                           int64_t path, int64_t activation, GemmProblem* p) {
+  auto op = [&](size_t i) { return element_of(ops[i], stacked >> i & 1, count, e); };
+  auto ret = [&](size_t i) { return element_of(rets.begin()[i], stacked != 0, count, e); };
+  *p = GemmProblem{};
+  if (auto err = decode_operands(op(0), op(1), op(2), op(3), op(4), op(5), op(6), p); err.failure()) {
+    return err;
+  }
+  if (auto err = decode_path(path, p); err.failure()) return err;
+  if (auto err = decode_activation(activation, p); err.failure()) return err;
+  return rets.size() == 1 ? float_out(ret(0), p) : nvfp4_out(ret(0), ret(1), ret(2), op(7), p);
+}
+
+// Bytes from one element of a stacked buffer to the next; 0 for a buffer every element shares.
+int64_t element_stride(const ffi::AnyBuffer& b, bool stacked, int64_t count) {
+  const auto e1 = element_of(b, stacked, count, 1).data, e0 = element_of(b, stacked, count, 0).data;
+  return static_cast<const uint8_t*>(e1) - static_cast<const uint8_t*>(e0);
+}
+
+// The strides of a stacked call with a float output (GemmStack's fields).
+GemmStack float_stack(const Operands& ops, const ffi::AnyBuffer& out, int64_t stacked, int64_t count) {
+  auto stride = [&](size_t i) { return element_stride(ops[i], stacked >> i & 1, count); };
+  GemmStack s;
+  s.count = count;
+  s.a = stride(0);
+  s.a_scales = stride(1);
+  s.a_s_dec = stride(2);
+  s.b_codes = stride(3);
+  s.b_scales = stride(4);
+  s.b_s_dec = stride(5);
+  s.bias = stride(6);
+  s.out = element_stride(out, true, count);
+  return s;
+}
+
+// Whether the kernels of this device run p's stack in one launch.
+bool runs_stack(const GemmProblem& p) {
+#ifdef JAX_NVFP4_HAS_SM90
+  if (current_compute_capability() == 90) return gemm_sm90_runs_stack(p);
+#endif
+  return false;
+}
+
+// Runs the call's GEMM, or with `stacked` its E elements: in one launch where the device's kernels
+// run the stack (see runs_stack), else each element in turn on the stream.
 ffi::Error gemm_elements(cudaStream_t stream, const Operands& ops, Results rets,
                          ffi::Result<ffi::AnyBuffer>& workspace, int64_t path, int64_t activation,
                          int64_t stacked) {
@@ -328,20 +374,23 @@ ffi::Error gemm_elements(cudaStream_t stream, const Operands& ops, Results rets,
   if (stacked != 0) {
     if (auto err = stack_count(ops, stacked, rets, &count); err.failure()) return err;
   }
-  for (int64_t e = 0; e < count; ++e) {
-    auto op = [&](size_t i) { return element_of(ops[i], stacked >> i & 1, count, e); };
-    auto ret = [&](size_t i) { return element_of(rets.begin()[i], stacked != 0, count, e); };
-    GemmProblem p;
-    if (auto err = decode_operands(op(0), op(1), op(2), op(3), op(4), op(5), op(6), &p); err.failure()) {
+  if (count == 0) return ffi::Error::Success();
+  GemmProblem p;
+  if (auto err = element_problem(ops, rets, stacked, count, 0, path, activation, &p); err.failure()) {
+    return err;
+  }
+  if (count > 1 && rets.size() == 1) {
+    p.stack = float_stack(ops, *rets.begin(), stacked, count);
+    if (runs_stack(p)) return run(stream, workspace, p);
+    p.stack = GemmStack{};
+  }
+  for (int64_t e = 0;;) {
+    if (auto err = run(stream, workspace, p); err.failure()) return err;
+    if (++e == count) return ffi::Error::Success();
+    if (auto err = element_problem(ops, rets, stacked, count, e, path, activation, &p); err.failure()) {
       return err;
     }
-    if (auto err = decode_path(path, &p); err.failure()) return err;
-    if (auto err = decode_activation(activation, &p); err.failure()) return err;
-    auto err = rets.size() == 1 ? float_out(ret(0), &p) : nvfp4_out(ret(0), ret(1), ret(2), op(7), &p);
-    if (err.failure()) return err;
-    if (auto err = run(stream, workspace, p); err.failure()) return err;
   }
-  return ffi::Error::Success();
 }
 
 ffi::Error gemm_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer a_scales,
@@ -388,8 +437,9 @@ ffi::Error gemm_nvfp4_out_stacked_impl(
                        {*out_codes, *out_scales, *out_s_dec}, workspace, path, activation, stacked);
 }
 
-// The workspace of a stacked call: that of one element's GEMM (the elements run in turn and
-// share it), the stacked dimension dropped from the flagged operands and every result.
+// The workspace of a stacked call: that of one element's GEMM (elements run in turn share it; a
+// stack run in one launch takes the decode path, which needs none), the stacked dimension dropped
+// from the flagged operands and every result.
 size_t gemm_stacked_call_workspace(const WorkspaceQuery& q) {
   const auto stacked = q.attrs.find("stacked");
   const int64_t flags = stacked == q.attrs.end() ? 0 : stacked->second;

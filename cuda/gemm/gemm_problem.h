@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/activation.h"
 #include "common/dtype.h"
@@ -33,6 +34,17 @@ struct Nvfp4Operand {
 // kFusedWsWide is fused_ws on tiles of 256 staged rows instead of 128.
 enum class GemmPath : int {
   kAuto = 0, kDecode = 1, kPrefill = 2, kFused = 3, kFusedWs = 4, kPrefillCutlass = 5, kFusedWsWide = 6
+};
+
+// A stack of `count` GEMMs of one shape (the stacked FFI calls: vmap over stacked weights), run
+// in one launch by a kernel that can (gemm_sm90_runs_stack). Element e reads each operand and
+// writes its output advanced by e times the stride, in bytes; a stride of 0 is an operand every
+// element shares.
+struct GemmStack {
+  int64_t count = 1;
+  int64_t a = 0, a_scales = 0, a_s_dec = 0;  // a: float x, or the NVFP4 codes
+  int64_t b_codes = 0, b_scales = 0, b_s_dec = 0;
+  int64_t bias = 0, out = 0;
 };
 
 struct GemmProblem {
@@ -68,6 +80,8 @@ struct GemmProblem {
   void* workspace = nullptr;  // the call's workspace result (common/workspace_registry.h)
   size_t workspace_bytes = 0;
 
+  GemmStack stack;  // one GEMM (count 1) unless the launcher runs stacks (float output only)
+
   // Whether the output is NVFP4. Told by out_s_enc, a scalar: XLA gives a zero-sized buffer (the
   // codes and scales of an output without rows) no address.
   bool nvfp4_out() const { return out_s_enc != nullptr; }
@@ -75,5 +89,27 @@ struct GemmProblem {
 
 // Columns of the output: n, or n / 2 with a gated activation.
 inline int64_t out_cols(const GemmProblem& p) { return is_gated(p.activation) ? p.n / 2 : p.n; }
+
+// ptr advanced by `bytes` (a null pointer, an absent operand, stays null).
+template <class T>
+__host__ __device__ inline T* advanced(T* ptr, int64_t bytes) {
+  using Byte = std::conditional_t<std::is_const_v<T>, const uint8_t, uint8_t>;
+  return ptr == nullptr ? ptr : reinterpret_cast<T*>(reinterpret_cast<Byte*>(ptr) + bytes);
+}
+
+// Element e of a stack (float output) as a problem of its own.
+__host__ __device__ inline GemmProblem stack_element(const GemmProblem& stack, int64_t e) {
+  GemmProblem p = stack;
+  const GemmStack& s = stack.stack;
+  p.a = advanced(p.a, e * s.a);
+  p.a_q = {advanced(p.a_q.codes, e * s.a), advanced(p.a_q.scales, e * s.a_scales),
+           advanced(p.a_q.s_dec, e * s.a_s_dec)};
+  p.b = {advanced(p.b.codes, e * s.b_codes), advanced(p.b.scales, e * s.b_scales),
+         advanced(p.b.s_dec, e * s.b_s_dec)};
+  p.bias = advanced(p.bias, e * s.bias);
+  p.out = advanced(p.out, e * s.out);
+  p.stack = GemmStack{};
+  return p;
+}
 
 }  // namespace jax_nvfp4

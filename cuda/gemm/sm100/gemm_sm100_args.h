@@ -86,6 +86,7 @@ struct Plan {
 
 // Why p cannot run on this path, or nullptr when it can.
 inline const char* unsupported_reason(const GemmProblem& p) {
+  if (p.stack.count != 1) return "one GEMM a call (the FFI handler runs a stack element by element)";
   if (p.m < 0 || p.n < 0 || p.k <= 0) return "m and n must be >= 0 and k > 0";
   if (p.k % kBlockSize != 0) return "k must be a multiple of 16";
   if (is_gated(p.activation) && p.n % 2 != 0) return "a gated activation needs n even";

@@ -438,10 +438,15 @@ constexpr int max_threads() {
   return kWarpSplit ? kMaxSplit * 32 : kThreads;
 }
 
-template <int T, XKind XK, CodeLoads kLoads, bool kWarpSplit>
-__global__ void __launch_bounds__(max_threads<kWarpSplit>()) decode_kernel(const GemmProblem p, int64_t chunks) {
+// With kStack, gridDim.y runs over the stack's elements, m_tiles activation tiles each. A kernel
+// of its own: finding the element's pointers took up to 30 more registers, which the one-GEMM
+// kernels would pay for in occupancy.
+template <int T, XKind XK, CodeLoads kLoads, bool kWarpSplit, bool kStack>
+__global__ void __launch_bounds__(max_threads<kWarpSplit>())
+    decode_kernel(const GemmProblem stack, int64_t chunks, int64_t m_tiles) {
   constexpr bool IL = interleaved<T, XK>();
   __shared__ float partial[4 * T][max_threads<kWarpSplit>()];
+  const GemmProblem p = kStack ? stack_element(stack, blockIdx.y / m_tiles) : stack;
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
@@ -450,7 +455,7 @@ __global__ void __launch_bounds__(max_threads<kWarpSplit>()) decode_kernel(const
   const int rank = kWarpSplit ? warp : static_cast<int>(blockIdx.z);
   const int64_t n0 = kWarpSplit ? static_cast<int64_t>(blockIdx.x) * 16
                                 : static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp * 16;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * 8 * T;
+  const int64_t m0 = static_cast<int64_t>(kStack ? blockIdx.y % m_tiles : blockIdx.y) * 8 * T;
   const int64_t c_begin = chunks * rank / split, c_end = chunks * (rank + 1) / split;
   const bool vec16 = kLoads == CodeLoads::kByK ? p.k % 32 == 0 : kLoads == CodeLoads::k16;
 
@@ -558,59 +563,78 @@ __global__ void __launch_bounds__(max_threads<kWarpSplit>()) decode_kernel(const
   if constexpr (!kWarpSplit) cg::this_cluster().sync();
 }
 
-template <int T, XKind XK, CodeLoads kLoads>
+constexpr int64_t kMaxGridY = 65535;
+
+// The y dimension of the grid: the activation tiles of every element of the stack.
+int64_t grid_rows(const GemmProblem& p, int rows_per_tile) {
+  return ceil_div(p.m, rows_per_tile) * p.stack.count;
+}
+
+template <int T, XKind XK, CodeLoads kLoads, bool kStack>
 cudaError_t launch(const GemmProblem& p, cudaStream_t stream) {
   const int64_t chunks = ceil_div(p.k, kChunk);
   const int64_t m_tiles = ceil_div(p.m, 8 * T);
-  if (m_tiles > 65535) return cudaErrorInvalidValue;
+  const int64_t rows = grid_rows(p, 8 * T);
+  if (rows > kMaxGridY) return cudaErrorInvalidValue;
   // Split K as far as the grid stays resident (one wave), at least 2 chunks a part. Past 8 rows
   // the warp split needs that split to reach 2: with one warp a tile it lacks the warps to hide
   // the load latency (M = 16, 14336 x 4096: 16% slower than the cluster split, whose blocks of 4
   // tiles keep it at 2 or more), and where it reaches 2 it took 10-24% less time at M = 16 and
   // 13-21% less at M = 32 on the other three Llama shapes (H200,
-  // bench/results/decode_warp_split_h200_2026-11-28.md).
-  const int64_t warp_tiles = ceil_div(p.n, 16) * m_tiles;
+  // bench/results/decode_warp_split_h200_2026-11-28.md). The tiles of a stack's elements share
+  // the wave: a stack splits K less than one element alone.
+  const int64_t warp_tiles = ceil_div(p.n, 16) * rows;
   const int warp_parts = one_wave_split(warp_tiles, chunks, 2,
-                                        resident_warp_parts<decode_kernel<T, XK, kLoads, true>>());
+                                        resident_warp_parts<decode_kernel<T, XK, kLoads, true, kStack>>());
   if (T == 1 || warp_parts >= 2) {
-    const LaunchConfig launch(dim3(static_cast<unsigned>(ceil_div(p.n, 16)), static_cast<unsigned>(m_tiles)),
+    const LaunchConfig launch(dim3(static_cast<unsigned>(ceil_div(p.n, 16)), static_cast<unsigned>(rows)),
                               dim3(32 * warp_parts), 0, stream, /*cluster_z=*/0, /*pdl=*/true);
-    return cudaLaunchKernelEx(&launch.cfg, decode_kernel<T, XK, kLoads, true>, p, chunks);
+    return cudaLaunchKernelEx(&launch.cfg, decode_kernel<T, XK, kLoads, true, kStack>, p, chunks, m_tiles);
   }
   if constexpr (T > 1) {  // M <= 8 keeps the warp split: its cluster kernel is not built
     const int64_t n_tiles = ceil_div(p.n, kRowsPerBlock);
-    const int split = one_wave_split(n_tiles * m_tiles, chunks, 2,
-                                     resident_blocks<decode_kernel<T, XK, kLoads, false>>(dim3(kThreads), 0));
-    const LaunchConfig launch(dim3(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles), split),
+    const int split = one_wave_split(n_tiles * rows, chunks, 2,
+                                     resident_blocks<decode_kernel<T, XK, kLoads, false, kStack>>(dim3(kThreads), 0));
+    const LaunchConfig launch(dim3(static_cast<unsigned>(n_tiles), static_cast<unsigned>(rows), split),
                               dim3(kThreads), 0, stream, static_cast<unsigned>(split), /*pdl=*/true);
-    return cudaLaunchKernelEx(&launch.cfg, decode_kernel<T, XK, kLoads, false>, p, chunks);
+    return cudaLaunchKernelEx(&launch.cfg, decode_kernel<T, XK, kLoads, false, kStack>, p, chunks, m_tiles);
   }
   return cudaErrorInvalidValue;  // unreachable: T == 1 launched above
 }
 
-template <int T, XKind XK>
+template <int T, XKind XK, bool kStack>
 cudaError_t launch_loads(const GemmProblem& p, cudaStream_t stream) {
   if constexpr (XK == XKind::kF32) {
-    return launch<T, XK, CodeLoads::kByK>(p, stream);
+    return launch<T, XK, CodeLoads::kByK, kStack>(p, stream);
   } else {
-    if (p.k % 32 == 0) return launch<T, XK, CodeLoads::k16>(p, stream);
-    return launch<T, XK, CodeLoads::k8>(p, stream);
+    if (p.k % 32 == 0) return launch<T, XK, CodeLoads::k16, kStack>(p, stream);
+    return launch<T, XK, CodeLoads::k8, kStack>(p, stream);
   }
 }
 
 template <XKind XK>
 cudaError_t launch_for_m(const GemmProblem& p, cudaStream_t stream) {
-  if (p.m <= 8) return launch_loads<1, XK>(p, stream);
+  if (p.m <= 8) {
+    if (p.stack.count > 1) return launch_loads<1, XK, true>(p, stream);
+    return launch_loads<1, XK, false>(p, stream);
+  }
+  if (p.stack.count > 1) return cudaErrorInvalidValue;  // see decode_runs_stack
   // Split activations (two MMAs, twice the registers) stop at 16 rows a tile.
   if constexpr (x_split<XK>()) {
-    return launch_loads<2, XK>(p, stream);
+    return launch_loads<2, XK, false>(p, stream);
   } else {
-    if (p.m <= 16) return launch_loads<2, XK>(p, stream);
-    return launch_loads<4, XK>(p, stream);
+    if (p.m <= 16) return launch_loads<2, XK, false>(p, stream);
+    return launch_loads<4, XK, false>(p, stream);
   }
 }
 
 }  // namespace
+
+// Only M <= 8 (T == 1: a block is a warp or a few): at M = 16 the stack's blocks of 4 warps,
+// each walking the whole of K, overflowed one wave into a second, mostly idle one, and 2 experts
+// of 14336 x 4096 took 10% longer in one launch than one after the other (4 took 6% less; 4 x
+// H200, bench_experts.py; bench/results/experts_h200x4_2026-11-28.md).
+bool decode_runs_stack(const GemmProblem& p) { return p.m <= 8 && grid_rows(p, 8) <= kMaxGridY; }
 
 cudaError_t decode_gemm(const GemmProblem& p, cudaStream_t stream) {
   if (p.a_is_nvfp4) return launch_for_m<XKind::kNvfp4>(p, stream);

@@ -166,8 +166,13 @@ size_t gemm_sm90_workspace_bytes(const GemmProblem& p) {
   return y_bytes + align_up(float_workspace(f)) + align_up(quantize_workspace_bytes(q));
 }
 
+bool gemm_sm90_runs_stack(const GemmProblem& p) {
+  return !p.nvfp4_out() && gemm_sm90_path(p) == GemmSm90Path::kDecode && sm90::decode_runs_stack(p);
+}
+
 cudaError_t gemm_sm90(const GemmProblem& p, cudaStream_t stream) {
   if (p.k <= 0 || p.k % kBlockSize != 0 || p.m < 0 || p.n < 0) return cudaErrorInvalidValue;
+  if (p.stack.count != 1 && (p.stack.count < 1 || !gemm_sm90_runs_stack(p))) return cudaErrorInvalidValue;
   if (p.workspace_bytes < gemm_sm90_workspace_bytes(p)) return cudaErrorInvalidValue;
   if (is_gated(p.activation) && p.n % 2 != 0) return cudaErrorInvalidValue;
   if (p.m == 0 && p.n > 0 && p.nvfp4_out()) {  // nothing to multiply, but out_s_dec is still set

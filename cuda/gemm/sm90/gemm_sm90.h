@@ -90,8 +90,15 @@ GemmSm90Path gemm_sm90_path(const GemmProblem& p);
 // output, the quantizer's and CUTLASS's scratch). p.workspace must hold this many bytes.
 size_t gemm_sm90_workspace_bytes(const GemmProblem& p);
 
-// Enqueues the GEMM on `stream`. cudaErrorInvalidValue: a problem it cannot run (k not a
-// multiple of 16, too little workspace).
+// Whether gemm_sm90 runs p's whole stack (p.stack, count > 1) in one launch: float output on the
+// decode path with M <= 8 (one grid over every element: the small GEMMs of a stack of experts
+// share a wave instead of each filling the GPU alone). The caller runs other stacks an element at
+// a time.
+bool gemm_sm90_runs_stack(const GemmProblem& p);
+
+// Enqueues the GEMM, or the stack of GEMMs where gemm_sm90_runs_stack(p), on `stream`.
+// cudaErrorInvalidValue: a problem it cannot run (k not a multiple of 16, too little workspace, a
+// stack it does not run).
 cudaError_t gemm_sm90(const GemmProblem& p, cudaStream_t stream);
 
 }  // namespace jax_nvfp4

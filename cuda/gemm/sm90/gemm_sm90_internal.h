@@ -11,7 +11,10 @@
 namespace jax_nvfp4 {
 namespace sm90 {
 
-// Small-M kernel: writes p.out (float dtype) directly; needs no workspace.
+// Small-M kernel: writes p.out (float dtype) directly; needs no workspace. It runs a whole
+// stack (p.stack) in one launch where decode_runs_stack(p): the grid's rows hold every element's
+// activation tiles.
+bool decode_runs_stack(const GemmProblem& p);
 cudaError_t decode_gemm(const GemmProblem& p, cudaStream_t stream);
 
 // The activations of the fused kernels, staged once per call at the start of the workspace

@@ -371,6 +371,39 @@ def test_quantize_params_quantizes_scanned_layers_one_by_one():
         convert.quantize_params(float_params, stack_ndim=lambda path, k: 2)
 
 
+def test_quantize_params_keeps_the_names_of_a_stack_of_boxed_kernels():
+    """A scanned stack whose kernels are boxed (nn.with_partitioning, the stack axis named by
+    metadata_params): the NVFP4 tree has the names the NVFP4 layers' own init gives, the stack
+    axis's first; a stacked kernel NVFP4 cannot hold stays float in its box."""
+    class Block(nn.Module):
+        dense: type = nn.Dense
+        features: int = 64
+
+        @nn.compact
+        def __call__(self, h, _):
+            init = nn.with_partitioning(nn.initializers.lecun_normal(), (None, "tp"))
+            return nn.relu(self.dense(self.features, kernel_init=init)(h)), None
+
+    def stack(**kw):
+        return nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True}, length=3,
+                       metadata_params={nn.PARTITION_NAME: "layers"})(**kw)
+
+    x = jax.random.normal(jax.random.key(1), (4, 64))
+    float_params = stack().init(jax.random.key(0), x, None)
+    q = convert.quantize_params(float_params, stack_ndim=lambda path, k: 1)
+    own = stack(dense=nvlinen.Dense).init(jax.random.key(0), x, None)
+    assert nn.get_partition_spec(q) == nn.get_partition_spec(own)
+    kernel = q["params"]["Dense_0"]["kernel"]
+    assert kernel.codes.names == ("layers", "tp", None) and kernel.s_dec.shape == (3,)
+    unboxed = convert.quantize_params(nn.unbox(float_params), stack_ndim=lambda path, k: 1)
+    for got, want in zip(jax.tree.leaves(nn.unbox(q)), jax.tree.leaves(unboxed)):
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    narrow = {"kernel": nn.Partitioned(jnp.ones((3, 24, 64)), ("layers", None, "tp"))}
+    kept = convert.quantize_params(narrow, stack_ndim=lambda path, k: 1)["kernel"]
+    assert isinstance(kept, nn.Partitioned) and kept.names == ("layers", None, "tp")
+    assert kept.value.shape == (3, 24, 64)
+
+
 def test_quantize_params_rejects_bad_in_ndim():
     params = {"a": {"kernel": jnp.ones((16, 4, 4))}}
     with pytest.raises(ValueError, match=r"in_ndim=3 .*\(16, 4, 4\) at a"):
@@ -424,8 +457,8 @@ def test_quantize_model_keeps_shared_layers_shared_and_reaches_into_containers()
 def test_quantize_model_converts_a_stack_of_layers_made_by_nnx_vmap():
     """Each layer of an nnx.vmap stack (experts, say) is quantized on its own, one s_dec a
     layer; applied under nnx.vmap the stack runs one stacked GEMM and gives each layer's own
-    NVFP4 result. A stack whose variables carry sharding names stays float (their names would
-    need the stack axis mapped onto the NVFP4 fields)."""
+    NVFP4 result. Sharding names carry over to the NVFP4 fields, the stack axis's included
+    (test_sharded_layers_match_one_device_in_a_child_process splits such a stack)."""
     stack = nnx.vmap(lambda r: nnx.Linear(32, 16, rngs=r))(nnx.Rngs(5).split(3))
     kernels, biases = stack.kernel[...], stack.bias[...]
     x = jax.random.normal(jax.random.key(6), (3, 4, 32))
@@ -443,14 +476,30 @@ def test_quantize_model_converts_a_stack_of_layers_made_by_nnx_vmap():
     jaxpr = str(jax.make_jaxpr(lambda st, a: apply(nnx.merge(graphdef, st), a))(state, x))
     assert "nvfp4_matmul_stacked" in jaxpr and "scan" not in jaxpr
 
-    with jax.set_mesh(jax.make_mesh((1,), ("tp",), axis_types=(jax.sharding.AxisType.Auto,))):
+    with jax.set_mesh(jax.make_mesh((1, 1), ("ep", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)):
         init = nnx.with_partitioning(nnx.initializers.lecun_normal(), (None, "tp"))
         named = nnx.vmap(lambda r: nnx.Linear(32, 16, kernel_init=init, rngs=r),
-                         transform_metadata={nnx.PARTITION_NAME: None})(nnx.Rngs(7).split(3))
-        assert type(convert.quantize_model(named)) is nnx.Linear
+                         transform_metadata={nnx.PARTITION_NAME: "ep"})(nnx.Rngs(7).split(3))
         qat = nnx.vmap(lambda r: nvnnx.Linear(32, 16, qat=True, kernel_init=init, rngs=r),
                        transform_metadata={nnx.PARTITION_NAME: None})(nnx.Rngs(9).split(3))
-        assert convert.quantize_model(qat).qat  # a named QAT stack stays QAT, its names kept
+        for stack, stack_name in ((named, "ep"), (qat, None)):
+            kernel = stack.kernel[...]
+            q = convert.quantize_model(stack)
+            assert type(q) is nvnnx.Linear and not q.qat
+            fields = q.kernel
+            assert fields.codes.get_metadata()["out_sharding"] == (stack_name, "tp", None)
+            assert fields.scales.get_metadata()["out_sharding"] == (stack_name, "tp") + (None,) * 4
+            assert fields.s_dec[...].shape == (3,)  # replicated: no names
+            want = jax.vmap(jn.quantize)(jnp.swapaxes(kernel, 1, 2))
+            for got, ref in zip(jax.tree.leaves(q.weight), jax.tree.leaves(want)):
+                np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
+        bias_named = nnx.vmap(  # the bias names its stack axis otherwise than the kernel
+            lambda r: nnx.Linear(32, 16, kernel_init=init, rngs=r, bias_init=nnx.with_partitioning(
+                nnx.initializers.zeros_init(), ("tp",))),
+            transform_metadata={nnx.PARTITION_NAME: "ep"})(nnx.Rngs(12).split(3))
+        bias_named.bias.set_metadata(out_sharding=(None, "tp"))
+        with pytest.raises(ValueError, match=r"names its stack axes \('ep',\) in the kernel"):
+            convert.quantize_model(bias_named)
     convs = nnx.vmap(lambda r: nnx.Conv(32, 16, (3,), rngs=r))(nnx.Rngs(8).split(3))
     assert type(convert.quantize_model(convs)) is nnx.Conv  # 1-D convs: [3, 3, 32, 16] kernels
     qat_convs = nnx.vmap(lambda r: nvnnx.Conv(32, 16, (3, 3), qat=True, rngs=r))(
@@ -606,6 +655,26 @@ with jax.set_mesh(mesh):
         y16 = np.asarray(nnx.jit(lambda h, m: m(h))(h, down16), np.float32)
         err = np.linalg.norm(y16 - y32) / np.linalg.norm(y32)
         assert 1e-4 < err < 1e-2, (qat, err)
+
+# An expert stack (nnx.vmap, stack axis named "model": one expert a device; each expert's
+# output rows split over "data") converted by quantize_model and placed by its names: applied
+# under nnx.vmap it gathers no weight and equals each expert's one-device layer.
+from jax_nvfp4.flax import convert
+with jax.set_mesh(mesh):
+    experts = nnx.vmap(lambda r: nnx.Linear(256, 256, kernel_init=nnx.with_partitioning(init, (None, "data")), rngs=r),
+                       transform_metadata={nnx.PARTITION_NAME: "model"})(nnx.Rngs(2).split(4))
+    kernels, biases = experts.kernel[...], experts.bias[...]
+    q = convert.quantize_model(experts)
+    graphdef, state = nnx.split(q)
+    q = nnx.merge(graphdef, jax.device_put(state, nnx.get_named_sharding(state, mesh)))
+    assert q.kernel.codes[...].sharding.spec == P("model", "data", None)
+    xe = jax.device_put(jax.random.normal(jax.random.key(3), (4, 8, 256)), NamedSharding(mesh, P("model")))
+    apply = nnx.jit(lambda m, x: nnx.vmap(lambda l, a: l(a), in_axes=(0, 0))(m, x))
+    assert "all-gather" not in apply.lower(q, xe).compile().as_text()
+    ye = np.asarray(apply(q, xe))
+for e in range(4):
+    one = nvnnx.Linear.from_float(jax.device_put(kernels[e], single), jax.device_put(biases[e], single))
+    np.testing.assert_allclose(ye[e], np.asarray(one(jax.device_put(xe[e], single))), rtol=1e-6, atol=1e-6)
 
 # 48 output rows over 4 devices: not whole 128-row scale tiles (the float layer takes it).
 with jax.set_mesh(mesh):

@@ -86,7 +86,9 @@ def quantize_params(params, *, predicate: Predicate = quantize_all, conv: Predic
     have leading stack axes, which the tree does not tell from a DenseGeneral's: give their
     number with `stack_ndim(path, kernel)` (default 0), and each layer of the stack is quantized
     on its own (one s_dec a layer, as the stacked NVFP4 layers hold it); `conv` and `in_ndim`
-    then see one layer's kernel. The input tree is not modified."""
+    then see one layer's kernel. A stacked kernel's box names the stack axes first (nn.vmap /
+    nn.scan `metadata_params={nn.PARTITION_NAME: ...}`); the NVFP4 codes and scales keep those
+    names, s_dec [E] is not boxed (replicated). The input tree is not modified."""
 
     def quantized(kernel, path):
         where = "/".join(map(str, path))
@@ -96,13 +98,14 @@ def quantize_params(params, *, predicate: Predicate = quantize_all, conv: Predic
             if not 0 < n_stack <= value.ndim - 2:
                 raise ValueError(f"quantize_params: stack_ndim={n_stack} for the kernel of shape "
                                  f"{value.shape} at {where}")
-            if kernel is not value:
-                raise ValueError(f"quantize_params: the stacked kernel at {where} carries sharding "
-                                 "names; stack_ndim takes unboxed kernels only (nn.unbox)")
+            stack_names = ()
+            if kernel is not value:  # a box: one layer's names inside the vmap, the stack's after
+                stack_names = tuple(kernel.names[:n_stack])
+                kernel = kernel.replace(names=tuple(kernel.names[n_stack:]))
             one_layer = lambda k: quantized_layer(k, path, where)  # noqa: E731
             for _ in range(n_stack):
                 one_layer = jax.vmap(one_layer)
-            return one_layer(value)
+            return _with_stack_names(one_layer(kernel), stack_names)
         return quantized_layer(kernel, path, where)
 
     def quantized_layer(kernel, path, where):
@@ -131,6 +134,16 @@ def quantize_params(params, *, predicate: Predicate = quantize_all, conv: Predic
     return convert(params, ())
 
 
+def _with_stack_names(tree, stack_names: tuple):
+    """The sharding boxes in `tree` (a stacked layer's kernel, quantized or left float) with the
+    stack axes' names put before their own."""
+    if not stack_names:
+        return tree
+    return jax.tree.map(lambda leaf: leaf.replace(names=stack_names + tuple(leaf.names))
+                        if isinstance(leaf, nn.Partitioned) else leaf,
+                        tree, is_leaf=lambda leaf: isinstance(leaf, nn.Partitioned))
+
+
 def _ones(value) -> bool:
     return all(v == 1 for v in ((value,) if isinstance(value, int) else value))
 
@@ -142,7 +155,7 @@ def _convertible(module) -> bool:
     both cases with Flax's own product and no preferred_element_type."""
     if isinstance(module, (nvfp4_nnx.Linear, nvfp4_nnx.Conv)):  # QAT: one layer or a stack
         one_layer = module.kernel[...].ndim == (2 if isinstance(module, nvfp4_nnx.Linear) else 4)
-        return module.qat and (one_layer or _plain_linear_stack(module))
+        return module.qat and (one_layer or _stack_depth(module) > 0)
     if type(module) not in (nnx.Linear, nnx.Conv) or module.kernel[...].shape[-2] % BLOCK:
         return False
     # A custom product (an fp8 or AQT dot_general, say) or a wider output type than the layer's
@@ -152,29 +165,30 @@ def _convertible(module) -> bool:
     if product is not (lax.dot_general if linear else lax.conv_general_dilated) or \
             getattr(module, "preferred_element_type", None) is not None:
         return False
-    if linear:
-        return module.kernel[...].ndim == 2 or _plain_linear_stack(module)
+    if linear:  # one layer, or a stack of them (nnx.vmap)
+        return True
     # a 2-D conv (not a 1-D one stacked by nnx.vmap, whose kernel has 4 axes too)
     return (len(module.kernel_size) == 2 and module.kernel[...].ndim == 4
             and module.feature_group_count == 1
             and module.mask is None and _ones(module.input_dilation) and _padding_supported(module.padding))
 
 
-def _sharded(variable) -> bool:
-    """Whether an nnx variable carries sharding names."""
-    return any(variable.get_metadata().get(key) for key in nvfp4_nnx.SHARDING_KEYS)
-
-
-def _plain_linear_stack(module) -> bool:
-    """A stack of Linear layers (nnx.vmap) whose variables carry no sharding names: their names
-    would need the stack axis mapped onto the NVFP4 fields, which the conversion does not do.
-    Stacks of convs are not converted."""
-    return (isinstance(module, (nnx.Linear, nvfp4_nnx.Linear)) and not _sharded(module.kernel)
-            and (module.bias is None or not _sharded(module.bias)))
+def _layer_metadata(variable, depth: int) -> tuple[dict, tuple]:
+    """The metadata of a variable stacked by nnx.vmap as one layer of the stack has it (its
+    sharding names without the `depth` leading stack axes), and the stack axes' names (None where
+    unnamed)."""
+    metadata = dict(variable.get_metadata())
+    stack = (None,) * depth
+    for key in nvfp4_nnx.SHARDING_KEYS:
+        if metadata.get(key):
+            names = tuple(metadata[key])
+            stack, metadata[key] = names[:depth], names[depth:]
+    return metadata, stack
 
 
 def _stack_depth(module) -> int:
-    """The stack axes of a Linear made by nnx.vmap (one layer's kernel is [in, out])."""
+    """The stack axes of a Linear made by nnx.vmap (one layer's kernel is [in, out]). Stacks of
+    convs are not converted."""
     linear = isinstance(module, (nnx.Linear, nvfp4_nnx.Linear))
     return module.kernel[...].ndim - 2 if linear else 0
 
@@ -203,12 +217,25 @@ def _to_nvfp4(module, act_quant: bool, act_s_enc, reduce_dtype):
         cls = nvfp4_nnx.Linear
     bias = module.bias[...] if module.bias is not None else None
     depth = _stack_depth(module)
-    if depth:  # each layer of the stack quantized on its own (one s_dec a layer), stacked again
-        def build(kernel, bias):  # a closure: nnx.vmap does not wrap a keyword partial twice
-            return cls.from_float(kernel, bias, **kwargs)
+    if depth:
+        # Each layer of the stack quantized on its own (one s_dec a layer), with the sharding
+        # names of one layer; nnx.vmap stacks the layers again and puts the stack axes' names
+        # back on the variables that have names, as it did on the float stack's. s_dec [E] has
+        # none: it is replicated.
+        kernel_metadata, stack = _layer_metadata(module.kernel, depth)
+        bias_metadata, bias_stack = ({}, stack) if module.bias is None else \
+            _layer_metadata(module.bias, depth)
+        if bias_metadata.keys() & set(nvfp4_nnx.SHARDING_KEYS) and bias_stack != stack:
+            raise ValueError(f"quantize_model: a stack of {type(module).__name__} layers names "
+                             f"its stack axes {stack} in the kernel but {bias_stack} in the bias")
 
-        for _ in range(depth):
-            build = nnx.vmap(build, in_axes=0, out_axes=0)
+        def build(kernel, bias):  # a closure: nnx.vmap does not wrap a keyword partial twice
+            return cls.from_float(kernel, bias, kernel_metadata=kernel_metadata,
+                                  bias_metadata=bias_metadata, **kwargs)
+
+        for name in reversed(stack):  # the innermost stack axis first
+            build = nnx.vmap(build, in_axes=0, out_axes=0,
+                             transform_metadata={nnx.PARTITION_NAME: name})
         return build(module.kernel[...], bias)
     return cls.from_float(
         module.kernel[...], bias, kernel_metadata=module.kernel.get_metadata(),
@@ -221,8 +248,8 @@ def quantize_model(model, *, predicate: Predicate = quantize_all, act_quant: boo
     which keep their options) accepted by predicate(path, kernel) into inference-mode NVFP4
     `Linear` / `Conv` layers, in place; returns the model (the new layer itself when `model` is
     one layer). A stack of Linear layers made by nnx.vmap becomes a stack of NVFP4 layers (each
-    quantized on its own; one whose variables carry sharding names stays float). Convolutions
-    NVFP4 cannot represent (feature groups, input dilation, masks,
+    quantized on its own, one s_dec a layer; sharding names carried over, the stack axes'
+    included). Convolutions NVFP4 cannot represent (feature groups, input dilation, masks,
     circular padding) stay float. `act_quant`/`act_s_enc` set W4A4 and `reduce_dtype` the
     row-parallel sum's dtype on the converted float layers.
     Keep the float model with `nnx.clone(model)` first if you still need it."""

@@ -1,5 +1,6 @@
 """jax_nvfp4.flax: nnx and linen layers, conversion of float models, QAT, sharding names, orbax."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -507,6 +508,11 @@ def test_quantize_model_converts_a_stack_of_layers_made_by_nnx_vmap():
     assert convert.quantize_model(qat_convs).qat  # a stack of convs stays as it is
     nested = nnx.vmap(nnx.vmap(lambda r: nnx.Linear(32, 16, rngs=r)))(nnx.Rngs(11).split((2, 3)))
     assert convert.quantize_model(nested).weight.s_dec.shape == (2, 3)
+    for e, use_bias in ((16, False), (16, True), (4, True)):  # stacked on axis 1: [in, E, out]
+        for cls in (nnx.Linear, functools.partial(nvnnx.Linear, qat=True)):
+            odd = nnx.vmap(lambda r: cls(64, 96, use_bias=use_bias, rngs=r), out_axes=1)(
+                nnx.Rngs(13).split(e))
+            assert convert.quantize_model(odd) is odd, (e, use_bias, cls)  # left as it is
 
 
 def test_quantize_model_leaves_layers_with_their_own_product_float():

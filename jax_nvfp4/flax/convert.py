@@ -153,9 +153,10 @@ def _convertible(module) -> bool:
     multiple of 16 inputs, or a float 2-D nnx.Conv NVFP4 can represent (a multiple of 16 input
     channels; no feature groups, input dilation or mask; a padding jax_nvfp4.conv takes); in
     both cases with Flax's own product and no preferred_element_type."""
-    if isinstance(module, (nvfp4_nnx.Linear, nvfp4_nnx.Conv)):  # QAT: one layer or a stack
-        one_layer = module.kernel[...].ndim == (2 if isinstance(module, nvfp4_nnx.Linear) else 4)
-        return module.qat and (one_layer or _stack_depth(module) > 0)
+    if isinstance(module, nvfp4_nnx.Linear):  # QAT: one layer or a stack
+        return module.qat and _layer_axes_last(module)
+    if isinstance(module, nvfp4_nnx.Conv):  # QAT: one layer (stacks of convs are not converted)
+        return module.qat and module.kernel[...].ndim == 4
     if type(module) not in (nnx.Linear, nnx.Conv) or module.kernel[...].shape[-2] % BLOCK:
         return False
     # A custom product (an fp8 or AQT dot_general, say) or a wider output type than the layer's
@@ -166,7 +167,7 @@ def _convertible(module) -> bool:
             getattr(module, "preferred_element_type", None) is not None:
         return False
     if linear:  # one layer, or a stack of them (nnx.vmap)
-        return True
+        return _layer_axes_last(module)
     # a 2-D conv (not a 1-D one stacked by nnx.vmap, whose kernel has 4 axes too)
     return (len(module.kernel_size) == 2 and module.kernel[...].ndim == 4
             and module.feature_group_count == 1
@@ -184,6 +185,15 @@ def _layer_metadata(variable, depth: int) -> tuple[dict, tuple]:
             names = tuple(metadata[key])
             stack, metadata[key] = names[:depth], names[depth:]
     return metadata, stack
+
+
+def _layer_axes_last(module) -> bool:
+    """Whether a Linear's kernel ends with one layer's [in, out] axes: always for one layer, and
+    for a stack where nnx.vmap put the stack axes first (out_axes=0, its default). A stack on
+    other axes is left as it is: read as leading stack axes, its kernel would be misquantized."""
+    columns = _core.kernel_outputs(module.out_features, getattr(module, "activation", None),
+                                   type(module).__name__)
+    return module.kernel[...].shape[-2:] == (module.in_features, columns)
 
 
 def _stack_depth(module) -> int:
@@ -249,7 +259,8 @@ def quantize_model(model, *, predicate: Predicate = quantize_all, act_quant: boo
     `Linear` / `Conv` layers, in place; returns the model (the new layer itself when `model` is
     one layer). A stack of Linear layers made by nnx.vmap becomes a stack of NVFP4 layers (each
     quantized on its own, one s_dec a layer; sharding names carried over, the stack axes'
-    included). Convolutions NVFP4 cannot represent (feature groups, input dilation, masks,
+    included); its stack axes must lead (nnx.vmap's default out_axes=0), a stack on other axes
+    is left as it is. Convolutions NVFP4 cannot represent (feature groups, input dilation, masks,
     circular padding) stay float. `act_quant`/`act_s_enc` set W4A4 and `reduce_dtype` the
     row-parallel sum's dtype on the converted float layers.
     Keep the float model with `nnx.clone(model)` first if you still need it."""

@@ -235,7 +235,7 @@ def _to_nvfp4(module, act_quant: bool, act_s_enc, reduce_dtype):
         kernel_metadata, stack = _layer_metadata(module.kernel, depth)
         bias_metadata, bias_stack = ({}, stack) if module.bias is None else \
             _layer_metadata(module.bias, depth)
-        if bias_metadata.keys() & set(nvfp4_nnx.SHARDING_KEYS) and bias_stack != stack:
+        if any(bias_metadata.get(key) for key in nvfp4_nnx.SHARDING_KEYS) and bias_stack != stack:
             raise ValueError(f"quantize_model: a stack of {type(module).__name__} layers names "
                              f"its stack axes {stack} in the kernel but {bias_stack} in the bias")
 

@@ -231,8 +231,8 @@ size_t workspace_bytes(int cc, const GemmProblem& p) {
   }
 }
 
-ffi::Error run(cudaStream_t stream, ffi::Result<ffi::AnyBuffer>& workspace, GemmProblem& p) {
-  const int cc = current_compute_capability();
+// Runs p on a device of compute capability `cc` in the call's workspace.
+ffi::Error run(int cc, cudaStream_t stream, ffi::Result<ffi::AnyBuffer>& workspace, GemmProblem& p) {
   p.workspace_bytes = workspace_bytes(cc, p);
   if (auto err = bind_workspace(workspace, p.workspace_bytes, &p.workspace, "jax_nvfp4_gemm");
       err.failure()) {
@@ -357,10 +357,10 @@ GemmStack float_stack(const Operands& ops, const ffi::AnyBuffer& out, int64_t st
   return s;
 }
 
-// Whether the kernels of this device run p's stack in one launch.
-bool runs_stack(const GemmProblem& p) {
+// Whether the kernels of a device of compute capability `cc` run p's stack in one launch.
+bool runs_stack(int cc, const GemmProblem& p) {
 #ifdef JAX_NVFP4_HAS_SM90
-  if (current_compute_capability() == 90) return gemm_sm90_runs_stack(p);
+  if (cc == 90) return gemm_sm90_runs_stack(p);
 #endif
   return false;
 }
@@ -375,17 +375,18 @@ ffi::Error gemm_elements(cudaStream_t stream, const Operands& ops, Results rets,
     if (auto err = stack_count(ops, stacked, rets, &count); err.failure()) return err;
   }
   if (count == 0) return ffi::Error::Success();
+  const int cc = current_compute_capability();
   GemmProblem p;
   if (auto err = element_problem(ops, rets, stacked, count, 0, path, activation, &p); err.failure()) {
     return err;
   }
   if (count > 1 && rets.size() == 1) {
     p.stack = float_stack(ops, *rets.begin(), stacked, count);
-    if (runs_stack(p)) return run(stream, workspace, p);
+    if (runs_stack(cc, p)) return run(cc, stream, workspace, p);
     p.stack = GemmStack{};
   }
   for (int64_t e = 0;;) {
-    if (auto err = run(stream, workspace, p); err.failure()) return err;
+    if (auto err = run(cc, stream, workspace, p); err.failure()) return err;
     if (++e == count) return ffi::Error::Success();
     if (auto err = element_problem(ops, rets, stacked, count, e, path, activation, &p); err.failure()) {
       return err;

@@ -73,6 +73,10 @@ def tiled_to_plain(tiled, rows: int, k_blocks: int):
     return t[..., :rows, :k_blocks]
 
 
+_NOT_AN_ARRAY = ("an NVFP4Array is not {what}: read its values with q.dequantize(dtype) (or "
+                 "jax_nvfp4.dequantize), its fields with q.codes, q.scales, q.s_dec or q.to_numpy()")
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class NVFP4Array:
@@ -124,6 +128,13 @@ class NVFP4Array:
         if tuple(self.s_dec.shape) != tuple(lead[:g]) or g > len(lead):
             raise ValueError(f"{name}.s_dec has shape {tuple(self.s_dec.shape)}; it must be a "
                              f"scalar or a prefix of the leading dims {lead}")
+
+    def __array__(self, dtype=None, copy=None):
+        # Without this NumPy wraps the dataclass in a 0-d object array, which fails far from here.
+        raise TypeError(_NOT_AN_ARRAY.format(what="a NumPy array"))
+
+    def __jax_array__(self):
+        raise TypeError(_NOT_AN_ARRAY.format(what="a JAX array"))
 
     def dequantize(self, dtype=jnp.bfloat16) -> jax.Array:
         """The tensor's values in `dtype` (see `jax_nvfp4.dequantize`)."""

@@ -147,6 +147,16 @@ def test_pytree_and_to_numpy():
     assert stacked.codes.shape == (3, 130, 48) and stacked.s_dec.shape == (3,)
 
 
+@pytest.mark.parametrize("convert", [np.asarray, jnp.asarray, lambda q: jnp.ones((48,)) @ q],
+                         ids=["np.asarray", "jnp.asarray", "jnp matmul"])
+def test_an_nvfp4_array_is_not_taken_for_a_float_array(convert):
+    # NumPy would otherwise wrap it in a 0-d object array, silently.
+    q = NVFP4Array.from_plain_scales(*[jnp.asarray(a) for a in _example()])
+    with pytest.raises(TypeError, match=r"NVFP4Array is not a (NumPy|JAX) array: read its values "
+                                        r"with q.dequantize"):
+        convert(q)
+
+
 def test_trees_of_shapes_compare_by_value():
     # The dataclass's field-wise equality: trees of shapes (jax.tree.map(jnp.shape, params))
     # compare as users expect; between arrays, as for jax arrays, there is no single truth value.

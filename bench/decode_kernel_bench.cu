@@ -163,6 +163,11 @@ bool run_check(const CheckCase& c, std::mt19937& rng, double* err_out) {
   frees.push_back(out);
   p.out = out;
   p.out_dtype = c.out;
+  p.workspace_bytes = sm90::decode_workspace_bytes(p);  // NVFP4 x staged as bf16 (large weights, M <= 4)
+  if (p.workspace_bytes > 0) {
+    CUDA_CHECK(cudaMalloc(&p.workspace, p.workspace_bytes));
+    frees.push_back(p.workspace);
+  }
   CUDA_CHECK(sm90::decode_gemm(p, 0));
   CUDA_CHECK(cudaGetLastError());
   CUDA_CHECK(cudaDeviceSynchronize());

@@ -129,9 +129,9 @@ def _spec(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _gemm_workspace(cc, m, n, k, *, out=None):
+def _gemm_workspace(cc, m, n, k, *, out=None, x_dtype=jnp.bfloat16):
     f4, f8, f32 = jnp.float4_e2m1fn, jnp.float8_e4m3fn, jnp.float32
-    operands = [_spec((m, k), jnp.bfloat16), _spec((0,), f8), _spec((), f32), _spec((n, k), f4),
+    operands = [_spec((m, k), x_dtype), _spec((0,), f8), _spec((), f32), _spec((n, k), f4),
                 _spec((1,), f8), _spec((), f32), _spec((0,), f32), _spec((0,) if out is None else (), f32)]
     results = [_spec((m, n), jnp.bfloat16)] if out is None else out
     target = "jax_nvfp4_gemm" if out is None else "jax_nvfp4_gemm_nvfp4_out"
@@ -144,6 +144,11 @@ def _gemm_workspace(cc, m, n, k, *, out=None):
 @_built("gemm_sm90_path")
 def test_gemm_workspace_follows_the_sm90_path():
     assert _gemm_workspace(90, 1, 4096, 4096) == 0  # decode: split-K through shared memory
+    # ... but W4A4 at M <= 4 on more than 32M weights stages x there as bf16
+    f4 = jnp.float4_e2m1fn
+    assert 0 <= _gemm_workspace(90, 4, 14336, 4096, x_dtype=f4) - 4 * 4096 * 2 < 1024
+    assert _gemm_workspace(90, 5, 14336, 4096, x_dtype=f4) == 0
+    assert _gemm_workspace(90, 1, 6144, 4096, x_dtype=f4) == 0
     # prefill: the weights dequantized to bf16 in the workspace
     assert _gemm_workspace(90, 4096, 4096, 4096) >= 4096 * 4096 * 2
     # 128 < M <= 512: fused_ws (only the bf16 activations staged) while its 128 x 128 output tiles

@@ -120,6 +120,20 @@ def test_w4a4(kernels, path, m):
     mc.assert_close(run(path, xq, w, out_dtype=jnp.float32), mc.oracle(xq, w), 1e-5)
 
 
+@pytest.mark.parametrize("m", [1, 3, 4, 5])
+def test_w4a4_decode_stages_x_on_large_weights(kernels, m):
+    """W4A4 at M <= 4 on more than 32M weights: the decode path dequantizes x to bf16 in the
+    workspace first, then runs its bf16-x kernel with x's s_dec in alpha (M = 5 keeps the NVFP4-x
+    kernel). N and K tails (K % 32 == 16: 8-byte code loads), a bias, a gated activation."""
+    n, k = 8200, 4112
+    xq = jn.quantize(mc.random_float((m, k), jnp.float32, seed=m, scale=3.0))
+    w = mc.random_weight(n, k, seed=9)
+    bias = mc.random_float((n,), jnp.float32, 10)
+    mc.assert_close(run("auto", xq, w, bias=bias, out_dtype=jnp.float32), mc.oracle(xq, w, bias), 1e-5)
+    y = run("auto", xq, w, activation="swiglu", out_dtype=jnp.float32)
+    mc.assert_close(y, mc.activation_f64(mc.oracle(xq, w), "swiglu"), 1e-5)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_bias_and_batched_x(kernels, path):
     x = mc.random_float((3, 7, 256), jnp.bfloat16, 5)
@@ -454,6 +468,12 @@ MEMCHECK_SCRIPT = textwrap.dedent("""
         jn.matmul(x, jn.quantize(jnp.ones((32, 16))), out_s_enc=1.0).codes.block_until_ready()
         jn.matmul(x, jn.quantize(jnp.ones((32, 16))), activation="gelu", out_s_enc=1.0).codes.block_until_ready()
         jn.matmul(x, jn.quantize(jnp.ones((32, 16))), activation="geglu", out_s_enc=1.0).codes.block_until_ready()
+    # W4A4 on more than 32M weights at M <= 4: the decode path stages x as bf16 first.
+    os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = "decode"
+    jax.clear_caches()
+    big = jn.quantize(jnp.asarray(rng.standard_normal((8200, 4112)), jnp.float32))
+    xq = jn.quantize(jnp.asarray(rng.standard_normal((3, 4112)), jnp.float32))
+    jn.matmul(xq, big, out_dtype=jnp.float32).block_until_ready()
     print("memcheck-done")
 """)
 

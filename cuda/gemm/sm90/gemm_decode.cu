@@ -37,6 +37,7 @@
 #include <cstdint>
 
 #include "common/launch_config.cuh"
+#include "common/nvfp4_decode.cuh"
 #include "common/scale_layout.h"
 #include "gemm/sm90/cluster_split.cuh"
 #include "gemm/sm90/gemm_device_utils.cuh"
@@ -536,7 +537,11 @@ __global__ void __launch_bounds__(max_threads<kWarpSplit>())
   // gated activation the slot pair e = 4 (o / 2) + o % 2 (gate) and e + 2 (up). Each slot is the
   // sum over ranks in rank order, then alpha and the bias of its weight row.
   float alpha = *p.b.s_dec * (1.0f / kDequantFactor);
-  if (p.a_is_nvfp4) alpha *= *p.a_q.s_dec * (1.0f / kDequantFactor);
+  if constexpr (XK == XKind::kNvfp4) {
+    alpha *= *p.a_q.s_dec * (1.0f / kDequantFactor);
+  } else if (p.a_q.s_dec != nullptr) {  // bf16 x staged from NVFP4 codes (stage_nvfp4_x)
+    alpha *= *p.a_q.s_dec;
+  }
   const bool gated = is_gated(p.activation);
   const auto slot_value = [&](int e) -> float {
     float sum = 0.f;
@@ -612,6 +617,44 @@ cudaError_t launch_loads(const GemmProblem& p, cudaStream_t stream) {
   }
 }
 
+// W4A4 at M <= 4 on large weights (one GEMM, not a stack): x's codes times their block scales,
+// exact in bf16, are written once per call to the workspace, and the bf16-x kernel runs on them;
+// x's s_dec stays in alpha. The NVFP4-x kernel decodes x in every warp for each of its 8 MMA
+// columns, rows that do not exist included, which costs in proportion to the weights; staging
+// costs a launch (about 1 us). On an H200 through JAX, staged against not: 14336 x 4096 and
+// 4096 x 14336 6-9% faster at M = 1-4 and 2-3% slower at M = 8; 4096 x 4096 and 6144 x 4096
+// (up to 25M weights) 7-21% slower at M = 1-8 (bench/results/decode_w4a4_staging_h200_2026-11-28.md).
+constexpr int64_t kStageXMaxM = 4;
+constexpr int64_t kStageXMinWeights = int64_t{1} << 25;  // 33.5M: between 25.2M and 58.7M measured
+bool stages_x(const GemmProblem& p) {
+  return p.a_is_nvfp4 && p.m <= kStageXMaxM && p.n * p.k >= kStageXMinWeights && p.stack.count == 1;
+}
+
+// One thread a 16-element scale block of x: [m, k] codes and tiled scales -> bf16 [m, k].
+__global__ void __launch_bounds__(256) stage_nvfp4_x(const GemmProblem p, __nv_bfloat16* x) {
+  // The next grid, the GEMM, may be scheduled now: it waits for this one before reading x.
+  allow_next_grid();
+  wait_for_prior_grids();
+  const int64_t blocks = p.k / kBlockSize;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.m * blocks) return;
+  const int64_t row = i / blocks, block = i % blocks;
+  const float scale = e4m3_to_float(p.a_q.scales[scale_offset(row, block, blocks)]);
+  // 8 code bytes a block: aligned, as every row holds a multiple of 8 bytes.
+  const uint2 codes = *reinterpret_cast<const uint2*>(p.a_q.codes + row * (p.k / 2) + block * 8);
+  uint32_t out[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t byte = ((j < 4 ? codes.x : codes.y) >> (8 * (j % 4))) & 0xFFu;
+    const __nv_bfloat162 v = __floats2bfloat162_rn(e2m1_to_float(byte & 0xFu) * scale,
+                                                   e2m1_to_float(byte >> 4) * scale);
+    out[j] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  uint4* dst = reinterpret_cast<uint4*>(x + row * p.k + block * kBlockSize);
+  dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
+  dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
 template <XKind XK>
 cudaError_t launch_for_m(const GemmProblem& p, cudaStream_t stream) {
   if (p.m <= 8) {
@@ -628,6 +671,22 @@ cudaError_t launch_for_m(const GemmProblem& p, cudaStream_t stream) {
   }
 }
 
+cudaError_t stage_then_launch(const GemmProblem& p, cudaStream_t stream) {
+  auto* x = static_cast<__nv_bfloat16*>(p.workspace);
+  const int64_t threads = p.m * (p.k / kBlockSize);
+  const LaunchConfig stage(dim3(static_cast<unsigned>(ceil_div(threads, 256))), dim3(256), 0, stream,
+                           /*cluster_z=*/0, /*pdl=*/true);
+  if (const cudaError_t err = cudaLaunchKernelEx(&stage.cfg, stage_nvfp4_x, p, x); err != cudaSuccess) {
+    return err;
+  }
+  GemmProblem staged = p;
+  staged.a_is_nvfp4 = false;
+  staged.a = x;
+  staged.a_dtype = DType::kBF16;
+  staged.a_q = {nullptr, nullptr, p.a_q.s_dec};  // s_dec only: the kernel's epilogue applies it
+  return launch_for_m<XKind::kBF16>(staged, stream);
+}
+
 }  // namespace
 
 // Only M <= 8 (T == 1: a block is a warp or a few): at M = 16 the stack's blocks of 4 warps,
@@ -636,7 +695,13 @@ cudaError_t launch_for_m(const GemmProblem& p, cudaStream_t stream) {
 // H200, bench_experts.py; bench/results/experts_h200x4_2026-11-28.md).
 bool decode_runs_stack(const GemmProblem& p) { return p.m <= 8 && grid_rows(p, 8) <= kMaxGridY; }
 
+size_t decode_workspace_bytes(const GemmProblem& p) {
+  return stages_x(p) ? static_cast<size_t>(p.m * p.k) * sizeof(__nv_bfloat16) : 0;
+}
+
 cudaError_t decode_gemm(const GemmProblem& p, cudaStream_t stream) {
+  if (p.workspace_bytes < decode_workspace_bytes(p)) return cudaErrorInvalidValue;
+  if (stages_x(p)) return stage_then_launch(p, stream);
   if (p.a_is_nvfp4) return launch_for_m<XKind::kNvfp4>(p, stream);
   switch (p.a_dtype) {
     case DType::kBF16: return launch_for_m<XKind::kBF16>(p, stream);

@@ -61,7 +61,7 @@ QuantizeProblem quantize_stage(const GemmProblem& p, const float* y, void* ws, s
 
 size_t path_workspace(const GemmProblem& p) {
   switch (gemm_sm90_path(p)) {
-    case GemmSm90Path::kDecode: return 0;
+    case GemmSm90Path::kDecode: return sm90::decode_workspace_bytes(p);
     case GemmSm90Path::kFused: return sm90::fused_workspace_bytes(p);
     case GemmSm90Path::kFusedWs: return sm90::fused_ws_workspace_bytes(p, /*wide=*/false);
     case GemmSm90Path::kFusedWsWide: return sm90::fused_ws_workspace_bytes(p, /*wide=*/true);

@@ -11,10 +11,11 @@
 namespace jax_nvfp4 {
 namespace sm90 {
 
-// Small-M kernel: writes p.out (float dtype) directly; needs no workspace. It runs a whole
-// stack (p.stack) in one launch where decode_runs_stack(p): the grid's rows hold every element's
-// activation tiles.
+// Small-M kernel: writes p.out (float dtype) directly. It runs a whole stack (p.stack) in one
+// launch where decode_runs_stack(p): the grid's rows hold every element's activation tiles. Its
+// workspace holds NVFP4 x dequantized to bf16 where it stages x (W4A4 at M <= 4 on large weights), else nothing.
 bool decode_runs_stack(const GemmProblem& p);
+size_t decode_workspace_bytes(const GemmProblem& p);
 cudaError_t decode_gemm(const GemmProblem& p, cudaStream_t stream);
 
 // The activations of the fused kernels, staged once per call at the start of the workspace

@@ -180,3 +180,67 @@ def conv(x, w_codes, w_scales, w_s_dec, *, x_scales=None, x_s_dec=None, bias=Non
     if bias is not None:
         out = out + bias.astype(jnp.float32)
     return out.astype(out_dtype)
+
+
+def ragged_segments(group_sizes, first_row, m: int):
+    """Where each group's rows end, and where group 0's begin, among `m` rows: group g holds the
+    group_sizes[g] rows after group g - 1's, group 0's from row `first_row` (clipped to [0, m]);
+    negative sizes count as 0 and rows past m are dropped (the ragged GEMM kernel's rule).
+    Returns (first, ends) as int32, ends [G] nondecreasing and at most m."""
+    sizes = jnp.clip(group_sizes.astype(jnp.int32), 0, m)  # clipped to m: the sum cannot overflow
+    first = jnp.clip(jnp.asarray(first_row, jnp.int32), 0, m)
+    return first, jnp.minimum(first + jnp.cumsum(sizes), m)
+
+
+def ragged_row_groups(group_sizes, first_row, m: int):
+    """(group, held) for each of `m` rows (`ragged_segments`): the group holding the row (clipped
+    to the last group where none does) and whether one does."""
+    first, ends = ragged_segments(group_sizes, first_row, m)
+    rows = jnp.arange(m, dtype=jnp.int32)
+    group = jnp.searchsorted(ends, rows, side="right")  # the first group ending past the row
+    held = (rows >= first) & (group < ends.shape[0])
+    return jnp.minimum(group, ends.shape[0] - 1), held
+
+
+def ragged_epilogue(acc, alpha, bias, group, held, activation_name, out_dtype):
+    """The ragged GEMM's epilogue on its float32 sums `acc` [M, N]: alpha (a scalar or [G]) and
+    bias ([G, N] or None) of each row's group, the activation, zeros on rows of no group."""
+    alpha = jnp.asarray(alpha, jnp.float32)
+    out = acc * (alpha[group][:, None] if alpha.ndim else alpha)
+    if bias is not None:
+        out = out + bias.astype(jnp.float32)[group]
+    out = activation(out, activation_name)
+    return jnp.where(held[:, None], out, 0.0).astype(out_dtype)
+
+
+def ragged_matmul(a, b_codes, b_scales, b_s_dec, group_sizes, first_row=0, *, a_scales=None,
+                  a_s_dec=None, bias=None, activation_name="none", out_dtype=jnp.bfloat16,
+                  compute_dtype=jnp.float32):
+    """out[m] = act(alpha_g * a[m] @ b[g].T (+ bias[g])) with g the group of row m
+    (`ragged_segments`), rows of no group zero; b [G, N, K] NVFP4 (b_s_dec [G] or a scalar),
+    bias [G, N] or None; `a` float [M, K] or float4 codes with `a_scales`/`a_s_dec`.
+
+    The products run through lax.ragged_dot_general on e2m1 * e4m3 values in `compute_dtype`
+    (exact in bfloat16 too; float32 uses HIGHEST precision), against the [G, N, K] weights as they
+    are (no copy but the dequantized one), alpha = s_dec_a * s_dec_b[g] after the sum, then the
+    bias and the activation, as the kernels' epilogue does."""
+    m = a.shape[0]
+    if a.dtype == CODE_DTYPE:
+        a_vals, a_alpha = scaled_codes(a, a_scales), jnp.asarray(a_s_dec, jnp.float32)
+    else:
+        a_vals, a_alpha = a.astype(jnp.float32), jnp.float32(1.0)
+    first, ends = ragged_segments(group_sizes, first_row, m)
+    group, held = ragged_row_groups(group_sizes, first_row, m)
+    # ragged_dot wants every row in a group: the rows of no group join group 0 (those before it)
+    # or the last (those after), as zero rows; the epilogue zeroes their outputs anyway.
+    counts = ends - jnp.concatenate([first[None], ends[:-1]])
+    counts = counts.at[0].add(first).at[-1].add(m - ends[-1])
+    lhs = jnp.where(held[:, None], a_vals, 0.0).astype(compute_dtype)
+    rhs = scaled_codes(b_codes, b_scales).astype(compute_dtype)
+    dims = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([1], [2]), ([], [])),
+                                         lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
+    precision = lax.Precision.HIGHEST if compute_dtype == jnp.float32 else None
+    acc = lax.ragged_dot_general(lhs, rhs, counts, dims, precision=precision,
+                                 preferred_element_type=jnp.float32)
+    return ragged_epilogue(acc, a_alpha * jnp.asarray(b_s_dec, jnp.float32), bias, group, held,
+                           activation_name, out_dtype)

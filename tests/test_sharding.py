@@ -921,3 +921,79 @@ def test_stacked_weights_under_a_mesh_with_explicit_axes(explicit_mesh, activati
     assert y.sharding.shard_shape(y.shape)[0] == 1 and g.sharding.shard_shape(g.shape)[0] == 1
     for got, want in ((y, want_y), (g, want_g)):  # float32: another sum order
         assert np.linalg.norm(np.asarray(got) - want) <= 1e-6 * np.linalg.norm(want)
+
+
+RAGGED_PATTERNS = {  # (x spec [M, K], w spec [G, N, K]); bias [G, N] follows w
+    "experts": (P(), P("y", None, None)),
+    "experts+column": (P(), P("y", "x", None)),
+    "column": (P(), P(None, "y", None)),
+    "row": (P(None, "x"), P(None, None, "x")),
+    "row+column": (P(None, "x"), P(None, "y", "x")),
+}
+RAGGED_SIZES = [10, 0, 20, 5]  # 37 rows: 2 past the groups
+
+
+@pytest.fixture(scope="module")
+def ragged_operands():
+    keys = jax.random.split(jax.random.key(21), 3)
+    x = row_scaled(keys[0], (37, K))
+    w = jax.vmap(nv.quantize)(row_scaled(keys[1], (4 * 512, K)).reshape(4, 512, K))
+    bias = jax.random.normal(keys[2], (4, 512), jnp.float32)
+    return x, w, bias
+
+
+@multidevice
+@pytest.mark.parametrize("a_nvfp4", [False, True], ids=["w4a16", "w4a4"])
+@pytest.mark.parametrize("activation", [None, "swiglu"])
+@pytest.mark.parametrize("pattern", list(RAGGED_PATTERNS))
+def test_ragged_matmul_patterns(mesh, ragged_operands, pattern, activation, a_nvfp4):
+    """Each split of the grouped matmul equals the one-device result; nothing is gathered."""
+    x, w, bias = ragged_operands
+    if a_nvfp4:
+        x = nv.quantize(x)
+    sizes = jnp.asarray(RAGGED_SIZES)
+    f = jax.jit(lambda a, b, c, s: nv.ragged_matmul(a, b, s, bias=c, activation=activation,
+                                                    out_dtype=jnp.float32))
+    want = np.asarray(f(x, w, bias, sizes))
+    x_spec, w_spec = RAGGED_PATTERNS[pattern]
+    place_x = (lambda a: shard_nvfp4(a, mesh, x_spec)) if a_nvfp4 else (
+        lambda a: put(a, mesh, x_spec))
+    args = (place_x(x), shard_nvfp4(w, mesh, w_spec), put(bias, mesh, P(*w_spec[:2])), sizes)
+    got = np.asarray(f(*args))
+    assert np.linalg.norm(got - want) <= 1e-6 * np.linalg.norm(want)
+    assert not got[35:].any()
+    assert "all-gather" not in hlo(f, *args)
+
+
+@multidevice
+def test_ragged_matmul_gathers_split_rows_of_x_not_the_weights(mesh, ragged_operands):
+    """The groups index x's rows globally: x split by rows is gathered, the experts stay split."""
+    x, w, _ = ragged_operands
+    x = x[:36]
+    sizes = jnp.asarray(RAGGED_SIZES)
+    f = jax.jit(lambda a, b, s: nv.ragged_matmul(a, b, s, out_dtype=jnp.float32))
+    want = np.asarray(f(x, w, sizes))
+    args = (put(x, mesh, P("x", None)), shard_nvfp4(w, mesh, P("y", None, None)), sizes)
+    got = np.asarray(f(*args))
+    assert np.linalg.norm(got - want) <= 1e-6 * np.linalg.norm(want)
+    gathers = re.findall(r"all-gather[^\n]*", hlo(f, *args))
+    assert gathers and not [g for g in gathers if "f4e2m1fn" in g or "f8e4m3fn" in g], gathers
+
+
+@multidevice
+def test_ragged_matmul_expert_parallel_grad(mesh, ragged_operands):
+    """jax.grad through the expert-parallel grouped matmul equals the one-device gradient (to the
+    bfloat16 rounding of its tangent products, which XLA may sum in another order)."""
+    x, w, bias = ragged_operands
+    sizes = jnp.asarray(RAGGED_SIZES)
+
+    def loss(a, b, c):
+        return jnp.sum(nv.ragged_matmul(a, b, sizes, bias=c, activation="silu",
+                                        out_dtype=jnp.float32) ** 2)
+
+    g = jax.jit(jax.grad(loss, argnums=(0, 2)))
+    want = g(x, w, bias)
+    got = g(put(x, mesh, P()), shard_nvfp4(w, mesh, P("y", None, None)), put(bias, mesh, P("y")))
+    for a, b in zip(got, want):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        assert np.linalg.norm(a - b) <= 1e-2 * np.linalg.norm(b)

@@ -22,6 +22,13 @@
 // dimension. Each element's GEMM reads its element of the stacked buffers in place: all E in one
 // launch where the device's kernels run stacks (sm_90a's decode path at M <= 8, float output),
 // else one element after another on the stream.
+//
+// "jax_nvfp4_gemm_ragged" (ragged_matmul_p, jax_nvfp4/primitives/ragged.py: lax.ragged_dot with
+// NVFP4 weights) takes the 8 operands with b_codes [G, N, K], b_scales [G, ...], b_s_dec [G] or a
+// scalar, bias [G, N] or f32[0], out_s_enc f32[0], then group_sizes int32 [G] and first_row int32
+// scalar (GemmProblem::group_sizes says what they mean), and gives out [M, C] without a workspace.
+// Attribute: activation. One launch of sm_90a's decode kernel; no other device runs it
+// (kUnimplemented: the Python side lowers to XLA's dequantize + ragged_dot there).
 #include <cuda_runtime.h>
 
 #include <array>
@@ -322,10 +329,11 @@ ffi::Error nvfp4_out(const View& codes, const View& scales, const View& s_dec,
 
 // The problem of element e of the call (the whole call when `stacked` is 0): the operands' and
 // results' views of that element, checked.
+// The results are stacked whenever operands are, unless `stacked_results` is false (a ragged call).
 ffi::Error element_problem(const Operands& ops, Results rets, int64_t stacked, int64_t count, int64_t e,
-                           int64_t path, int64_t activation, GemmProblem* p) {
+                           int64_t path, int64_t activation, GemmProblem* p, bool stacked_results = true) {
   auto op = [&](size_t i) { return element_of(ops[i], stacked >> i & 1, count, e); };
-  auto ret = [&](size_t i) { return element_of(rets.begin()[i], stacked != 0, count, e); };
+  auto ret = [&](size_t i) { return element_of(rets.begin()[i], stacked != 0 && stacked_results, count, e); };
   *p = GemmProblem{};
   if (auto err = decode_operands(op(0), op(1), op(2), op(3), op(4), op(5), op(6), p); err.failure()) {
     return err;
@@ -438,6 +446,47 @@ ffi::Error gemm_nvfp4_out_stacked_impl(
                        {*out_codes, *out_scales, *out_s_dec}, workspace, path, activation, stacked);
 }
 
+ffi::Error gemm_ragged_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer a_scales,
+                            ffi::AnyBuffer a_s_dec, ffi::AnyBuffer b_codes, ffi::AnyBuffer b_scales,
+                            ffi::AnyBuffer b_s_dec, ffi::AnyBuffer bias, ffi::AnyBuffer out_s_enc,
+                            ffi::AnyBuffer group_sizes, ffi::AnyBuffer first_row,
+                            ffi::Result<ffi::AnyBuffer> out, int64_t activation) {
+  JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_gemm_ragged");
+  const Operands ops{a, a_scales, a_s_dec, b_codes, b_scales, b_s_dec, bias, out_s_enc};
+  const Dims bd = dims_of(b_codes);
+  if (bd.size() != 3 || bd[0] < 1) return invalid("ragged: b must be [G, N, K] with G >= 1, got " + dims_str(bd));
+  const int64_t groups = bd[0];
+  if (group_sizes.element_type() != ffi::DataType::S32 || dims_of(group_sizes).size() != 1 ||
+      dims_of(group_sizes)[0] != groups) {
+    return invalid("ragged: group_sizes must be int32 [G = " + std::to_string(groups) + "]");
+  }
+  if (first_row.element_type() != ffi::DataType::S32 || first_row.element_count() != 1) {
+    return invalid("ragged: first_row must be an int32 scalar");
+  }
+  if (out_s_enc.element_count() != 0) return invalid("ragged: the output is float only");
+  // The weights are stacked by group; s_dec and bias where they have a group dimension.
+  int64_t stacked = (1 << 3) | (1 << 4);
+  if (dims_of(b_s_dec).size() == 1) stacked |= 1 << 5;
+  if (dims_of(bias).size() == 2) stacked |= 1 << 6;
+  GemmProblem p;
+  if (auto err = element_problem(ops, {*out}, stacked, groups, 0, /*path=*/0, activation, &p,
+                                 /*stacked_results=*/false);
+      err.failure()) {
+    return err;
+  }
+  p.stack = float_stack(ops, *out, stacked, groups);
+  p.stack.out = 0;  // a and out are shared: every group writes its own rows
+  p.group_sizes = static_cast<const int32_t*>(group_sizes.untyped_data());
+  p.first_row = static_cast<const int32_t*>(first_row.untyped_data());
+  const int cc = current_compute_capability();
+#ifdef JAX_NVFP4_HAS_SM90
+  if (cc == 90) return cuda_error(gemm_sm90(p, stream), "jax_nvfp4_gemm_ragged (sm_90a)");
+#endif
+  return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                    "jax_nvfp4_gemm_ragged: no ragged NVFP4 GEMM kernel for compute capability " +
+                        std::to_string(cc / 10) + "." + std::to_string(cc % 10));
+}
+
 // The workspace of a stacked call: that of one element's GEMM (elements run in turn share it; a
 // stack run in one launch takes the decode path, which needs none), the stacked dimension dropped
 // from the flagged operands and every result.
@@ -502,12 +551,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmNvfp4OutStackedFfi, gemm_nvfp4_out_stacked_imp
                                   .Attr<int64_t>("stacked"),
                               {jax_nvfp4::kGraphSafe});
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmRaggedFfi, gemm_ragged_impl,
+                              ffi::Ffi::Bind() JAX_NVFP4_GEMM_OPERANDS.Arg<ffi::AnyBuffer>()  // group_sizes
+                                  .Arg<ffi::AnyBuffer>()                                     // first_row
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("activation"),
+                              {jax_nvfp4::kGraphSafe});
+
 #undef JAX_NVFP4_GEMM_OPERANDS
 
 JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_gemm", GemmFfi);
 JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_gemm_nvfp4_out", GemmNvfp4OutFfi);
 JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_gemm_stacked", GemmStackedFfi);
 JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_gemm_nvfp4_out_stacked", GemmNvfp4OutStackedFfi);
+JAX_NVFP4_REGISTER_FFI_TARGET("jax_nvfp4_gemm_ragged", GemmRaggedFfi);
 JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_gemm", gemm_call_workspace);
 JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_gemm_nvfp4_out", gemm_call_workspace);
 JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_gemm_stacked", gemm_stacked_call_workspace);

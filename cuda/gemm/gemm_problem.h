@@ -82,9 +82,18 @@ struct GemmProblem {
 
   GemmStack stack;  // one GEMM (count 1) unless the launcher runs stacks (float output only)
 
+  // A ragged GEMM (lax.ragged_dot; float output): the weights (and bias, s_dec where stacked) are
+  // `stack.count` groups, strided as `stack` says, and a and out are shared (strides 0). Group g
+  // multiplies the group_sizes[g] rows of a that follow group g - 1's, group 0's from row
+  // *first_row; negative sizes count as 0 and rows past m are dropped. Rows outside every group
+  // are written as zeros. Both are device int32 values, read by the kernel (no host sync).
+  const int32_t* group_sizes = nullptr;  // [stack.count]
+  const int32_t* first_row = nullptr;    // scalar
+
   // Whether the output is NVFP4. Told by out_s_enc, a scalar: XLA gives a zero-sized buffer (the
   // codes and scales of an output without rows) no address.
   bool nvfp4_out() const { return out_s_enc != nullptr; }
+  bool ragged() const { return group_sizes != nullptr; }
 };
 
 // Columns of the output: n, or n / 2 with a gated activation.

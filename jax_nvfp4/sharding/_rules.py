@@ -49,6 +49,11 @@ class RuleBuilder:
             self._replicated(name)
         return CompoundFactor(major, *(name for name, _ in inner))
 
+    def reduced(self, name: str) -> str:
+        """A dimension an op sums over (its shards' results are added)."""
+        self.reduction.append(name)
+        return name
+
     def replicated(self, name: str) -> str:
         """A dimension that must not be sharded."""
         self._replicated(name)

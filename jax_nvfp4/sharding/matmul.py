@@ -46,6 +46,30 @@ def _operand_names(a_nvfp4, has_bias, out_nvfp4):
     return names
 
 
+def weight_row_factors(b, n: int, activation: str, out_nvfp4: bool):
+    """The Shardy factors of a weight's N rows, in `b` (a RuleBuilder): (mapping of w's N dim,
+    of y's column dim, of w's scale row tiles, of an NVFP4 y's scale column tiles or None)."""
+    whole_n_tiles = n % TILE_ROWS == 0 and n // TILE_ROWS > 1
+    if activation in GATED_ACTIVATIONS:
+        # y's column j is w's rows 2j, 2j + 1: N = (nt, nq, gu) with nq = 64 and gu = 2, y's
+        # columns (nt, nq), and an NVFP4 y's 64-column scale tiles are nt as well.
+        if whole_n_tiles:
+            n_dim = b.compound("nt", ("nq", TILE_K), ("gu", 2))
+            return n_dim, CompoundFactor("nt", "nq"), "nt", "nt"
+        n_dim, y_n_dim, n_tiles = (b.replicated(f) for f in ("n", "f", "nt"))
+        return n_dim, y_n_dim, n_tiles, b.replicated("fk") if out_nvfp4 else None
+    if out_nvfp4:
+        # N is both w's rows (128-row tiles) and y's K (64-element tiles): N = (nt, nh, nq)
+        # with nh = 2, nq = 64, so the y scales' tile dim is the compound (nt, nh).
+        if whole_n_tiles:
+            n_dim = b.compound("nt", ("nh", 2), ("nq", TILE_K))
+            return n_dim, n_dim, "nt", CompoundFactor("nt", "nh")
+        n_dim, n_tiles, y_n_tiles = (b.replicated(f) for f in ("n", "nt", "nk"))
+        return n_dim, n_dim, n_tiles, y_n_tiles
+    n_dim, n_tiles = b.tiled("n", n, TILE_ROWS)
+    return n_dim, n_dim, n_tiles, None
+
+
 class _MatmulOp:
     """matmul_p(a, [a_scales, a_s_dec,] b_codes, b_scales, b_s_dec, [bias,] [out_s_enc])."""
 
@@ -63,28 +87,7 @@ class _MatmulOp:
             m_dim, m_tiles = b.tiled("m", m, TILE_ROWS)
         else:
             m_dim, m_tiles = "m", None
-        whole_n_tiles = n % TILE_ROWS == 0 and n // TILE_ROWS > 1
-        if params["activation"] in GATED_ACTIVATIONS:
-            # y's column j is w's rows 2j, 2j + 1: N = (nt, nq, gu) with nq = 64 and gu = 2, y's
-            # columns (nt, nq), and an NVFP4 y's 64-column scale tiles are nt as well.
-            if whole_n_tiles:
-                n_dim = b.compound("nt", ("nq", TILE_K), ("gu", 2))
-                y_n_dim, n_tiles, y_n_tiles = CompoundFactor("nt", "nq"), "nt", "nt"
-            else:
-                n_dim, y_n_dim, n_tiles = (b.replicated(f) for f in ("n", "f", "nt"))
-                y_n_tiles = b.replicated("fk") if out_nvfp4 else None
-        elif out_nvfp4:
-            # N is both w's rows (128-row tiles) and y's K (64-element tiles): N = (nt, nh, nq)
-            # with nh = 2, nq = 64, so the y scales' tile dim is the compound (nt, nh).
-            if whole_n_tiles:
-                n_dim = b.compound("nt", ("nh", 2), ("nq", TILE_K))
-                n_tiles, y_n_tiles = "nt", CompoundFactor("nt", "nh")
-            else:
-                n_dim, n_tiles, y_n_tiles = (b.replicated(f) for f in ("n", "nt", "nk"))
-            y_n_dim = n_dim
-        else:
-            n_dim, n_tiles = b.tiled("n", n, TILE_ROWS)
-            y_n_dim = n_dim
+        n_dim, y_n_dim, n_tiles, y_n_tiles = weight_row_factors(b, n, params["activation"], out_nvfp4)
         mappings = {
             "a": (m_dim, k_dim),
             "a_scales": b.scales(m_tiles, k_tiles),

@@ -67,6 +67,10 @@ static_assert(kDepth % 2 == 0, "the activation double buffer alternates with the
 // (kByK): with the 16-byte form fixed their M <= 8 kernel spills.
 enum class CodeLoads { k16, k8, kByK };
 
+// What the grid's y dimension runs over: the activation tiles of one GEMM, of each element of a
+// stack, or the work items of a ragged GEMM (ragged_item).
+enum class Grid { kOne, kStack, kRagged };
+
 // Words of raw activation data one lane holds per chunk and n8-tile.
 template <XKind XK>
 constexpr int x_words() {
@@ -439,15 +443,78 @@ constexpr int max_threads() {
   return kWarpSplit ? kMaxSplit * 32 : kThreads;
 }
 
-// With kStack, gridDim.y runs over the stack's elements, m_tiles activation tiles each. A kernel
-// of its own: finding the element's pointers took up to 30 more registers, which the one-GEMM
-// kernels would pay for in occupancy.
-template <int T, XKind XK, CodeLoads kLoads, bool kWarpSplit, bool kStack>
+// A ragged GEMM's work item: rows [m_begin, m_end) of group `group` (at most 8, one tile), or
+// with group -1 rows that no group holds (written as zeros); none where m_begin >= m_end.
+struct RaggedItem {
+  int64_t group = -1, m_begin = 0, m_end = 0;
+};
+
+// Work item y of a ragged GEMM (GemmProblem::group_sizes). The rows form segments: those before
+// *first_row, each group's, and those after the last group; every segment is cut into tiles of
+// 8 rows, numbered in row order. Each warp finds its item on its own, 32 groups a step (a scan
+// of the sizes over the lanes). Call it with every lane of the warp.
+__device__ RaggedItem ragged_item(const GemmProblem& p, int64_t y) {
+  const int lane = threadIdx.x % 32;
+  const int64_t first = min(max(static_cast<int64_t>(*p.first_row), int64_t{0}), p.m);
+  const int64_t before = ceil_div(first, 8);
+  if (y < before) return {-1, 8 * y, min(8 * y + 8, first)};
+  y -= before;
+  int64_t start = first;  // the first row of the 32 groups of this step (may pass m)
+  for (int64_t base = 0; base < p.stack.count; base += 32) {
+    const int64_t g = base + lane;
+    const int64_t size = g < p.stack.count ? max(static_cast<int64_t>(p.group_sizes[g]), int64_t{0}) : 0;
+    int64_t rows = size;  // inclusive scan: rows of groups base..g
+    for (int o = 1; o < 32; o *= 2) {
+      const int64_t v = __shfl_up_sync(0xffffffffu, rows, o);
+      if (lane >= o) rows += v;
+    }
+    const int64_t begin = min(start + rows - size, p.m), end = min(start + rows, p.m);
+    const int64_t tiles = ceil_div(end - begin, 8);
+    int64_t upto = tiles;  // inclusive scan: tiles of groups base..g
+    for (int o = 1; o < 32; o *= 2) {
+      const int64_t v = __shfl_up_sync(0xffffffffu, upto, o);
+      if (lane >= o) upto += v;
+    }
+    const unsigned hit = __ballot_sync(0xffffffffu, upto > y);
+    if (hit != 0) {
+      const int owner = __ffs(hit) - 1;
+      const int64_t tile = y - __shfl_sync(0xffffffffu, upto - tiles, owner);
+      const int64_t b = __shfl_sync(0xffffffffu, begin, owner), e = __shfl_sync(0xffffffffu, end, owner);
+      return {base + owner, b + 8 * tile, min(b + 8 * tile + 8, e)};
+    }
+    y -= __shfl_sync(0xffffffffu, upto, 31);
+    start += __shfl_sync(0xffffffffu, rows, 31);
+  }
+  const int64_t after = min(start, p.m);
+  return {-1, after + 8 * y, min(after + 8 * y + 8, p.m)};
+}
+
+// With Grid::kStack, gridDim.y runs over the stack's elements, m_tiles activation tiles each; with
+// Grid::kRagged over the ragged GEMM's work items. Kernels of their own: finding the element's
+// pointers took up to 30 more registers, which the one-GEMM kernels would pay for in occupancy.
+template <int T, XKind XK, CodeLoads kLoads, bool kWarpSplit, Grid kGrid>
 __global__ void __launch_bounds__(max_threads<kWarpSplit>())
     decode_kernel(const GemmProblem stack, int64_t chunks, int64_t m_tiles) {
   constexpr bool IL = interleaved<T, XK>();
+  constexpr bool kRagged = kGrid == Grid::kRagged;
+  static_assert(!kRagged || (T == 1 && kWarpSplit), "a ragged item is one 8-row tile, a block one tile");
   __shared__ float partial[4 * T][max_threads<kWarpSplit>()];
-  const GemmProblem p = kStack ? stack_element(stack, blockIdx.y / m_tiles) : stack;
+  // Programmatic dependent launch: the grid before may still be running; touch no memory until
+  // it has completed (launch_config.cuh). No early allow_next_grid(): a next grid scheduled while
+  // this one runs takes the SM slots that free up first, unevenly, and this kernel's one-wave
+  // split then lost up to 18% back to back (14336 x 4096, M = 1-16, H200).
+  wait_for_prior_grids();
+  RaggedItem item;
+  if constexpr (kRagged) {
+    item = ragged_item(stack, blockIdx.y);
+    if (item.m_begin >= item.m_end) return;  // the whole block: its warps share the item
+  }
+  // Rows of no group (item.group < 0): no weights are read, zeros are stored.
+  const bool zero_rows = kRagged && item.group < 0;
+  GemmProblem p = kGrid == Grid::kStack ? stack_element(stack, blockIdx.y / m_tiles)
+                  : kRagged && !zero_rows ? stack_element(stack, item.group)
+                                          : stack;
+  if constexpr (kRagged) p.m = item.m_end;  // the item's rows end there; a and out stay shared
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
@@ -456,8 +523,10 @@ __global__ void __launch_bounds__(max_threads<kWarpSplit>())
   const int rank = kWarpSplit ? warp : static_cast<int>(blockIdx.z);
   const int64_t n0 = kWarpSplit ? static_cast<int64_t>(blockIdx.x) * 16
                                 : static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp * 16;
-  const int64_t m0 = static_cast<int64_t>(kStack ? blockIdx.y % m_tiles : blockIdx.y) * 8 * T;
-  const int64_t c_begin = chunks * rank / split, c_end = chunks * (rank + 1) / split;
+  const int64_t m0 = kRagged ? item.m_begin
+                             : static_cast<int64_t>(kGrid == Grid::kStack ? blockIdx.y % m_tiles : blockIdx.y) * 8 * T;
+  const int64_t c_begin = zero_rows ? 0 : chunks * rank / split;
+  const int64_t c_end = zero_rows ? 0 : chunks * (rank + 1) / split;
   const bool vec16 = kLoads == CodeLoads::kByK ? p.k % 32 == 0 : kLoads == CodeLoads::k16;
 
   float acc[T][4];
@@ -469,11 +538,6 @@ __global__ void __launch_bounds__(max_threads<kWarpSplit>())
   // K can be partial; it takes the checked path.
   const int64_t c_full = min(c_end, p.k / kChunk);
   int64_t c = c_begin;
-  // Programmatic dependent launch: the grid before may still be running; touch no memory until
-  // it has completed (launch_config.cuh). No early allow_next_grid(): a next grid scheduled while
-  // this one runs takes the SM slots that free up first, unevenly, and this kernel's one-wave
-  // split then lost up to 18% back to back (14336 x 4096, M = 1-16, H200).
-  wait_for_prior_grids();
   if (c < c_full) {
     Cursor<T, XK, IL> cur(p, n0, g, m0 + g, c * kChunk, t);
     const int n_full = static_cast<int>(c_full - c);
@@ -559,9 +623,10 @@ __global__ void __launch_bounds__(max_threads<kWarpSplit>())
     if (n >= p.n || m >= p.m) continue;
     if (gated) {
       store_as(p.out, p.out_dtype, m * (p.n / 2) + n / 2,
-               apply_gated(slot_value(e), slot_value(e + 2), p.activation));
+               zero_rows ? 0.f : apply_gated(slot_value(e), slot_value(e + 2), p.activation));
     } else {
-      store_as(p.out, p.out_dtype, m * p.n + n, apply_activation(slot_value(e), p.activation));
+      store_as(p.out, p.out_dtype, m * p.n + n,
+               zero_rows ? 0.f : apply_activation(slot_value(e), p.activation));
     }
   }
   // Keep this block's partials alive until every rank of the cluster has read them.
@@ -570,12 +635,17 @@ __global__ void __launch_bounds__(max_threads<kWarpSplit>())
 
 constexpr int64_t kMaxGridY = 65535;
 
-// The y dimension of the grid: the activation tiles of every element of the stack.
+// The y dimension of the grid: the activation tiles of every element of the stack; for a ragged
+// GEMM a bound on its work items (ragged_item), known without reading the group sizes: the
+// segments of rows (before the groups, the groups that hold rows, after them) number at most
+// min(G, M) + 2, and cut into 8-row tiles they give at most ceil(M / 8) more items than
+// segments, less one; nor can there be more items than rows. Items past the last exit at once.
 int64_t grid_rows(const GemmProblem& p, int rows_per_tile) {
+  if (p.ragged()) return std::min(p.m, ceil_div(p.m, rows_per_tile) + std::min(p.stack.count, p.m) + 1);
   return ceil_div(p.m, rows_per_tile) * p.stack.count;
 }
 
-template <int T, XKind XK, CodeLoads kLoads, bool kStack>
+template <int T, XKind XK, CodeLoads kLoads, Grid kStack>
 cudaError_t launch(const GemmProblem& p, cudaStream_t stream) {
   const int64_t chunks = ceil_div(p.k, kChunk);
   const int64_t m_tiles = ceil_div(p.m, 8 * T);
@@ -607,7 +677,7 @@ cudaError_t launch(const GemmProblem& p, cudaStream_t stream) {
   return cudaErrorInvalidValue;  // unreachable: T == 1 launched above
 }
 
-template <int T, XKind XK, bool kStack>
+template <int T, XKind XK, Grid kStack>
 cudaError_t launch_loads(const GemmProblem& p, cudaStream_t stream) {
   if constexpr (XK == XKind::kF32) {
     return launch<T, XK, CodeLoads::kByK, kStack>(p, stream);
@@ -627,7 +697,8 @@ cudaError_t launch_loads(const GemmProblem& p, cudaStream_t stream) {
 constexpr int64_t kStageXMaxM = 4;
 constexpr int64_t kStageXMinWeights = int64_t{1} << 25;  // 33.5M: between 25.2M and 58.7M measured
 bool stages_x(const GemmProblem& p) {
-  return p.a_is_nvfp4 && p.m <= kStageXMaxM && p.n * p.k >= kStageXMinWeights && p.stack.count == 1;
+  return p.a_is_nvfp4 && p.m <= kStageXMaxM && p.n * p.k >= kStageXMinWeights && p.stack.count == 1 &&
+         !p.ragged();
 }
 
 // One thread a 16-element scale block of x: [m, k] codes and tiled scales -> bf16 [m, k].
@@ -657,17 +728,18 @@ __global__ void __launch_bounds__(256) stage_nvfp4_x(const GemmProblem p, __nv_b
 
 template <XKind XK>
 cudaError_t launch_for_m(const GemmProblem& p, cudaStream_t stream) {
+  if (p.ragged()) return launch_loads<1, XK, Grid::kRagged>(p, stream);
   if (p.m <= 8) {
-    if (p.stack.count > 1) return launch_loads<1, XK, true>(p, stream);
-    return launch_loads<1, XK, false>(p, stream);
+    if (p.stack.count > 1) return launch_loads<1, XK, Grid::kStack>(p, stream);
+    return launch_loads<1, XK, Grid::kOne>(p, stream);
   }
   if (p.stack.count > 1) return cudaErrorInvalidValue;  // see decode_runs_stack
   // Split activations (two MMAs, twice the registers) stop at 16 rows a tile.
   if constexpr (x_split<XK>()) {
-    return launch_loads<2, XK, false>(p, stream);
+    return launch_loads<2, XK, Grid::kOne>(p, stream);
   } else {
-    if (p.m <= 16) return launch_loads<2, XK, false>(p, stream);
-    return launch_loads<4, XK, false>(p, stream);
+    if (p.m <= 16) return launch_loads<2, XK, Grid::kOne>(p, stream);
+    return launch_loads<4, XK, Grid::kOne>(p, stream);
   }
 }
 
@@ -694,6 +766,11 @@ cudaError_t stage_then_launch(const GemmProblem& p, cudaStream_t stream) {
 // of 14336 x 4096 took 10% longer in one launch than one after the other (4 took 6% less; 4 x
 // H200, bench_experts.py; bench/results/experts_h200x4_2026-11-28.md).
 bool decode_runs_stack(const GemmProblem& p) { return p.m <= 8 && grid_rows(p, 8) <= kMaxGridY; }
+
+// A ragged GEMM runs on 8-row tiles at any M whose grid fits (each item reads its group's
+// weights: past a few tiles a group, XLA's dequantize + ragged_dot is the better path, which the
+// Python side takes; jax_nvfp4/primitives/ragged.py).
+bool decode_runs_ragged(const GemmProblem& p) { return p.ragged() && grid_rows(p, 8) <= kMaxGridY; }
 
 size_t decode_workspace_bytes(const GemmProblem& p) {
   return stages_x(p) ? static_cast<size_t>(p.m * p.k) * sizeof(__nv_bfloat16) : 0;

@@ -104,7 +104,7 @@ cudaError_t run_float(const GemmProblem& p, cudaStream_t stream) {
 }  // namespace
 
 GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
-  if (p.path == GemmPath::kDecode) return GemmSm90Path::kDecode;
+  if (p.ragged() || p.path == GemmPath::kDecode) return GemmSm90Path::kDecode;
   if (p.path == GemmPath::kPrefill || p.path == GemmPath::kPrefillCutlass) return GemmSm90Path::kPrefill;
   if (p.path == GemmPath::kFused) return GemmSm90Path::kFused;
   if (p.path == GemmPath::kFusedWs) return GemmSm90Path::kFusedWs;
@@ -172,7 +172,11 @@ bool gemm_sm90_runs_stack(const GemmProblem& p) {
 
 cudaError_t gemm_sm90(const GemmProblem& p, cudaStream_t stream) {
   if (p.k <= 0 || p.k % kBlockSize != 0 || p.m < 0 || p.n < 0) return cudaErrorInvalidValue;
-  if (p.stack.count != 1 && (p.stack.count < 1 || !gemm_sm90_runs_stack(p))) return cudaErrorInvalidValue;
+  if (p.ragged()) {
+    if (p.nvfp4_out() || p.stack.count < 1 || !sm90::decode_runs_ragged(p)) return cudaErrorInvalidValue;
+  } else if (p.stack.count != 1 && (p.stack.count < 1 || !gemm_sm90_runs_stack(p))) {
+    return cudaErrorInvalidValue;
+  }
   if (p.workspace_bytes < gemm_sm90_workspace_bytes(p)) return cudaErrorInvalidValue;
   if (is_gated(p.activation) && p.n % 2 != 0) return cudaErrorInvalidValue;
   if (p.m == 0 && p.n > 0 && p.nvfp4_out()) {  // nothing to multiply, but out_s_dec is still set

@@ -96,7 +96,8 @@ size_t gemm_sm90_workspace_bytes(const GemmProblem& p);
 // a time.
 bool gemm_sm90_runs_stack(const GemmProblem& p);
 
-// Enqueues the GEMM, or the stack of GEMMs where gemm_sm90_runs_stack(p), on `stream`.
+// Enqueues the GEMM, the stack of GEMMs where gemm_sm90_runs_stack(p), or the ragged GEMM
+// (p.ragged(): the decode kernel, one launch), on `stream`.
 // cudaErrorInvalidValue: a problem it cannot run (k not a multiple of 16, too little workspace, a
 // stack it does not run).
 cudaError_t gemm_sm90(const GemmProblem& p, cudaStream_t stream);

@@ -15,6 +15,8 @@ namespace sm90 {
 // launch where decode_runs_stack(p): the grid's rows hold every element's activation tiles. Its
 // workspace holds NVFP4 x dequantized to bf16 where it stages x (W4A4 at M <= 4 on large weights), else nothing.
 bool decode_runs_stack(const GemmProblem& p);
+// A ragged GEMM (p.ragged()) runs in one launch, its grid over the groups' 8-row tiles, where this holds.
+bool decode_runs_ragged(const GemmProblem& p);
 size_t decode_workspace_bytes(const GemmProblem& p);
 cudaError_t decode_gemm(const GemmProblem& p, cudaStream_t stream);
 

@@ -1,0 +1,122 @@
+"""Ragged (grouped) NVFP4 matmul for MoE layers: jax_nvfp4.ragged_matmul beside bf16
+lax.ragged_dot and XLA's dequantize + ragged_dot, in one run on one GPU.
+
+    python bench/bench_ragged.py --out DIR
+
+T tokens, each routed to top_k distinct experts drawn at random (fixed seed), give M = T * top_k
+rows sorted by expert. Weights [G, N, K] of MoE models: Mixtral-8x7B's gate/up projections fused
+(swiglu, 8 x 28672 x 4096) and down projection (8 x 4096 x 14336), DeepSeek-V2-Lite's routed
+experts' gate/up (64 x 2816 x 2048, top 6). Ours is timed on the path it picks ("auto"), on the
+kernel and on XLA's path forced (JAX_NVFP4_RAGGED_PATH); XLA's path is the dequantize + ragged_dot
+peer (the weights' e2m1 x e4m3 values in bf16, then lax.ragged_dot). bf16 lax.ragged_dot holds its
+weights as [G, K, N]. Calls rotate through weight copies larger than the L2; times are medians of
+LoopTimer readings taken round-robin (jax_nvfp4/timing.py), us per call. The roofline is the
+NVFP4 bytes of the experts that hold rows (4.5 bits an element) over the HBM read + write rate
+measured in the same run. Results: DIR/ragged_<device>.md.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import jax_nvfp4 as nv
+from jax_nvfp4.primitives.ragged import RAGGED_PATH_ENV
+from jax_nvfp4.timing import LoopTimer, interleaved_times
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_matmul import hbm_bandwidth  # noqa: E402
+from report import table_parser, write_table  # noqa: E402
+
+# (name, G, N, K, activation, top_k)
+LAYERS = [("Mixtral-8x7B w1+w3", 8, 28672, 4096, "swiglu", 2),
+          ("Mixtral-8x7B w2", 8, 4096, 14336, None, 2),
+          ("DeepSeek-V2-Lite w1+w3", 64, 2816, 2048, "swiglu", 6)]
+TOKENS = [1, 4, 16, 64]
+NVFP4_BYTES_PER_ELEMENT = 0.5 + 1 / 16  # codes, plus one e4m3 scale a 16-element block
+
+
+def routing(tokens: int, groups: int, top_k: int, seed: int) -> np.ndarray:
+    """Rows per expert of `tokens` tokens each sent to top_k distinct random experts."""
+    rng = np.random.default_rng(seed)
+    picks = np.concatenate([rng.choice(groups, top_k, replace=False) for _ in range(tokens)])
+    return np.bincount(picks, minlength=groups).astype(np.int32)
+
+
+def timer_on_path(path: str, fn, args) -> LoopTimer:
+    """A LoopTimer of fn compiled with the ragged path forced (read when the call is lowered)."""
+    os.environ[RAGGED_PATH_ENV] = path
+    jax.clear_caches()
+    try:
+        return LoopTimer(fn, args)
+    finally:
+        os.environ.pop(RAGGED_PATH_ENV, None)
+        jax.clear_caches()
+
+
+def run(out_dir: Path, rounds: int, tokens: list[int]):
+    device = jax.devices()[0]
+    name = device.device_kind
+    bw = hbm_bandwidth()
+    lines = [f"# Ragged NVFP4 matmul (MoE layers) on {name}", "",
+             f"{datetime.date.today()} · jax {jax.__version__} · bf16 x and output · us per call "
+             f"(median of round-robin LoopTimer readings, weights rotated past the L2) · HBM read "
+             f"+ write {bw / 1e12:.2f} TB/s · auto: the kernel while its 8-row tiles number at most "
+             f"8 G + M / 12 (primitives.ragged.kernel_takes) · roofline: the NVFP4 bytes of the experts holding rows / HBM",
+             "",
+             "| layer | tokens | M | experts used | NVFP4 auto | NVFP4 kernel | NVFP4 XLA path | "
+             "bf16 ragged_dot | auto vs bf16 | auto vs XLA path | % of roofline |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    keys = jax.random.split(jax.random.key(0), 2)
+    for layer, groups, n, k, activation, top_k in LAYERS:
+        w16 = (jax.random.normal(keys[0], (groups, n, k), jnp.float32) / np.sqrt(k)).astype(
+            jnp.bfloat16)
+        wq = jax.vmap(nv.quantize)(w16)
+        w_kn = jnp.swapaxes(w16, 1, 2)  # [G, K, N]: lax.ragged_dot's layout
+        del w16
+
+        def ours(x, wq, sizes, activation=activation):
+            return nv.ragged_matmul(x, wq, sizes, activation=activation)
+
+        def bf16(x, w_kn, sizes, activation=activation):
+            y = lax.ragged_dot(x, w_kn, sizes, preferred_element_type=jnp.float32)
+            if activation == "swiglu":
+                y = jax.nn.silu(y[:, 0::2]) * y[:, 1::2]
+            return y.astype(jnp.bfloat16)
+
+        for t in tokens:
+            sizes = routing(t, groups, top_k, seed=t)
+            m = int(sizes.sum())
+            used = int((sizes > 0).sum())
+            x = jax.random.normal(keys[1], (m, k), jnp.bfloat16)
+            s = jnp.asarray(sizes)
+            timers = {p: timer_on_path(p, ours, (x, wq, s)) for p in ("auto", "kernel", "xla")}
+            timers["bf16"] = LoopTimer(bf16, (x, w_kn, s))
+            us = {key: v * 1e6 for key, v in interleaved_times(timers, rounds).items()}
+            roofline_us = used * n * k * NVFP4_BYTES_PER_ELEMENT / bw * 1e6
+            lines.append(f"| {layer} | {t} | {m} | {used} of {groups} | {us['auto']:.1f} | "
+                         f"{us['kernel']:.1f} | {us['xla']:.1f} | {us['bf16']:.1f} | "
+                         f"{us['bf16'] / us['auto']:.2f}x | {us['xla'] / us['auto']:.2f}x | "
+                         f"{100 * roofline_us / us['auto']:.0f}% |")
+            print(lines[-1], flush=True)
+            del timers
+        del wq, w_kn
+    write_table(lines, out_dir, "ragged", name)
+
+
+def main():
+    parser = table_parser(__doc__)
+    parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS)
+    args = parser.parse_args()
+    run(args.out, args.rounds, args.tokens)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The ragged (grouped) NVFP4 GEMM primitive: lax.ragged_dot with NVFP4 weights, for MoE layers.
+
+ragged_matmul_p.bind(a, [a_scales, a_s_dec,] b_codes, b_scales, b_s_dec, group_sizes, first_row,
+                     [bias,] a_nvfp4=..., has_bias=..., out_dtype=..., activation=...)
+    a            float [M, K] (W4A16) or float4 codes [M, K] (W4A4, then a_scales/a_s_dec follow)
+    b_*          the weights [G, N, K]: codes, tiled scales, s_dec [G] or a scalar
+    group_sizes  int32 [G];  first_row  int32 scalar (0 unless a shard of the groups runs:
+                 reference.ragged_segments says which rows each group holds)
+    bias         optional [G, N], any float dtype
+    out          float [M, C] of out_dtype, rows of no group zero; C = N, or N / 2 with a gated
+                 activation
+
+FFI target "jax_nvfp4_gemm_ragged" (cuda/gemm/gemm_ffi.cc) on sm_90a, where `kernel_takes`: the
+decode kernel over every group's 8-row tiles in one launch, reading only the weights of groups
+that hold rows. Elsewhere (large M for few groups, GPUs without the kernel) the CUDA lowering is
+XLA's: the weights' e2m1 x e4m3 values in x's dtype (exact in bfloat16 and float16) and
+lax.ragged_dot_general, then the reference's epilogue.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.interpreters import batching
+
+from jax_nvfp4 import _extension, reference
+from jax_nvfp4.format import SCALE_DTYPE, output_columns, tiled_scales_shape
+from jax_nvfp4.primitives._base import (ShapedArray, define_primitive, empty_f32, env_choice,
+                                        ffi_kernel_call, map_batcher)
+from jax_nvfp4.primitives.matmul import ACTIVATION_CODES
+
+RAGGED_TARGET = "jax_nvfp4_gemm_ragged"
+
+# The CUDA path of M rows over G groups. The ragged kernel reads a group's weights once per 8-row
+# tile of its rows (at most ceil(M / 8) + min(G, M) tiles); XLA's path dequantizes the whole stack
+# and runs ragged_dot. Fitted on an H200 (bench/results/ragged_h200_2026-11-28.md: Mixtral-8x7B's
+# and DeepSeek-V2-Lite's experts, M = 2-6144): a tile costs the kernel about 0.22 ns per weight
+# element (4.5-bit weights re-read at ~2.6 TB/s), XLA's path about 1.8 ns per element of the
+# stack plus 0.017 ns per M x N x K (its ragged_dot ran at ~115 TFLOP/s). So the kernel while its
+# tiles number at most 8 G + M / 12: up to M of about 168 G.
+def kernel_takes(m: int, groups: int) -> bool:
+    """Whether the launcher's choice for M rows over G groups is the ragged kernel."""
+    return -(-m // 8) + min(groups, m) <= 8 * groups + m / 12
+
+
+# JAX_NVFP4_RAGGED_PATH=kernel|xla forces one CUDA path (tests and benchmarks); read when a call is
+# lowered, like JAX_NVFP4_GEMM_SM90_PATH.
+RAGGED_PATH_ENV = "JAX_NVFP4_RAGGED_PATH"
+_PATHS = {"": 0, "auto": 0, "kernel": 1, "xla": 2}
+
+
+def operand_names(a_nvfp4: bool, has_bias: bool) -> list[str]:
+    """The names of ragged_matmul_p's operands, in order."""
+    names = ["a"] + (["a_scales", "a_s_dec"] if a_nvfp4 else [])
+    names += ["b_codes", "b_scales", "b_s_dec", "group_sizes", "first_row"]
+    return names + (["bias"] if has_bias else [])
+
+
+def _unpack(args, a_nvfp4, has_bias):
+    """Names the variadic operands: returns a dict with None for the absent ones."""
+    ops = dict.fromkeys(operand_names(True, True))
+    ops.update(zip(operand_names(a_nvfp4, has_bias), args))
+    return ops
+
+
+def _abstract(*args, a_nvfp4, has_bias, out_dtype, activation):
+    ops = _unpack(args, a_nvfp4, has_bias)
+    for name, codes in (("a", ops["a"] if a_nvfp4 else None), ("b", ops["b_codes"])):
+        if codes is not None and tuple(ops[f"{name}_scales"].shape) != tiled_scales_shape(codes.shape):
+            raise ValueError(f"nvfp4_ragged_matmul: {name}_scales has shape "
+                             f"{ops[name + '_scales'].shape}; codes of shape {codes.shape} need "
+                             f"{tiled_scales_shape(codes.shape)}")
+    groups, n, _ = ops["b_codes"].shape
+    if ops["group_sizes"].shape != (groups,) or ops["group_sizes"].dtype != jnp.int32:
+        raise ValueError(f"nvfp4_ragged_matmul: group_sizes must be int32 ({groups},), got "
+                         f"{ops['group_sizes'].dtype} {ops['group_sizes'].shape}")
+    return (ShapedArray((ops["a"].shape[0], output_columns(n, activation)), out_dtype),)
+
+
+def _computed(ops, out_dtype, activation, compute_dtype):
+    """reference.ragged_matmul on the named operands, its products in `compute_dtype`."""
+    return (reference.ragged_matmul(
+        ops["a"], ops["b_codes"], ops["b_scales"], ops["b_s_dec"], ops["group_sizes"],
+        ops["first_row"], a_scales=ops["a_scales"], a_s_dec=ops["a_s_dec"], bias=ops["bias"],
+        activation_name=activation, out_dtype=out_dtype, compute_dtype=compute_dtype),)
+
+
+def _reference(*args, a_nvfp4, has_bias, out_dtype, activation):
+    ops = _unpack(args, a_nvfp4, has_bias)
+    return _computed(ops, out_dtype, activation, jnp.float32)
+
+
+def _xla(ops, a_nvfp4, out_dtype, activation):
+    """The CUDA lowering without the kernel: ragged_dot in x's float dtype (bfloat16 for an NVFP4
+    x, whose e2m1 x e4m3 values it holds exactly)."""
+    compute = jnp.bfloat16 if a_nvfp4 else ops["a"].dtype
+    return _computed(ops, out_dtype, activation, compute)
+
+
+def ragged_path() -> int:
+    """0: the launcher's choice by M, 1: the kernel, 2: XLA's path (RAGGED_PATH_ENV)."""
+    return env_choice(RAGGED_PATH_ENV, _PATHS)
+
+
+def _kernel(*args, a_nvfp4, has_bias, out_dtype, activation):
+    ops = _unpack(args, a_nvfp4, has_bias)
+    m = ops["a"].shape[0]
+    path = ragged_path()
+    use_kernel = path == 1 or (path == 0 and kernel_takes(m, ops["b_codes"].shape[0]))
+    if not use_kernel or _extension.visible_cuda_arch() != "sm_90a":
+        return _xla(ops, a_nvfp4, out_dtype, activation)
+    n = ops["b_codes"].shape[1]
+    out = jax.ShapeDtypeStruct((m, output_columns(n, activation)), out_dtype)
+    return ffi_kernel_call(
+        RAGGED_TARGET, [out],
+        ops["a"],
+        ops["a_scales"] if a_nvfp4 else jnp.zeros((0,), SCALE_DTYPE),
+        ops["a_s_dec"] if a_nvfp4 else jnp.ones((), jnp.float32),
+        ops["b_codes"], ops["b_scales"], ops["b_s_dec"],
+        ops["bias"] if has_bias else empty_f32(),
+        empty_f32(),  # out_s_enc: the output is float
+        ops["group_sizes"], ops["first_row"],
+        activation=np.int64(ACTIVATION_CODES[activation]))
+
+
+ragged_matmul_p = define_primitive(
+    "nvfp4_ragged_matmul", abstract_eval=_abstract, reference=_reference, kernel=_kernel,
+    ffi_target=lambda **_: RAGGED_TARGET)
+batching.primitive_batchers[ragged_matmul_p] = map_batcher(ragged_matmul_p)

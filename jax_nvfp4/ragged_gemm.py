@@ -1,0 +1,97 @@
+"""Public ragged (grouped) NVFP4 matmul: lax.ragged_dot with NVFP4 weights, for MoE layers."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jax_nvfp4.format import (GATED_ACTIVATIONS, NVFP4Array, activation_of, check_float_dtype,
+                              check_not_nvfp4, checked_activation, output_dtype, reduce_dtype_of)
+from jax_nvfp4.sharding.ragged import partitioned_ragged_matmul_p
+
+
+def _checked_weight(w):
+    if not isinstance(w, NVFP4Array):
+        raise TypeError(f"ragged_matmul: w must be an NVFP4Array [G, N, K] (e.g. "
+                        f"jax.vmap(jax_nvfp4.quantize) of the experts' [N, K] weights, or "
+                        f"jax_nvfp4.quantize of the [G, N, K] stack), got {type(w).__name__}")
+    w.validate("ragged_matmul: w")
+    if w.ndim != 3 or w.s_dec.shape not in ((), w.shape[:1]):
+        raise ValueError(f"ragged_matmul: w must be a 3-D [G, N, K] NVFP4Array with s_dec of shape "
+                         f"() or ({w.shape[0] if w.ndim else 'G'},), got shape {w.shape} with "
+                         f"s_dec shape {tuple(w.s_dec.shape)}")
+
+
+def _checked_group_sizes(group_sizes, groups: int):
+    check_not_nvfp4(group_sizes, "ragged_matmul: group_sizes", "it counts rows")
+    group_sizes = jnp.asarray(group_sizes)
+    if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+        raise TypeError(f"ragged_matmul: group_sizes must be an integer array, got {group_sizes.dtype}")
+    if group_sizes.shape != (groups,):
+        raise ValueError(f"ragged_matmul: group_sizes must have shape ({groups},) (one size per group "
+                         f"of w), got {tuple(group_sizes.shape)}")
+    return group_sizes.astype(jnp.int32)
+
+
+def _checked_bias(bias, groups: int, n: int):
+    if bias is None:
+        return None
+    check_not_nvfp4(bias, "ragged_matmul: bias", "biases stay float")
+    bias = jnp.asarray(bias)
+    check_float_dtype(bias.dtype, "ragged_matmul: bias")
+    if bias.shape != (groups, n):
+        raise ValueError(f"ragged_matmul: bias must have shape ({groups}, {n}) (one row per group; "
+                         f"broadcast a shared one with jnp.broadcast_to), got {tuple(bias.shape)}")
+    return bias
+
+
+def ragged_matmul(x, w: NVFP4Array, group_sizes, *, bias=None, activation=None, out_dtype=None,
+                  reduce_dtype=None):
+    """Grouped matmul with NVFP4 weights (lax.ragged_dot's semantics): the rows of x come in
+    consecutive groups, group g's group_sizes[g] rows after group g - 1's, and row m of group g
+    gives y[m, n] = act(sum_k x[m, k] * w[g, n, k] (+ bias[g, n])). Rows past the groups' total
+    are zero. A mixture-of-experts layer sorts its tokens by expert and calls this once.
+
+    x: float [M, K] (float32/bfloat16/float16: "W4A16") or an NVFP4Array [M, K] with a scalar
+       s_dec ("W4A4").
+    w: NVFP4Array [G, N, K] (G experts' [out, in] weights) with s_dec of shape (G,) (e.g.
+       `jax.vmap(jax_nvfp4.quantize)(weights)`, one encode scale per expert) or ().
+    group_sizes: integer [G] (a device array: jit does not specialize on it). Negative sizes count
+       as 0; rows past M are dropped.
+    bias: optional float [G, N], group g's added to its rows, in float32.
+    activation: None or one of matmul's ("relu", "gelu", "silu", or gated "swiglu"/"geglu" with
+       interleaved gate/up rows in each w[g]; see interleave_gate_up), in the epilogue.
+    out_dtype: float dtype of y [M, N] (N / 2 with a gated activation); default bfloat16.
+    reduce_dtype: the dtype of the partial sums where K is split over devices (as in matmul).
+
+    On Hopper (sm_90a) one kernel launch runs every group's rows, 8 rows a tile, and reads only
+    the weights of the groups that hold rows (at decode, the experts the tokens were routed to);
+    past about 168 G rows (primitives.ragged.kernel_takes), and on other GPUs, XLA's ragged_dot
+    runs on the weights' e2m1 x e4m3 values in x's dtype instead. Under a mesh, w split along G runs expert-parallel
+    (each device its experts' rows, then one sum), along N column-parallel, along K row-parallel
+    (jax_nvfp4.sharding.ragged). Differentiable in a float x and in bias (the tangent products
+    run through XLA's ragged_dot in bfloat16 on the dequantized weights); NVFP4 operands are
+    constants."""
+    _checked_weight(w)
+    groups, n, k = w.shape
+    x, a_nvfp4 = checked_activation(x, "ragged_matmul")
+    if x.ndim != 2:
+        raise ValueError(f"ragged_matmul: x must be [M, K] (rows grouped along M), got shape "
+                         f"{tuple(x.shape)}")
+    if x.shape[1] != k:
+        raise ValueError(f"ragged_matmul: contracting dims differ: x has shape {tuple(x.shape)} (K="
+                         f"{x.shape[1]}), w has shape {w.shape} (K={k})")
+    group_sizes = _checked_group_sizes(group_sizes, groups)
+    bias = _checked_bias(bias, groups, n)
+    out_dtype = output_dtype(out_dtype, "ragged_matmul")
+    activation = activation_of(activation, "ragged_matmul")
+    if activation in GATED_ACTIVATIONS and n % 2:
+        raise ValueError(f"ragged_matmul: activation={activation!r} pairs w's rows (gate, up), so N "
+                         f"must be even, got N={n}")
+    a_ops = [x.codes, x.scales, x.s_dec] if a_nvfp4 else [x]
+    operands = [*a_ops, w.codes, w.scales, w.s_dec, group_sizes, jnp.zeros((), jnp.int32)]
+    if bias is not None:
+        operands.append(bias)
+    (y,) = partitioned_ragged_matmul_p.bind(
+        *operands, a_nvfp4=a_nvfp4, has_bias=bias is not None, out_dtype=out_dtype,
+        activation=activation, reduce_dtype=reduce_dtype_of(reduce_dtype, "ragged_matmul"))
+    return y

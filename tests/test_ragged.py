@@ -1,0 +1,309 @@
+"""jax_nvfp4.ragged_matmul (grouped NVFP4 GEMM, lax.ragged_dot's semantics) against a float64
+NumPy oracle that multiplies each group's rows by its dequantized weights.
+
+On a CPU the primitive lowers to the reference; on an H100/H200 to the ragged kernel or, for many
+rows over few groups, to XLA's ragged_dot (primitives.ragged.kernel_takes), so the same cases test
+whichever runs.
+The GPU-only tests at the end force each CUDA path and check the kernel is the one called."""
+
+import contextlib
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_nvfp4 as jn
+from jax_nvfp4 import _extension
+from jax_nvfp4.primitives.ragged import RAGGED_PATH_ENV, RAGGED_TARGET, kernel_takes
+from jax_nvfp4.reference import activation as reference_activation
+
+TOL = {jnp.float32: 1e-5, jnp.bfloat16: 1e-2, jnp.float16: 2e-3}
+
+
+def segments(sizes, m):
+    """[(group, first row, end row)] by the documented rule: negative sizes count as 0, rows past m
+    are dropped."""
+    out, row = [], 0
+    for g, s in enumerate(sizes):
+        end = min(row + max(int(s), 0), m)
+        out.append((g, row, end))
+        row = end
+    return out
+
+
+def oracle(x, w, sizes, bias=None, activation="none"):
+    """float64: each group's rows times its dequantized weights (+ bias), the activation, zeros on
+    the rows of no group."""
+    xs = np.asarray(x.dequantize(jnp.float32) if isinstance(x, jn.NVFP4Array) else
+                    jnp.asarray(x, jnp.float32), np.float64)
+    ws = np.asarray(jn.dequantize(w, jnp.float32), np.float64)
+    m, n = xs.shape[0], ws.shape[1]
+    z = np.zeros((m, n))
+    held = np.zeros(m, bool)
+    for g, lo, hi in segments(sizes, m):
+        z[lo:hi] = xs[lo:hi] @ ws[g].T + (0.0 if bias is None else np.asarray(bias[g], np.float64))
+        held[lo:hi] = True
+    y = np.asarray(reference_activation(jnp.asarray(z), activation), np.float64)
+    y[~held] = 0.0
+    return y
+
+
+def rel_err(got, want):
+    got = np.asarray(jnp.asarray(got, jnp.float32), np.float64)
+    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
+
+
+def weights(key, groups, n, k, scale=1.0):
+    """G experts, each quantized with its own S_enc (s_dec [G]); magnitudes differ by group."""
+    w = jax.random.normal(key, (groups, n, k), jnp.float32)
+    w = w * (scale * 2.0 ** jnp.arange(groups, dtype=jnp.float32))[:, None, None]
+    return jax.vmap(jn.quantize)(w)
+
+
+CASES = [  # (M, G, N, K, sizes): tails in every dim, empty groups, rows past the groups
+    (1, 4, 40, 48, [0, 0, 1, 0]),
+    (3, 2, 272, 80, [1, 2]),
+    (8, 8, 128, 128, [1, 1, 1, 1, 1, 1, 1, 1]),
+    (11, 3, 40, 48, [4, 0, 5]),           # rows 9, 10 of no group
+    (17, 5, 200, 272, [3, 7, 0, 2, 5]),
+    (24, 2, 64, 1040, [20, 4]),           # a group of several 8-row tiles
+    (40, 3, 96, 64, [-3, 30, 25]),        # a negative size; the sizes pass M
+]
+
+
+@pytest.mark.parametrize("x_dtype", [jnp.float32, jnp.bfloat16, jnp.float16, "nvfp4"])
+@pytest.mark.parametrize("case", CASES, ids=[f"m{c[0]}_g{c[1]}_n{c[2]}_k{c[3]}" for c in CASES])
+def test_matches_float64_oracle(case, x_dtype):
+    m, g, n, k, sizes = case
+    keys = jax.random.split(jax.random.key(m * 1000 + k), 3)
+    w = weights(keys[0], g, n, k)
+    x = jax.random.normal(keys[1], (m, k), jnp.float32)
+    x = jn.quantize(x) if x_dtype == "nvfp4" else x.astype(x_dtype)
+    f = jax.jit(lambda x, s: jn.ragged_matmul(x, w, s, out_dtype=jnp.float32))
+    y = f(x, jnp.asarray(sizes, jnp.int32))
+    assert y.shape == (m, n) and y.dtype == jnp.float32
+    assert rel_err(y, oracle(x, w, sizes)) <= 1e-5
+
+
+@pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu", "swiglu", "geglu"])
+def test_bias_activation_and_output_dtype(activation, out_dtype):
+    m, g, n, k, sizes = 13, 3, 96, 80, [5, 0, 6]
+    keys = jax.random.split(jax.random.key(7), 3)
+    w = weights(keys[0], g, n, k)
+    x = jax.random.normal(keys[1], (m, k), jnp.bfloat16)
+    bias = jax.random.normal(keys[2], (g, n), jnp.float32)
+    y = jn.ragged_matmul(x, w, jnp.asarray(sizes), bias=bias, activation=activation,
+                         out_dtype=out_dtype)
+    cols = n // 2 if activation in ("swiglu", "geglu") else n
+    assert y.shape == (m, cols) and y.dtype == out_dtype
+    want = oracle(x, w, sizes, bias, activation)
+    assert rel_err(y, want) <= TOL[out_dtype]
+    assert not np.asarray(y[11:]).any()  # rows of no group: zero, not act(bias)
+
+
+def test_zeros_tiny_and_huge_values():
+    """An all-zero group, weights of 1e-30 and 1e30 magnitude (each expert its own s_dec), and x
+    rows of zeros: finite where the oracle is, zero rows exactly zero."""
+    k, n = 64, 32
+    w = jnp.stack([jnp.zeros((n, k)), jnp.full((n, k), 1e-30), jnp.full((n, k), 1e30)])
+    w = w * jax.random.uniform(jax.random.key(1), (3, n, k), minval=0.5, maxval=1.0)
+    wq = jax.vmap(jn.quantize)(w)
+    x = jax.random.normal(jax.random.key(2), (9, k), jnp.float32).at[4].set(0.0)
+    sizes = [3, 3, 3]
+    y = np.asarray(jn.ragged_matmul(x, wq, jnp.asarray(sizes), out_dtype=jnp.float32))
+    want = oracle(x, wq, sizes)
+    assert not y[:3].any() and not y[4].any()
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=0)
+
+
+def test_one_group_is_matmul():
+    """G = 1 with every row in it: the same values as matmul with that weight."""
+    w = weights(jax.random.key(3), 1, 160, 96)
+    x = jax.random.normal(jax.random.key(4), (6, 96), jnp.float32)
+    y = jn.ragged_matmul(x, w, jnp.array([6]), out_dtype=jnp.float32)
+    w0 = jn.NVFP4Array(w.codes[0], w.scales[0], w.s_dec[0])
+    want = np.asarray(jn.matmul(x, w0, out_dtype=jnp.float32))
+    np.testing.assert_allclose(np.asarray(y), want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+def test_scalar_s_dec_and_traced_sizes_in_one_compilation():
+    """A weight quantized as one [G, N, K] tensor (scalar s_dec); sizes are data: one jitted
+    function serves every routing."""
+    w = jn.quantize(jax.random.normal(jax.random.key(5), (3, 48, 64), jnp.float32))
+    assert w.s_dec.shape == ()
+    x = jax.random.normal(jax.random.key(6), (7, 64), jnp.float32)
+    f = jax.jit(lambda s: jn.ragged_matmul(x, w, s, out_dtype=jnp.float32))
+    for sizes in ([7, 0, 0], [0, 0, 7], [2, 2, 3], [0, 1, 0]):
+        assert rel_err(f(jnp.asarray(sizes, jnp.int32)), oracle(x, w, sizes)) <= 1e-5
+    assert f._cache_size() == 1
+
+
+def test_vmap_over_batches_of_tokens_and_routings():
+    w = weights(jax.random.key(8), 4, 32, 48)
+    x = jax.random.normal(jax.random.key(9), (2, 6, 48), jnp.float32)
+    sizes = jnp.array([[1, 2, 0, 3], [0, 0, 6, 0]], jnp.int32)
+    y = jax.vmap(lambda a, s: jn.ragged_matmul(a, w, s, out_dtype=jnp.float32))(x, sizes)
+    for b in range(2):
+        assert rel_err(y[b], oracle(x[b], w, list(np.asarray(sizes[b])))) <= 1e-5
+
+
+@pytest.mark.parametrize("activation", [None, "silu", "swiglu"])
+def test_grad_in_x_and_bias(activation):
+    """d/dx and d/dbias of sum(c * y) against jax.grad of the oracle's formula in float32 (HIGHEST precision): rows of no group get
+    zero gradient, each group's bias the sum over its rows."""
+    m, g, n, k, sizes = 10, 3, 32, 48, [4, 0, 4]
+    keys = jax.random.split(jax.random.key(10), 4)
+    w = weights(keys[0], g, n, k)
+    x = jax.random.normal(keys[1], (m, k), jnp.float32)
+    bias = jax.random.normal(keys[2], (g, n), jnp.float32)
+    cols = n // 2 if activation == "swiglu" else n
+    c = jax.random.normal(keys[3], (m, cols), jnp.float32)
+
+    def loss(x, bias):
+        y = jn.ragged_matmul(x, w, jnp.asarray(sizes), bias=bias, activation=activation,
+                             out_dtype=jnp.float32)
+        return jnp.sum(c * y)
+
+    def loss_ref(x, bias):  # the oracle's formula with plain JAX ops
+        ws = jn.dequantize(w, jnp.float32)
+        rows = jnp.concatenate([jnp.full(s, i) for i, s in enumerate(sizes)] + [jnp.full(m - 8, 0)])
+        z = jnp.einsum("mk,mnk->mn", x, ws[rows], precision="highest") + bias[rows]
+        y = reference_activation(z, activation or "none") * (jnp.arange(m) < 8)[:, None]
+        return jnp.sum(c * y)
+
+    gx, gb = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, bias)
+    wx, wb = jax.grad(loss_ref, argnums=(0, 1))(x, bias)
+    # the tangent products run in bfloat16 against the 4-bit weights
+    assert rel_err(gx, np.asarray(wx, np.float64)) <= 1e-2
+    assert rel_err(gb, np.asarray(wb, np.float64)) <= 1e-5
+    assert not np.asarray(gx[8:]).any() and not np.asarray(gb[1]).any()
+
+
+def test_nvfp4_operands_are_constants():
+    w = weights(jax.random.key(12), 2, 16, 32)
+    xq = jn.quantize(jax.random.normal(jax.random.key(13), (4, 32)))
+    _, t = jax.jvp(lambda w: jn.ragged_matmul(xq, w, jnp.array([2, 2])), (w,), (w,))
+    assert not np.asarray(t, np.float32).any()
+
+
+def _bad(**overrides):
+    w = weights(jax.random.key(14), 2, 32, 48)
+    args = dict(x=jnp.ones((5, 48)), w=w, group_sizes=jnp.array([2, 3]))
+    args.update(overrides)
+    kw = {k: args.pop(k) for k in ("bias", "activation", "out_dtype") if k in args}
+    return lambda: jn.ragged_matmul(args["x"], args["w"], args["group_sizes"], **kw)
+
+
+@pytest.mark.parametrize("overrides, error, match", [
+    (dict(w=jnp.ones((2, 32, 48))), TypeError, "w must be an NVFP4Array"),
+    (dict(w=jn.quantize(jnp.ones((32, 48)))), ValueError, r"3-D \[G, N, K\].*shape \(32, 48\)"),
+    (dict(x=jnp.ones((2, 5, 48))), ValueError, r"x must be \[M, K\].*\(2, 5, 48\)"),
+    (dict(x=jnp.ones((5, 64))), ValueError, "K=64.*K=48"),
+    (dict(x=jnp.ones((5, 48), jnp.int32)), TypeError, "x"),
+    (dict(group_sizes=jnp.array([2.0, 3.0])), TypeError, "group_sizes must be an integer.*float32"),
+    (dict(group_sizes=jnp.array([5])), ValueError, r"group_sizes must have shape \(2,\).*\(1,\)"),
+    (dict(bias=jnp.ones((32,))), ValueError, r"bias must have shape \(2, 32\).*\(32,\)"),
+    (dict(activation="swish"), ValueError, "swish"),
+    (dict(out_dtype=jnp.int8), TypeError, "out_dtype"),
+])
+def test_trace_time_errors_name_the_value(overrides, error, match):
+    with pytest.raises(error, match=match):
+        jax.jit(_bad(**overrides))()
+
+
+def test_gated_activation_needs_even_n():
+    w = weights(jax.random.key(15), 2, 24, 32)
+    w = jn.NVFP4Array(w.codes[:, :23], jn.quantize(jnp.ones((2, 23, 32))).scales, w.s_dec)
+    with pytest.raises(ValueError, match="N=23"):
+        jn.ragged_matmul(jnp.ones((3, 32)), w, jnp.array([1, 2]), activation="swiglu")
+
+
+def test_s_dec_of_another_shape_is_rejected():
+    w = weights(jax.random.key(16), 2, 16, 32)
+    bad = jn.NVFP4Array(w.codes, w.scales, jnp.ones((2, 16), jnp.float32))
+    with pytest.raises(ValueError, match=r"w.s_dec has shape \(2, 16\)"):
+        jn.ragged_matmul(jnp.ones((3, 32)), bad, jnp.array([1, 2]))
+
+
+def test_path_rule_at_the_measured_points():
+    """The kernel where it was measured faster than XLA's path on an H200, XLA's path where not
+    (bench/results/ragged_h200_2026-11-28.md); always the kernel at decode sizes."""
+    assert all(kernel_takes(m, g) for g in (1, 8, 64) for m in range(1, 65))
+    assert kernel_takes(512, 8) and kernel_takes(1024, 8) and not kernel_takes(2048, 8)
+    assert kernel_takes(6144, 64)
+
+
+# --------------------------------------------------------------------------- the CUDA paths
+
+@contextlib.contextmanager
+def ragged_path(path):
+    old = os.environ.get(RAGGED_PATH_ENV)
+    os.environ[RAGGED_PATH_ENV] = path
+    jax.clear_caches()
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(RAGGED_PATH_ENV, None)
+        else:
+            os.environ[RAGGED_PATH_ENV] = old
+        jax.clear_caches()
+
+
+@pytest.fixture
+def ragged_kernel(gpu_kernels):
+    device = gpu_kernels(RAGGED_TARGET)
+    if _extension.device_arch(device) != "sm_90a":
+        pytest.skip("the ragged kernel is sm_90a's")
+    return device
+
+
+@pytest.mark.parametrize("path", ["kernel", "xla"])
+@pytest.mark.parametrize("x_dtype", [jnp.bfloat16, jnp.float32, "nvfp4"])
+@pytest.mark.parametrize("case", [(1, 8, 4112, 4096, [0, 0, 0, 1, 0, 0, 0, 0]),
+                                  (6, 8, 2064, 1040, [0, 2, 0, 0, 1, 0, 3, 0]),
+                                  (70, 4, 520, 272, [9, 0, 50, 3]),
+                                  (130, 3, 256, 2048, [0, 120, 5])],
+                         ids=["decode", "top2x3", "m70", "m130"])
+def test_cuda_paths(ragged_kernel, case, x_dtype, path):
+    """Both CUDA paths on tails, the output buffer poisoned with NaN first: the kernel must write
+    every element, zeros on rows of no group included."""
+    m, g, n, k, sizes = case
+    keys = jax.random.split(jax.random.key(m + n), 3)
+    w = weights(keys[0], g, n, k, scale=0.01)
+    x = jax.random.normal(keys[1], (m, k), jnp.float32)
+    x = jn.quantize(x) if x_dtype == "nvfp4" else x.astype(x_dtype)
+    bias = jax.random.normal(keys[2], (g, n), jnp.bfloat16)
+    jnp.full((m * n * 2,), jnp.nan, jnp.float32).block_until_ready().delete()
+    before = _extension.host_calls(RAGGED_TARGET)
+    with ragged_path(path):
+        y = jax.jit(lambda x, s: jn.ragged_matmul(x, w, s, bias=bias, activation="swiglu",
+                                                  out_dtype=jnp.float32))(x, jnp.asarray(sizes))
+        y = np.asarray(y)
+    assert (_extension.host_calls(RAGGED_TARGET) > before) == (path == "kernel")
+    assert np.isfinite(y).all()
+    assert rel_err(y, oracle(x, w, sizes, bias, "swiglu")) <= 1e-5
+
+
+def test_auto_path_takes_the_kernel_up_to_its_bound(ragged_kernel):
+    bound = max(m for m in range(1, 2000) if kernel_takes(m, 2))
+    w = weights(jax.random.key(20), 2, 64, 64)
+    for m, kernel in ((bound, True), (bound + 1, False)):
+        before = _extension.host_calls(RAGGED_TARGET)
+        jax.block_until_ready(jn.ragged_matmul(jnp.ones((m, 64)), w, jnp.array([m, 0])))
+        assert (_extension.host_calls(RAGGED_TARGET) > before) == kernel
+
+
+def test_kernel_nan_stays_in_its_row(ragged_kernel):
+    m, g, n, k = 9, 3, 48, 64
+    w = weights(jax.random.key(21), g, n, k)
+    x = np.array(jax.random.normal(jax.random.key(22), (m, k), jnp.float32))
+    x[2, 5] = np.nan
+    with ragged_path("kernel"):
+        y = np.asarray(jn.ragged_matmul(jnp.asarray(x), w, jnp.array([4, 0, 4]), out_dtype=jnp.float32))
+    assert np.isnan(y[2]).all() and not np.isnan(np.delete(y, 2, axis=0)).any()
+    assert not y[8].any()
+

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_nvfp4.format import (GATED_ACTIVATIONS, NVFP4Array, activation_of, check_float_dtype,
                               check_not_nvfp4, checked_activation, output_dtype, reduce_dtype_of)
@@ -23,13 +25,18 @@ def _checked_weight(w):
 
 def _checked_group_sizes(group_sizes, groups: int):
     check_not_nvfp4(group_sizes, "ragged_matmul: group_sizes", "it counts rows")
-    group_sizes = jnp.asarray(group_sizes)
+    if not isinstance(group_sizes, jax.Array):  # NumPy or a list: kept as is (int64) until clipped
+        group_sizes = np.asarray(group_sizes)
     if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
         raise TypeError(f"ragged_matmul: group_sizes must be an integer array, got {group_sizes.dtype}")
     if group_sizes.shape != (groups,):
         raise ValueError(f"ragged_matmul: group_sizes must have shape ({groups},) (one size per group "
                          f"of w), got {tuple(group_sizes.shape)}")
-    return group_sizes.astype(jnp.int32)
+    # Clipped before the cast (a size past int32 would wrap): sizes count as 0 to int32's max.
+    high = np.iinfo(np.int32).max
+    if isinstance(group_sizes, jax.Array):
+        return jnp.clip(group_sizes, 0, min(high, jnp.iinfo(group_sizes.dtype).max)).astype(jnp.int32)
+    return jnp.asarray(np.clip(group_sizes, 0, high).astype(np.int32))
 
 
 def _checked_bias(bias, groups: int, n: int):
@@ -56,7 +63,7 @@ def ragged_matmul(x, w: NVFP4Array, group_sizes, *, bias=None, activation=None, 
     w: NVFP4Array [G, N, K] (G experts' [out, in] weights) with s_dec of shape (G,) (e.g.
        `jax.vmap(jax_nvfp4.quantize)(weights)`, one encode scale per expert) or ().
     group_sizes: integer [G] (a device array: jit does not specialize on it). Negative sizes count
-       as 0; rows past M are dropped.
+       as 0, sizes past int32's range as its maximum; rows past M are dropped.
     bias: optional float [G, N], group g's added to its rows, in float32.
     activation: None or one of matmul's ("relu", "gelu", "silu", or gated "swiglu"/"geglu" with
        interleaved gate/up rows in each w[g]; see interleave_gate_up), in the epilogue.
@@ -68,9 +75,9 @@ def ragged_matmul(x, w: NVFP4Array, group_sizes, *, bias=None, activation=None, 
     past about 168 G rows (primitives.ragged.kernel_takes), and on other GPUs, XLA's ragged_dot
     runs on the weights' e2m1 x e4m3 values in x's dtype instead. Under a mesh, w split along G runs expert-parallel
     (each device its experts' rows, then one sum), along N column-parallel, along K row-parallel
-    (jax_nvfp4.sharding.ragged). Differentiable in a float x and in bias (the tangent products
-    run through XLA's ragged_dot in bfloat16 on the dequantized weights); NVFP4 operands are
-    constants."""
+    (jax_nvfp4.sharding.ragged). Differentiable in a float x and in bias, to any order and under
+    vmap (jacfwd, jacrev, hessian, per-example grads): the tangent products run through XLA's
+    ragged_dot in bfloat16 on the dequantized weights. NVFP4 operands are constants."""
     _checked_weight(w)
     groups, n, k = w.shape
     x, a_nvfp4 = checked_activation(x, "ragged_matmul")

@@ -244,3 +244,25 @@ def ragged_matmul(a, b_codes, b_scales, b_s_dec, group_sizes, first_row=0, *, a_
                                  preferred_element_type=jnp.float32)
     return ragged_epilogue(acc, a_alpha * jnp.asarray(b_s_dec, jnp.float32), bias, group, held,
                            activation_name, out_dtype)
+
+
+def ragged_matmul_transposed(ct, b_codes, b_scales, b_s_dec, group_sizes, first_row=0, *,
+                             a_s_dec=None, compute_dtype=jnp.bfloat16):
+    """The transpose of ragged_matmul in `a` (no bias, no activation): d_a[m] = alpha_g *
+    ct[m] @ b[g] for the rows of a group g, zero elsewhere; float32 [M, K]."""
+    m = ct.shape[0]
+    first, ends = ragged_segments(group_sizes, first_row, m)
+    group, held = ragged_row_groups(group_sizes, first_row, m)
+    counts = ends - jnp.concatenate([first[None], ends[:-1]])
+    counts = counts.at[0].add(first).at[-1].add(m - ends[-1])
+    alpha = jnp.asarray(b_s_dec, jnp.float32)
+    alpha = alpha[group][:, None] if alpha.ndim else alpha
+    if a_s_dec is not None:
+        alpha = alpha * jnp.asarray(a_s_dec, jnp.float32)
+    lhs = jnp.where(held[:, None], ct.astype(jnp.float32) * alpha, 0.0).astype(compute_dtype)
+    rhs = scaled_codes(b_codes, b_scales).astype(compute_dtype)
+    dims = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([1], [1]), ([], [])),
+                                         lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
+    precision = lax.Precision.HIGHEST if compute_dtype == jnp.float32 else None
+    return lax.ragged_dot_general(lhs, rhs, counts, dims, precision=precision,
+                                  preferred_element_type=jnp.float32)

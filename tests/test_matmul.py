@@ -406,12 +406,14 @@ def test_sm90_decode_kernel_uses_tensor_cores(kernel_sass):
     16-byte form."""
     kernels = kernel_sass("sm_90a", r"decode_kernel")
     # T x activation kind x CodeLoads: 18 warp-split kernels, 11 cluster-split ones (T >= 2),
-    # and the 7 of T = 1 again for stacks run in one launch (kStack: warp split, M <= 8)
-    flags = {name: re.search(r"ELb([01])ELb([01])EE", name).groups() for name in kernels}
-    assert len(kernels) == 36, sorted(kernels)
+    # and the 7 of T = 1 again for stacks run in one launch (Grid::kStack: warp split, M <= 8)
+    # and again for ragged GEMMs (Grid::kRagged)
+    flags = {name: re.search(r"ELb([01])ELNS\w*4GridE([012])EE", name).groups() for name in kernels}
+    assert len(kernels) == 43, sorted(kernels)
     assert sum(warp == "0" for warp, _ in flags.values()) == 11, sorted(kernels)
-    stacked = [name for name, (warp, stack) in flags.items() if stack == "1"]
-    assert len(stacked) == 7 and all("decode_kernelILi1E" in n and flags[n][0] == "1" for n in stacked)
+    for grid in ("1", "2"):  # stacks, ragged
+        own = [name for name, (warp, g) in flags.items() if g == grid]
+        assert len(own) == 7 and all("decode_kernelILi1E" in n and flags[n][0] == "1" for n in own)
     for name, sass in kernels.items():
         assert "HMMA.16816.F32.BF16" in sass, f"{name} has no bf16 mma.sync"
         assert "LDL" not in sass and "STL" not in sass, f"{name} spills to local memory"

@@ -182,6 +182,52 @@ def test_grad_in_x_and_bias(activation):
     assert not np.asarray(gx[8:]).any() and not np.asarray(gb[1]).any()
 
 
+def test_jacobians_hessian_and_per_example_grads():
+    """jacfwd, jacrev, hessian and vmap(grad) in x: the tangent products batch (a loop per
+    element) and transpose into each other; the two Jacobians agree to their bf16 rounding."""
+    w = weights(jax.random.key(17), 2, 16, 32)
+    x = jax.random.normal(jax.random.key(18), (5, 32), jnp.float32)
+    sizes = jnp.array([2, 2])
+    f = lambda x: jn.ragged_matmul(x, w, sizes, activation="silu", out_dtype=jnp.float32)  # noqa: E731
+    fwd, rev = jax.jacfwd(f)(x), jax.jacrev(f)(x)
+    assert fwd.shape == (5, 16, 5, 32) and rel_err(rev, np.asarray(fwd, np.float64)) <= 1e-2
+    assert not np.asarray(fwd[4]).any()  # row 4 holds no group
+    assert jax.hessian(lambda x: f(x).sum())(x).shape == (5, 32, 5, 32)
+    per_example = jax.vmap(jax.grad(lambda x: f(x).sum()))(jnp.stack([x, 2 * x]))
+    np.testing.assert_allclose(per_example[0], jax.grad(lambda x: f(x).sum())(x), rtol=1e-6)
+
+
+@pytest.mark.parametrize("sizes, dtype, want_rows", [
+    ([2**31 + 5, 0], np.uint32, 4),      # past int32: clipped, not wrapped to a negative size
+    ([2**32 + 3, 0], np.int64, 4),       # a NumPy int64 without jax_enable_x64
+    ([2**31 + 5, 0], jnp.uint32, 4),     # a jax array
+    ([-3, 2], np.int8, 0),               # negative: 0 rows; then group 1's 2
+])
+def test_group_sizes_are_clipped_not_wrapped(sizes, dtype, want_rows):
+    w = jax.vmap(jn.quantize)(jnp.stack([jnp.ones((16, 16)), 2 * jnp.ones((16, 16))]))
+    group_sizes = jnp.asarray(sizes, dtype) if dtype is jnp.uint32 else np.asarray(sizes, dtype)
+    y = np.asarray(jn.ragged_matmul(jnp.ones((4, 16)), w, group_sizes, out_dtype=jnp.float32))
+    want = [16.0] * want_rows + ([32.0, 32.0, 0.0, 0.0] if want_rows == 0 else [])
+    np.testing.assert_array_equal(y[:, 0], want)
+
+
+def test_export_with_a_symbolic_m_lowers_to_the_kernel(monkeypatch):
+    """Exported for Hopper with M symbolic, the call takes the kernel (its grid is sized per
+    call); the path rule needs a known M."""
+    from jax import export
+
+    monkeypatch.setattr(_extension, "kernel_available", lambda target: True)
+    monkeypatch.setattr(_extension, "visible_cuda_arch", lambda: "sm_90a")
+    jax.clear_caches()
+    w = weights(jax.random.key(19), 4, 32, 64)
+    (m,) = export.symbolic_shape("M")
+    exported = export.export(jax.jit(lambda x, s: jn.ragged_matmul(x, w, s)), platforms=["cuda"],
+                             disabled_checks=[export.DisabledSafetyCheck.custom_call(RAGGED_TARGET)])(
+        jax.ShapeDtypeStruct((m, 64), jnp.float32), jax.ShapeDtypeStruct((4,), jnp.int32))
+    jax.clear_caches()
+    assert RAGGED_TARGET in exported.mlir_module()
+
+
 def test_nvfp4_operands_are_constants():
     w = weights(jax.random.key(12), 2, 16, 32)
     xq = jn.quantize(jax.random.normal(jax.random.key(13), (4, 32)))

@@ -981,6 +981,25 @@ def test_ragged_matmul_gathers_split_rows_of_x_not_the_weights(mesh, ragged_oper
 
 
 @multidevice
+@pytest.mark.parametrize("w_spec", [P("x", None, None), P(None, "x", None), P(None, None, "x")],
+                         ids=["experts", "column", "row"])
+def test_ragged_matmul_grad_on_explicit_axes(explicit_mesh, ragged_operands, w_spec):
+    """jax.grad in x under a mesh with Explicit axes, the weight split by expert, N or K: the
+    tangent products run on Auto axes (as matmul's backward does), equal to one device."""
+    mesh = explicit_mesh
+    x = ragged_operands[0]
+    w = jax.vmap(nv.quantize)(row_scaled(jax.random.key(22), (N_DEV * 1024, K)).reshape(N_DEV, 1024, K))
+    sizes = jnp.arange(N_DEV, dtype=jnp.int32) % 3
+    loss = lambda a, b: jnp.sum(nv.ragged_matmul(a, b, sizes, activation="silu",  # noqa: E731
+                                                 out_dtype=jnp.float32) ** 2)
+    want = jax.jit(jax.grad(loss))(x, w)
+    with jax.set_mesh(mesh):
+        got = jax.jit(jax.grad(loss))(x, shard_nvfp4(w, mesh, w_spec))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5,
+                               atol=1e-5 * np.abs(np.asarray(want)).max())
+
+
+@multidevice
 def test_ragged_matmul_expert_parallel_grad(mesh, ragged_operands):
     """jax.grad through the expert-parallel grouped matmul equals the one-device gradient (to the
     bfloat16 rounding of its tangent products, which XLA may sum in another order)."""

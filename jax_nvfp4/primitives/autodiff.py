@@ -37,12 +37,12 @@ from jax_nvfp4 import reference
 from jax_nvfp4.convolution import conv, quantize_conv_weight
 from jax_nvfp4.format import NVFP4Array, check_not_nvfp4, reduce_dtype_of
 from jax_nvfp4.gemm import matmul
-from jax_nvfp4.primitives._base import is_zero, typed_like, zero_like
+from jax_nvfp4.primitives._base import is_zero, on_auto_axes, typed_like, zero_like
 from jax_nvfp4.primitives.conv import conv_p
 from jax_nvfp4.primitives.matmul import matmul_p
 from jax_nvfp4.primitives.quantize import dequantize_p, quantize_p
 from jax_nvfp4.primitives.ragged import operand_names as ragged_operand_names
-from jax_nvfp4.primitives.ragged import ragged_matmul_p
+from jax_nvfp4.primitives.ragged import ragged_matmul_p, ragged_tangent_p
 from jax_nvfp4.quantization import dequantize, quantize
 from jax_nvfp4.sharding.conv import partitioned_conv_p
 from jax_nvfp4.sharding.matmul import partitioned_matmul_p
@@ -190,27 +190,34 @@ for _op in (_LinearOp(matmul_p, "a_nvfp4", _matmul_backward),
 
 def _ragged_jvp(prim, primals, tangents, **params):
     """JVP of the ragged matmul in its float x and its bias: y = act(z), z from the primitive in
-    float32 without the activation; z's tangent from XLA's ragged_dot of x's tangent against the
-    dequantized weights in bfloat16 (float32 sums; plain JAX ops, so jax.grad transposes them),
-    plus each row's group's bias tangent. NVFP4 operands are constants, as in matmul."""
+    float32 without the activation; z's tangent x_dot times the weights (ragged_tangent_p: XLA's
+    ragged_dot in bfloat16 with float32 sums, transposed by ragged_cotangent_p), plus each row's
+    group's bias tangent. On a mesh with Explicit axes the tangent is computed on Auto axes, as
+    matmul's backward is. NVFP4 operands are constants, as in matmul."""
     names = ragged_operand_names(params["a_nvfp4"], params["has_bias"])
     ops, dots = dict(zip(names, primals)), dict(zip(names, tangents))
-    x_dot = None if params["a_nvfp4"] or is_zero(dots["a"]) else dots["a"]
-    bias_dot = dots.get("bias")
-    bias_dot = None if bias_dot is None or is_zero(bias_dot) else bias_dot
-    if x_dot is None and bias_dot is None:
+    live = {}
+    if not params["a_nvfp4"] and not is_zero(dots["a"]):
+        live["x"] = dots["a"]
+    if params["has_bias"] and not is_zero(dots["bias"]):
+        live["bias"] = dots["bias"]
+    if not live:
         (y,) = prim.bind(*primals, **params)
         return [y], [zero_like(y)]
     (z,) = prim.bind(*primals, **{**params, "activation": "none",
                                   "out_dtype": jnp.dtype(jnp.float32)})
-    z_dot = jnp.zeros(z.shape, jnp.float32)
-    if x_dot is not None:
-        z_dot = reference.ragged_matmul(
-            x_dot, ops["b_codes"], ops["b_scales"], ops["b_s_dec"], ops["group_sizes"],
-            ops["first_row"], out_dtype=jnp.float32, compute_dtype=BACKWARD_DTYPE)
-    if bias_dot is not None:
-        group, held = reference.ragged_row_groups(ops["group_sizes"], ops["first_row"], z.shape[0])
-        z_dot = z_dot + jnp.where(held[:, None], bias_dot.astype(jnp.float32)[group], 0.0)
+    weights = [ops[k] for k in ("b_codes", "b_scales", "b_s_dec", "group_sizes", "first_row")]
+
+    def z_tangent(live, weights):
+        z_dot = jnp.zeros(z.shape, jnp.float32)
+        if "x" in live:
+            z_dot = ragged_tangent_p.bind(live["x"], *weights)
+        if "bias" in live:
+            group, held = reference.ragged_row_groups(weights[3], weights[4], z.shape[0])
+            z_dot = z_dot + jnp.where(held[:, None], live["bias"].astype(jnp.float32)[group], 0.0)
+        return z_dot
+
+    z_dot = on_auto_axes(z_tangent)(live, weights)
     act = functools.partial(reference.activation, name=params["activation"])
     y, y_dot = jax.jvp(act, (z,), (z_dot,))
     return [y.astype(params["out_dtype"])], [y_dot.astype(params["out_dtype"])]

@@ -19,15 +19,19 @@ lax.ragged_dot_general, then the reference's epilogue.
 
 from __future__ import annotations
 
+import functools
+
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
-from jax.interpreters import batching
+from jax._src import dispatch
+from jax.interpreters import ad, batching, mlir
 
 from jax_nvfp4 import _extension, reference
 from jax_nvfp4.format import SCALE_DTYPE, output_columns, tiled_scales_shape
 from jax_nvfp4.primitives._base import (ShapedArray, define_primitive, empty_f32, env_choice,
-                                        ffi_kernel_call, map_batcher)
+                                        ffi_kernel_call, is_zero, map_batcher, zero_like)
 from jax_nvfp4.primitives.matmul import ACTIVATION_CODES
 
 RAGGED_TARGET = "jax_nvfp4_gemm_ragged"
@@ -107,7 +111,9 @@ def _kernel(*args, a_nvfp4, has_bias, out_dtype, activation):
     ops = _unpack(args, a_nvfp4, has_bias)
     m = ops["a"].shape[0]
     path = ragged_path()
-    use_kernel = path == 1 or (path == 0 and kernel_takes(m, ops["b_codes"].shape[0]))
+    # A symbolic M (jax.export) takes the kernel, which runs any M (its grid is sized per call).
+    use_kernel = path == 1 or (path == 0 and (not isinstance(m, int)
+                                              or kernel_takes(m, ops["b_codes"].shape[0])))
     if not use_kernel or _extension.visible_cuda_arch() != "sm_90a":
         return _xla(ops, a_nvfp4, out_dtype, activation)
     n = ops["b_codes"].shape[1]
@@ -128,3 +134,65 @@ ragged_matmul_p = define_primitive(
     "nvfp4_ragged_matmul", abstract_eval=_abstract, reference=_reference, kernel=_kernel,
     ffi_target=lambda **_: RAGGED_TARGET)
 batching.primitive_batchers[ragged_matmul_p] = map_batcher(ragged_matmul_p)
+
+
+# --------------------------------------------------------------------------- tangent products
+# The JVP of ragged_matmul_p (primitives/autodiff.py) multiplies x's tangent by the weights, and
+# its transpose multiplies the cotangent by the transposed weights. Both are primitives of their
+# own, lowered to XLA's ragged_dot in bfloat16 (float32 sums) on every platform: so they batch
+# (lax.map per element: XLA's ragged_dot has no batching rule past its leading dimension), and
+# each is the other's transpose (jacrev, hessian). Operands: the float tangent [M, K] or cotangent
+# [M, N], then b_codes, b_scales, b_s_dec, group_sizes, first_row; result float32.
+
+def _tangent_abstract(t, b_codes, *_):
+    return ShapedArray((t.shape[0], b_codes.shape[1]), jnp.float32)
+
+
+def _cotangent_abstract(ct, b_codes, *_):
+    return ShapedArray((ct.shape[0], b_codes.shape[2]), jnp.float32)
+
+
+def _tangent_product(t, b_codes, b_scales, b_s_dec, group_sizes, first_row):
+    return reference.ragged_matmul(t, b_codes, b_scales, b_s_dec, group_sizes, first_row,
+                                   out_dtype=jnp.float32, compute_dtype=jnp.bfloat16)
+
+
+def _cotangent_product(ct, b_codes, b_scales, b_s_dec, group_sizes, first_row):
+    return reference.ragged_matmul_transposed(ct, b_codes, b_scales, b_s_dec, group_sizes,
+                                              first_row)
+
+
+def _linear_primitive(name, abstract_eval, product):
+    prim = jax.extend.core.Primitive(name)
+    prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
+    prim.def_abstract_eval(abstract_eval)
+    mlir.register_lowering(prim, mlir.lower_fun(product, multiple_results=False))
+    batching.primitive_batchers[prim] = map_batcher(prim)
+    return prim
+
+
+ragged_tangent_p = _linear_primitive("nvfp4_ragged_tangent", _tangent_abstract, _tangent_product)
+ragged_cotangent_p = _linear_primitive("nvfp4_ragged_cotangent", _cotangent_abstract,
+                                       _cotangent_product)
+
+
+def _linear_in_first(prim, other):
+    """JVP and transpose of `prim`, linear in its first operand, whose transpose is `other`."""
+
+    def jvp(primals, tangents):
+        out = prim.bind(*primals)
+        if is_zero(tangents[0]):
+            return out, zero_like(out)
+        return out, prim.bind(tangents[0], *primals[1:])
+
+    def transpose(ct, t, *weights):
+        if is_zero(ct):
+            return [ad.Zero(t.aval)] + [None] * len(weights)
+        return [other.bind(ct, *weights).astype(t.aval.dtype)] + [None] * len(weights)
+
+    ad.primitive_jvps[prim] = jvp
+    ad.primitive_transposes[prim] = transpose
+
+
+_linear_in_first(ragged_tangent_p, ragged_cotangent_p)
+_linear_in_first(ragged_cotangent_p, ragged_tangent_p)

@@ -202,6 +202,16 @@ def ragged_row_groups(group_sizes, first_row, m: int):
     return jnp.minimum(group, ends.shape[0] - 1), held
 
 
+def _ragged_dot_groups(group_sizes, first_row, m: int):
+    """(counts, group, held) for lax.ragged_dot over `m` rows: counts [G] put every row in a
+    group, the rows of none joining group 0 (those before it) or the last (those after), which
+    the callers zero; group and held as ragged_row_groups gives them."""
+    first, ends = ragged_segments(group_sizes, first_row, m)
+    counts = ends - jnp.concatenate([first[None], ends[:-1]])
+    counts = counts.at[0].add(first).at[-1].add(m - ends[-1])
+    return (counts, *ragged_row_groups(group_sizes, first_row, m))
+
+
 def ragged_epilogue(acc, alpha, bias, group, held, activation_name, out_dtype):
     """The ragged GEMM's epilogue on its float32 sums `acc` [M, N]: alpha (a scalar or [G]) and
     bias ([G, N] or None) of each row's group, the activation, zeros on rows of no group."""
@@ -229,12 +239,7 @@ def ragged_matmul(a, b_codes, b_scales, b_s_dec, group_sizes, first_row=0, *, a_
         a_vals, a_alpha = scaled_codes(a, a_scales), jnp.asarray(a_s_dec, jnp.float32)
     else:
         a_vals, a_alpha = a.astype(jnp.float32), jnp.float32(1.0)
-    first, ends = ragged_segments(group_sizes, first_row, m)
-    group, held = ragged_row_groups(group_sizes, first_row, m)
-    # ragged_dot wants every row in a group: the rows of no group join group 0 (those before it)
-    # or the last (those after), as zero rows; the epilogue zeroes their outputs anyway.
-    counts = ends - jnp.concatenate([first[None], ends[:-1]])
-    counts = counts.at[0].add(first).at[-1].add(m - ends[-1])
+    counts, group, held = _ragged_dot_groups(group_sizes, first_row, m)
     lhs = jnp.where(held[:, None], a_vals, 0.0).astype(compute_dtype)
     rhs = scaled_codes(b_codes, b_scales).astype(compute_dtype)
     dims = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([1], [2]), ([], [])),
@@ -247,18 +252,12 @@ def ragged_matmul(a, b_codes, b_scales, b_s_dec, group_sizes, first_row=0, *, a_
 
 
 def ragged_matmul_transposed(ct, b_codes, b_scales, b_s_dec, group_sizes, first_row=0, *,
-                             a_s_dec=None, compute_dtype=jnp.bfloat16):
-    """The transpose of ragged_matmul in `a` (no bias, no activation): d_a[m] = alpha_g *
-    ct[m] @ b[g] for the rows of a group g, zero elsewhere; float32 [M, K]."""
-    m = ct.shape[0]
-    first, ends = ragged_segments(group_sizes, first_row, m)
-    group, held = ragged_row_groups(group_sizes, first_row, m)
-    counts = ends - jnp.concatenate([first[None], ends[:-1]])
-    counts = counts.at[0].add(first).at[-1].add(m - ends[-1])
+                             compute_dtype=jnp.bfloat16):
+    """The transpose of ragged_matmul in a float `a` (no bias, no activation): d_a[m] =
+    s_dec_b[g] * ct[m] @ b[g] for the rows of a group g, zero elsewhere; float32 [M, K]."""
+    counts, group, held = _ragged_dot_groups(group_sizes, first_row, ct.shape[0])
     alpha = jnp.asarray(b_s_dec, jnp.float32)
     alpha = alpha[group][:, None] if alpha.ndim else alpha
-    if a_s_dec is not None:
-        alpha = alpha * jnp.asarray(a_s_dec, jnp.float32)
     lhs = jnp.where(held[:, None], ct.astype(jnp.float32) * alpha, 0.0).astype(compute_dtype)
     rhs = scaled_codes(b_codes, b_scales).astype(compute_dtype)
     dims = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([1], [1]), ([], [])),

@@ -6,13 +6,15 @@ lax.ragged_dot and XLA's dequantize + ragged_dot, in one run on one GPU.
 T tokens, each routed to top_k distinct experts drawn at random (fixed seed), give M = T * top_k
 rows sorted by expert. Weights [G, N, K] of MoE models: Mixtral-8x7B's gate/up projections fused
 (swiglu, 8 x 28672 x 4096) and down projection (8 x 4096 x 14336), DeepSeek-V2-Lite's routed
-experts' gate/up (64 x 2816 x 2048, top 6). Ours is timed on the path it picks ("auto"), on the
-kernel and on XLA's path forced (JAX_NVFP4_RAGGED_PATH); XLA's path is the dequantize + ragged_dot
-peer (the weights' e2m1 x e4m3 values in bf16, then lax.ragged_dot). bf16 lax.ragged_dot holds its
-weights as [G, K, N]. Calls rotate through weight copies larger than the L2; times are medians of
-LoopTimer readings taken round-robin (jax_nvfp4/timing.py), us per call. The roofline is the
-NVFP4 bytes of the experts that hold rows (4.5 bits an element) over the HBM read + write rate
-measured in the same run. Results: DIR/ragged_<device>.md.
+experts' gate/up (64 x 2816 x 2048, top 6). Ours is timed on the path it picks ("auto"), and on
+each path forced (JAX_NVFP4_RAGGED_PATH): the decode kernel (8-row tiles), the fused_ws kernel
+(128-row tiles on wgmma) and XLA's path, which is the dequantize + ragged_dot peer (the weights'
+e2m1 x e4m3 values in bf16, then lax.ragged_dot). bf16 lax.ragged_dot holds its weights as
+[G, K, N]. Calls rotate through weight copies larger than the L2; times are medians of LoopTimer
+readings taken round-robin (jax_nvfp4/timing.py), us per call. The roofline of a shape is the
+longer of two times: the NVFP4 bytes of the experts that hold rows (4.5 bits an element) over the
+HBM read + write rate, and its 2 M N K flops over the MMA ceiling (a bf16 jnp.dot of 8192 x 4096
+by 4096 x 14336); both measured in the same run. Results: DIR/ragged_<device>.md.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ LAYERS = [("Mixtral-8x7B w1+w3", 8, 28672, 4096, "swiglu", 2),
           ("Mixtral-8x7B w2", 8, 4096, 14336, None, 2),
           ("DeepSeek-V2-Lite w1+w3", 64, 2816, 2048, "swiglu", 6)]
 TOKENS = [1, 4, 16, 64]
+PATHS = ("auto", "decode", "fused_ws", "xla")
 NVFP4_BYTES_PER_ELEMENT = 0.5 + 1 / 16  # codes, plus one e4m3 scale a 16-element block
 
 
@@ -61,19 +64,31 @@ def timer_on_path(path: str, fn, args) -> LoopTimer:
         jax.clear_caches()
 
 
+def mma_ceiling(rounds: int) -> float:
+    """FLOP/s of a compute-bound bf16 jnp.dot (8192 x 4096 by 4096 x 14336) on this GPU."""
+    m, k, n = 8192, 4096, 14336
+    keys = jax.random.split(jax.random.key(1), 2)
+    a = jax.random.normal(keys[0], (m, k), jnp.bfloat16)
+    b = jax.random.normal(keys[1], (k, n), jnp.bfloat16)
+    seconds = interleaved_times({"dot": LoopTimer(jnp.dot, (a, b))}, rounds)["dot"]
+    return 2.0 * m * n * k / seconds
+
+
 def run(out_dir: Path, rounds: int, tokens: list[int]):
     device = jax.devices()[0]
     name = device.device_kind
     bw = hbm_bandwidth()
+    peak = mma_ceiling(rounds)
     lines = [f"# Ragged NVFP4 matmul (MoE layers) on {name}", "",
              f"{datetime.date.today()} · jax {jax.__version__} · bf16 x and output · us per call "
              f"(median of round-robin LoopTimer readings, weights rotated past the L2) · HBM read "
-             f"+ write {bw / 1e12:.2f} TB/s · auto: the kernel while its 8-row tiles number at most "
-             f"8 G + M / 12 (primitives.ragged.kernel_takes) · roofline: the NVFP4 bytes of the experts holding rows / HBM",
+             f"+ write {bw / 1e12:.2f} TB/s · MMA ceiling (bf16 jnp.dot) {peak / 1e12:.0f} TFLOP/s "
+             f"· roofline: the longer of the NVFP4 bytes of the experts holding rows / HBM and "
+             f"2 M N K / MMA ceiling",
              "",
-             "| layer | tokens | M | experts used | NVFP4 auto | NVFP4 kernel | NVFP4 XLA path | "
-             "bf16 ragged_dot | auto vs bf16 | auto vs XLA path | % of roofline |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| layer | tokens | M | experts used | NVFP4 auto | decode | fused_ws | XLA path | "
+             "bf16 ragged_dot | auto vs bf16 | auto vs XLA path | TFLOP/s | % of roofline |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     keys = jax.random.split(jax.random.key(0), 2)
     for layer, groups, n, k, activation, top_k in LAYERS:
         w16 = (jax.random.normal(keys[0], (groups, n, k), jnp.float32) / np.sqrt(k)).astype(
@@ -97,13 +112,15 @@ def run(out_dir: Path, rounds: int, tokens: list[int]):
             used = int((sizes > 0).sum())
             x = jax.random.normal(keys[1], (m, k), jnp.bfloat16)
             s = jnp.asarray(sizes)
-            timers = {p: timer_on_path(p, ours, (x, wq, s)) for p in ("auto", "kernel", "xla")}
+            timers = {p: timer_on_path(p, ours, (x, wq, s)) for p in PATHS}
             timers["bf16"] = LoopTimer(bf16, (x, w_kn, s))
             us = {key: v * 1e6 for key, v in interleaved_times(timers, rounds).items()}
-            roofline_us = used * n * k * NVFP4_BYTES_PER_ELEMENT / bw * 1e6
+            flops = 2.0 * m * n * k
+            roofline_us = max(used * n * k * NVFP4_BYTES_PER_ELEMENT / bw, flops / peak) * 1e6
             lines.append(f"| {layer} | {t} | {m} | {used} of {groups} | {us['auto']:.1f} | "
-                         f"{us['kernel']:.1f} | {us['xla']:.1f} | {us['bf16']:.1f} | "
-                         f"{us['bf16'] / us['auto']:.2f}x | {us['xla'] / us['auto']:.2f}x | "
+                         f"{us['decode']:.1f} | {us['fused_ws']:.1f} | {us['xla']:.1f} | "
+                         f"{us['bf16']:.1f} | {us['bf16'] / us['auto']:.2f}x | "
+                         f"{us['xla'] / us['auto']:.2f}x | {flops / us['auto'] / 1e6:.0f} | "
                          f"{100 * roofline_us / us['auto']:.0f}% |")
             print(lines[-1], flush=True)
             del timers

@@ -42,6 +42,7 @@ xla::ffi::DataType data_type(const std::string& name) {
   if (name == "float4_e2m1fn") return T::F4E2M1FN;
   if (name == "float8_e4m3fn") return T::F8E4M3FN;
   if (name == "uint8") return T::U8;
+  if (name == "int32") return T::S32;
   throw std::invalid_argument("jax_nvfp4: no FFI data type for dtype " + name);
 }
 

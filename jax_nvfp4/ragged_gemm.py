@@ -70,10 +70,10 @@ def ragged_matmul(x, w: NVFP4Array, group_sizes, *, bias=None, activation=None, 
     out_dtype: float dtype of y [M, N] (N / 2 with a gated activation); default bfloat16.
     reduce_dtype: the dtype of the partial sums where K is split over devices (as in matmul).
 
-    On Hopper (sm_90a) one kernel launch runs every group's rows, 8 rows a tile, and reads only
-    the weights of the groups that hold rows (at decode, the experts the tokens were routed to);
-    past about 168 G rows (primitives.ragged.kernel_takes), and on other GPUs, XLA's ragged_dot
-    runs on the weights' e2m1 x e4m3 values in x's dtype instead. Under a mesh, w split along G runs expert-parallel
+    On Hopper (sm_90a) one kernel launch runs every group's rows and reads only the weights of
+    the groups that hold rows (at decode, the experts the tokens were routed to): 8-row tiles at
+    few rows a group, wgmma tiles past that. On other GPUs XLA's ragged_dot runs on the weights'
+    e2m1 x e4m3 values in x's dtype instead. Under a mesh, w split along G runs expert-parallel
     (each device its experts' rows, then one sum), along N column-parallel, along K row-parallel
     (jax_nvfp4.sharding.ragged). Differentiable in a float x and in bias, to any order and under
     vmap (jacfwd, jacrev, hessian, per-example grads): the tangent products run through XLA's

@@ -140,6 +140,28 @@ def _gemm_workspace(cc, m, n, k, *, out=None, x_dtype=jnp.bfloat16):
         [(r.shape, np.dtype(r.dtype).name) for r in results])
 
 
+def _ragged_workspace(cc, m, groups, n, k, *, path=0, x_dtype=jnp.bfloat16):
+    f4, f8, f32, i32 = jnp.float4_e2m1fn, jnp.float8_e4m3fn, jnp.float32, jnp.int32
+    operands = [_spec((m, k), x_dtype), _spec((0,), f8), _spec((), f32), _spec((groups, n, k), f4),
+                _spec((groups, 1), f8), _spec((groups,), f32), _spec((groups, n), f32), _spec((0,), f32),
+                _spec((groups,), i32), _spec((), i32)]
+    return _extension._ext.workspace_bytes(
+        "jax_nvfp4_gemm_ragged", cc, [(o.shape, np.dtype(o.dtype).name) for o in operands],
+        [((m, n), "bfloat16")], {"path": path, "activation": 0})
+
+
+@needs_extension
+@_built("gemm_sm90_path")
+def test_ragged_workspace_holds_fused_ws_staged_rows():
+    """The decode kernel needs none; fused_ws (from 16 rows a group, or forced: path 4) stages x
+    in 128-row tiles; no other device runs the target."""
+    assert _ragged_workspace(90, 127, 8, 4096, 1024) == 0
+    assert _ragged_workspace(90, 127, 8, 4096, 1024, path=4) == 128 * 1024 * 2 + 256  # + the alignment pad
+    assert _ragged_workspace(90, 300, 8, 4096, 1024) == 384 * 1024 * 2 + 256
+    assert _ragged_workspace(90, 300, 8, 4096, 1024, path=1) == 0
+    assert _ragged_workspace(100, 300, 8, 4096, 1024) == 0
+
+
 @needs_extension
 @_built("gemm_sm90_path")
 def test_gemm_workspace_follows_the_sm90_path():
@@ -322,7 +344,7 @@ def test_quantize_workspace_only_for_the_amax_pass():
 @needs_extension
 def test_targets_without_workspace_are_not_sized():
     sized = {"jax_nvfp4_quantize", "jax_nvfp4_gemm", "jax_nvfp4_gemm_nvfp4_out",
-             "jax_nvfp4_gemm_stacked", "jax_nvfp4_gemm_nvfp4_out_stacked"}
+             "jax_nvfp4_gemm_stacked", "jax_nvfp4_gemm_nvfp4_out_stacked", "jax_nvfp4_gemm_ragged"}
     assert set(_extension._ext.workspace_targets()) == sized & set(_extension.ffi_targets())
     with pytest.raises(ValueError, match="takes no workspace"):
         _extension._ext.workspace_bytes("jax_nvfp4_conv", 90, [], [])

@@ -474,17 +474,20 @@ MEMCHECK_SCRIPT = textwrap.dedent("""
     big = jn.quantize(jnp.asarray(rng.standard_normal((8200, 4112)), jnp.float32))
     xq = jn.quantize(jnp.asarray(rng.standard_normal((3, 4112)), jnp.float32))
     jn.matmul(xq, big, out_dtype=jnp.float32).block_until_ready()
-    # The ragged kernel: tails, empty groups, rows before (none here), between and after groups.
-    os.environ["JAX_NVFP4_RAGGED_PATH"] = "kernel"
-    jax.clear_caches()
+    # The ragged kernels: tails, empty groups, rows before (none here), between and after groups,
+    # groups that share fused_ws's 128-row tiles.
     wg = jax.vmap(jn.quantize)(jnp.asarray(rng.standard_normal((5, 70, 208)), jnp.float32))
     bias = jnp.ones((5, 70), jnp.bfloat16)
-    for m, sizes in ((1, [0, 1, 0, 0, 0]), (13, [3, 0, 4, 1, 2]), (21, [-2, 9, 0, 30, 1])):
-        for x in (jnp.asarray(rng.standard_normal((m, 208)), jnp.bfloat16),
-                  jnp.asarray(rng.standard_normal((m, 208)), jnp.float32),
-                  jn.quantize(jnp.asarray(rng.standard_normal((m, 208)), jnp.float32))):
-            jn.ragged_matmul(x, wg, jnp.asarray(sizes), bias=bias).block_until_ready()
-            jn.ragged_matmul(x, wg, jnp.asarray(sizes), activation="swiglu").block_until_ready()
+    for path in ("decode", "fused_ws"):
+        os.environ["JAX_NVFP4_RAGGED_PATH"] = path
+        jax.clear_caches()
+        for m, sizes in ((1, [0, 1, 0, 0, 0]), (13, [3, 0, 4, 1, 2]), (21, [-2, 9, 0, 30, 1]),
+                         (300, [0, 130, 7, 120, 40])):
+            for x in (jnp.asarray(rng.standard_normal((m, 208)), jnp.bfloat16),
+                      jnp.asarray(rng.standard_normal((m, 208)), jnp.float32),
+                      jn.quantize(jnp.asarray(rng.standard_normal((m, 208)), jnp.float32))):
+                jn.ragged_matmul(x, wg, jnp.asarray(sizes), bias=bias).block_until_ready()
+                jn.ragged_matmul(x, wg, jnp.asarray(sizes), activation="swiglu").block_until_ready()
     print("memcheck-done")
 """)
 

@@ -1,9 +1,8 @@
 """jax_nvfp4.ragged_matmul (grouped NVFP4 GEMM, lax.ragged_dot's semantics) against a float64
 NumPy oracle that multiplies each group's rows by its dequantized weights.
 
-On a CPU the primitive lowers to the reference; on an H100/H200 to the ragged kernel or, for many
-rows over few groups, to XLA's ragged_dot (primitives.ragged.kernel_takes), so the same cases test
-whichever runs.
+On a CPU the primitive lowers to the reference; on an H100/H200 to the ragged kernels (the launcher
+picks the decode or the fused_ws kernel), so the same cases test whichever runs.
 The GPU-only tests at the end force each CUDA path and check the kernel is the one called."""
 
 import contextlib
@@ -16,16 +15,16 @@ import pytest
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
-from jax_nvfp4.primitives.ragged import RAGGED_PATH_ENV, RAGGED_TARGET, kernel_takes
+from jax_nvfp4.primitives.ragged import RAGGED_PATH_ENV, RAGGED_TARGET, ragged_matmul_p
 from jax_nvfp4.reference import activation as reference_activation
 
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 1e-2, jnp.float16: 2e-3}
 
 
-def segments(sizes, m):
-    """[(group, first row, end row)] by the documented rule: negative sizes count as 0, rows past m
-    are dropped."""
-    out, row = [], 0
+def segments(sizes, m, first_row=0):
+    """[(group, first row, end row)] by the documented rule: group 0 from first_row, negative sizes
+    count as 0, rows past m are dropped."""
+    out, row = [], first_row
     for g, s in enumerate(sizes):
         end = min(row + max(int(s), 0), m)
         out.append((g, row, end))
@@ -33,7 +32,7 @@ def segments(sizes, m):
     return out
 
 
-def oracle(x, w, sizes, bias=None, activation="none"):
+def oracle(x, w, sizes, bias=None, activation="none", first_row=0):
     """float64: each group's rows times its dequantized weights (+ bias), the activation, zeros on
     the rows of no group."""
     xs = np.asarray(x.dequantize(jnp.float32) if isinstance(x, jn.NVFP4Array) else
@@ -42,7 +41,7 @@ def oracle(x, w, sizes, bias=None, activation="none"):
     m, n = xs.shape[0], ws.shape[1]
     z = np.zeros((m, n))
     held = np.zeros(m, bool)
-    for g, lo, hi in segments(sizes, m):
+    for g, lo, hi in segments(sizes, m, first_row):
         z[lo:hi] = xs[lo:hi] @ ws[g].T + (0.0 if bias is None else np.asarray(bias[g], np.float64))
         held[lo:hi] = True
     y = np.asarray(reference_activation(jnp.asarray(z), activation), np.float64)
@@ -274,14 +273,6 @@ def test_s_dec_of_another_shape_is_rejected():
         jn.ragged_matmul(jnp.ones((3, 32)), bad, jnp.array([1, 2]))
 
 
-def test_path_rule_at_the_measured_points():
-    """The kernel where it was measured faster than XLA's path on an H200, XLA's path where not
-    (bench/results/ragged_h200_2026-11-28.md); always the kernel at decode sizes."""
-    assert all(kernel_takes(m, g) for g in (1, 8, 64) for m in range(1, 65))
-    assert kernel_takes(512, 8) and kernel_takes(1024, 8) and not kernel_takes(2048, 8)
-    assert kernel_takes(6144, 64)
-
-
 # --------------------------------------------------------------------------- the CUDA paths
 
 @contextlib.contextmanager
@@ -307,7 +298,7 @@ def ragged_kernel(gpu_kernels):
     return device
 
 
-@pytest.mark.parametrize("path", ["kernel", "xla"])
+@pytest.mark.parametrize("path", ["decode", "fused_ws", "xla"])
 @pytest.mark.parametrize("x_dtype", [jnp.bfloat16, jnp.float32, "nvfp4"])
 @pytest.mark.parametrize("case", [(1, 8, 4112, 4096, [0, 0, 0, 1, 0, 0, 0, 0]),
                                   (6, 8, 2064, 1040, [0, 2, 0, 0, 1, 0, 3, 0]),
@@ -315,7 +306,7 @@ def ragged_kernel(gpu_kernels):
                                   (130, 3, 256, 2048, [0, 120, 5])],
                          ids=["decode", "top2x3", "m70", "m130"])
 def test_cuda_paths(ragged_kernel, case, x_dtype, path):
-    """Both CUDA paths on tails, the output buffer poisoned with NaN first: the kernel must write
+    """Each CUDA path on tails, the output buffer poisoned with NaN first: the kernel must write
     every element, zeros on rows of no group included."""
     m, g, n, k, sizes = case
     keys = jax.random.split(jax.random.key(m + n), 3)
@@ -329,18 +320,58 @@ def test_cuda_paths(ragged_kernel, case, x_dtype, path):
         y = jax.jit(lambda x, s: jn.ragged_matmul(x, w, s, bias=bias, activation="swiglu",
                                                   out_dtype=jnp.float32))(x, jnp.asarray(sizes))
         y = np.asarray(y)
-    assert (_extension.host_calls(RAGGED_TARGET) > before) == (path == "kernel")
+    assert (_extension.host_calls(RAGGED_TARGET) > before) == (path != "xla")
     assert np.isfinite(y).all()
     assert rel_err(y, oracle(x, w, sizes, bias, "swiglu")) <= 1e-5
 
 
-def test_auto_path_takes_the_kernel_up_to_its_bound(ragged_kernel):
-    bound = max(m for m in range(1, 2000) if kernel_takes(m, 2))
+@pytest.mark.parametrize("path", ["decode", "fused_ws"])
+@pytest.mark.parametrize("k", [1024, 1040])  # 16- and 8-byte weight copies
+@pytest.mark.parametrize("x_dtype,out_dtype,activation", [(jnp.bfloat16, jnp.bfloat16, "none"),
+                                                          (jnp.float16, jnp.float32, "gelu"),
+                                                          ("nvfp4", jnp.bfloat16, "swiglu")])
+def test_kernels_on_groups_across_tiles(ragged_kernel, path, k, x_dtype, out_dtype, activation):
+    """Groups that begin and end inside fused_ws's 128-row tiles (a tile two groups share is
+    computed once for each, each storing only its rows), group 0 from first_row > 0 (a shard of
+    the groups), rows of no group before and after, N past the last whole tile; the output
+    poisoned with NaN first."""
+    m, g, n, first_row = 300, 5, 2064, 2
+    sizes = [0, 130, 7, 120, 40]  # rows 2 .. 298; rows 0, 1 and 299 are in no group
+    keys = jax.random.split(jax.random.key(k + m), 3)
+    w = weights(keys[0], g, n, k, scale=0.01)
+    x = jax.random.normal(keys[1], (m, k), jnp.float32)
+    x = jn.quantize(x) if x_dtype == "nvfp4" else x.astype(x_dtype)
+    bias = jax.random.normal(keys[2], (g, n), jnp.bfloat16)
+    a_ops = [x.codes, x.scales, x.s_dec] if x_dtype == "nvfp4" else [x]
+
+    def call(x_ops, sizes, first):
+        (y,) = ragged_matmul_p.bind(*x_ops, w.codes, w.scales, w.s_dec, sizes, first, bias,
+                                    a_nvfp4=x_dtype == "nvfp4", has_bias=True, out_dtype=out_dtype,
+                                    activation=activation)
+        return y
+
+    jnp.full((m * n * 2,), jnp.nan, jnp.float32).block_until_ready().delete()
+    before = _extension.host_calls(RAGGED_TARGET)
+    with ragged_path(path):
+        y = np.asarray(jnp.asarray(jax.jit(call)(a_ops, jnp.asarray(sizes, jnp.int32),
+                                                 jnp.int32(first_row)), jnp.float32))
+    assert _extension.host_calls(RAGGED_TARGET) > before
+    assert np.isfinite(y).all() and not y[[0, 1, 299]].any()
+    want = oracle(x, w, sizes, bias, activation, first_row)
+    assert rel_err(y, want) <= TOL[out_dtype]
+
+
+def test_auto_path_takes_the_kernel_at_any_m(ragged_kernel):
+    """The kernel at every M, the launcher's choice on both sides of its rule (fused_ws from 16
+    rows a group: 32 here)."""
     w = weights(jax.random.key(20), 2, 64, 64)
-    for m, kernel in ((bound, True), (bound + 1, False)):
+    for m in (1, 31, 32, 5000):
+        x = jax.random.normal(jax.random.key(m), (m, 64), jnp.float32)
+        sizes = [m // 3, m - m // 3]
         before = _extension.host_calls(RAGGED_TARGET)
-        jax.block_until_ready(jn.ragged_matmul(jnp.ones((m, 64)), w, jnp.array([m, 0])))
-        assert (_extension.host_calls(RAGGED_TARGET) > before) == kernel
+        y = jn.ragged_matmul(x, w, jnp.asarray(sizes), out_dtype=jnp.float32)
+        assert _extension.host_calls(RAGGED_TARGET) > before
+        assert rel_err(y, oracle(x, w, sizes)) <= 1e-5
 
 
 def test_kernel_nan_stays_in_its_row(ragged_kernel):

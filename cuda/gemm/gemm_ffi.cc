@@ -26,8 +26,9 @@
 // "jax_nvfp4_gemm_ragged" (ragged_matmul_p, jax_nvfp4/primitives/ragged.py: lax.ragged_dot with
 // NVFP4 weights) takes the 8 operands with b_codes [G, N, K], b_scales [G, ...], b_s_dec [G] or a
 // scalar, bias [G, N] or f32[0], out_s_enc f32[0], then group_sizes int32 [G] and first_row int32
-// scalar (GemmProblem::group_sizes says what they mean), and gives out [M, C] without a workspace.
-// Attribute: activation. One launch of sm_90a's decode kernel; no other device runs it
+// scalar (GemmProblem::group_sizes says what they mean), and gives out [M, C] and the workspace.
+// Attributes: path (0 the launcher's choice, 1 decode, 4 fused_ws) and activation. One launch of
+// sm_90a's decode or fused_ws kernel (after fused_ws's staging of x); no other device runs it
 // (kUnimplemented: the Python side lowers to XLA's dequantize + ragged_dot there).
 #include <cuda_runtime.h>
 
@@ -259,9 +260,9 @@ ffi::Error run(int cc, cudaStream_t stream, ffi::Result<ffi::AnyBuffer>& workspa
   }
 }
 
-// The workspace of a call with these operand and result shapes (operands in the order above):
-// the sizes read only the shapes, the dtypes and which of the optional pointers are set.
-size_t gemm_call_workspace(const WorkspaceQuery& q) {
+// The problem of a call with these operand and result shapes (operands in the order above), as
+// far as its workspace size goes: the shapes, the dtypes and which of the optional pointers are set.
+GemmProblem problem_of_shapes(const WorkspaceQuery& q) {
   static uint8_t placeholder;
   static const float placeholder_f = 0.f;
   const ArgShape& a = q.args.at(0);
@@ -287,7 +288,16 @@ size_t gemm_call_workspace(const WorkspaceQuery& q) {
   } else {
     to_dtype(q.rets.at(0).type, &p.out_dtype);
   }
-  return workspace_result_bytes(workspace_bytes(q.compute_capability, p));
+  return p;
+}
+
+size_t gemm_call_workspace(const WorkspaceQuery& q) {
+  return workspace_result_bytes(workspace_bytes(q.compute_capability, problem_of_shapes(q)));
+}
+
+// The shape of one element of a stacked operand or result: its leading dimension dropped.
+void drop_lead(ArgShape& shape) {
+  if (!shape.dims.empty()) shape.dims.erase(shape.dims.begin());
 }
 
 // The float output of one GEMM: out [M, C].
@@ -450,7 +460,8 @@ ffi::Error gemm_ragged_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffe
                             ffi::AnyBuffer a_s_dec, ffi::AnyBuffer b_codes, ffi::AnyBuffer b_scales,
                             ffi::AnyBuffer b_s_dec, ffi::AnyBuffer bias, ffi::AnyBuffer out_s_enc,
                             ffi::AnyBuffer group_sizes, ffi::AnyBuffer first_row,
-                            ffi::Result<ffi::AnyBuffer> out, int64_t activation) {
+                            ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
+                            int64_t path, int64_t activation) {
   JAX_NVFP4_COUNT_HOST_CALL("jax_nvfp4_gemm_ragged");
   const Operands ops{a, a_scales, a_s_dec, b_codes, b_scales, b_s_dec, bias, out_s_enc};
   const Dims bd = dims_of(b_codes);
@@ -464,12 +475,15 @@ ffi::Error gemm_ragged_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffe
     return invalid("ragged: first_row must be an int32 scalar");
   }
   if (out_s_enc.element_count() != 0) return invalid("ragged: the output is float only");
+  if (path != 0 && path != static_cast<int64_t>(GemmPath::kDecode) && path != static_cast<int64_t>(GemmPath::kFusedWs)) {
+    return invalid("ragged: path must be 0 (auto), 1 (decode) or 4 (fused_ws), got " + std::to_string(path));
+  }
   // The weights are stacked by group; s_dec and bias where they have a group dimension.
   int64_t stacked = (1 << 3) | (1 << 4);
   if (dims_of(b_s_dec).size() == 1) stacked |= 1 << 5;
   if (dims_of(bias).size() == 2) stacked |= 1 << 6;
   GemmProblem p;
-  if (auto err = element_problem(ops, {*out}, stacked, groups, 0, /*path=*/0, activation, &p,
+  if (auto err = element_problem(ops, {*out}, stacked, groups, 0, path, activation, &p,
                                  /*stacked_results=*/false);
       err.failure()) {
     return err;
@@ -480,7 +494,7 @@ ffi::Error gemm_ragged_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffe
   p.first_row = static_cast<const int32_t*>(first_row.untyped_data());
   const int cc = current_compute_capability();
 #ifdef JAX_NVFP4_HAS_SM90
-  if (cc == 90) return cuda_error(gemm_sm90(p, stream), "jax_nvfp4_gemm_ragged (sm_90a)");
+  if (cc == 90) return run(cc, stream, workspace, p);
 #endif
   return ffi::Error(ffi::ErrorCode::kUnimplemented,
                     "jax_nvfp4_gemm_ragged: no ragged NVFP4 GEMM kernel for compute capability " +
@@ -494,14 +508,26 @@ size_t gemm_stacked_call_workspace(const WorkspaceQuery& q) {
   const auto stacked = q.attrs.find("stacked");
   const int64_t flags = stacked == q.attrs.end() ? 0 : stacked->second;
   WorkspaceQuery element = q;
-  auto drop_lead = [](ArgShape& shape) {
-    if (!shape.dims.empty()) shape.dims.erase(shape.dims.begin());
-  };
   for (size_t i = 0; i < element.args.size(); ++i) {
     if (flags >> i & 1) drop_lead(element.args[i]);
   }
   for (ArgShape& ret : element.rets) drop_lead(ret);
   return gemm_call_workspace(element);
+}
+
+// The workspace of a ragged call: its problem with the group dimension dropped from the weights
+// (and from s_dec and bias where they have one); none off sm_90a, where no kernel runs it.
+size_t gemm_ragged_call_workspace(const WorkspaceQuery& q) {
+  if (q.compute_capability != 90) return 0;
+  WorkspaceQuery element = q;
+  for (size_t i : {3, 4}) drop_lead(element.args.at(i));
+  if (element.args.at(5).dims.size() == 1) drop_lead(element.args[5]);
+  if (element.args.at(6).dims.size() == 2) drop_lead(element.args[6]);
+  GemmProblem p = problem_of_shapes(element);
+  static const int32_t placeholder = 0;
+  p.group_sizes = &placeholder;
+  p.stack.count = q.args[3].dims.at(0);
+  return workspace_result_bytes(workspace_bytes(q.compute_capability, p));
 }
 
 }  // namespace
@@ -555,6 +581,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmRaggedFfi, gemm_ragged_impl,
                               ffi::Ffi::Bind() JAX_NVFP4_GEMM_OPERANDS.Arg<ffi::AnyBuffer>()  // group_sizes
                                   .Arg<ffi::AnyBuffer>()                                     // first_row
                                   .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()  // workspace
+                                  .Attr<int64_t>("path")
                                   .Attr<int64_t>("activation"),
                               {jax_nvfp4::kGraphSafe});
 
@@ -569,5 +597,6 @@ JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_gemm", gemm_call_workspace);
 JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_gemm_nvfp4_out", gemm_call_workspace);
 JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_gemm_stacked", gemm_stacked_call_workspace);
 JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_gemm_nvfp4_out_stacked", gemm_stacked_call_workspace);
+JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_gemm_ragged", gemm_ragged_call_workspace);
 
 }  // namespace jax_nvfp4

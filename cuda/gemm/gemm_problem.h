@@ -97,7 +97,7 @@ struct GemmProblem {
 };
 
 // Columns of the output: n, or n / 2 with a gated activation.
-inline int64_t out_cols(const GemmProblem& p) { return is_gated(p.activation) ? p.n / 2 : p.n; }
+__host__ __device__ inline int64_t out_cols(const GemmProblem& p) { return is_gated(p.activation) ? p.n / 2 : p.n; }
 
 // ptr advanced by `bytes` (a null pointer, an absent operand, stays null).
 template <class T>

@@ -62,12 +62,14 @@ def define_primitive(name, *, abstract_eval, reference, kernel, ffi_target, mult
     return prim
 
 
-def ffi_kernel_call(target, result_types, *operands, **attrs):
+def ffi_kernel_call(target, result_types, *operands, workspace=None, **attrs):
     """jax.ffi.ffi_call of `target` returning `result_types` (a list of ShapeDtypeStruct).
 
     A target that needs device scratch memory takes it as one more uint8 result, sized here by
-    the extension for these shapes and the visible GPU, and dropped from what this returns."""
-    nbytes = _extension.workspace_bytes(target, operands, result_types, attrs)
+    the extension for these shapes and the visible GPU (unless the caller knows it: `workspace`
+    bytes), and dropped from what this returns."""
+    nbytes = workspace if workspace is not None else _extension.workspace_bytes(
+        target, operands, result_types, attrs)
     types = list(result_types)
     if nbytes is not None:
         types.append(jax.ShapeDtypeStruct((nbytes,), jnp.uint8))
@@ -148,9 +150,9 @@ def empty_f32():
     return jnp.zeros((0,), jnp.float32)
 
 
-def env_choice(env: str, choices: dict) -> int:
-    """The integer FFI attribute that environment variable `env` selects from `choices` (its
-    values; "" and "auto" mean the launcher's own choice). Raises ValueError naming an unknown value."""
+def env_choice(env: str, choices: dict):
+    """The value of `choices` (an FFI attribute, or a path's name) that environment variable `env`
+    names ("" and "auto" mean the launcher's own choice). Raises ValueError naming an unknown value."""
     value = os.environ.get(env, "")
     if value not in choices:
         raise ValueError(f"{env} must be one of {sorted(k for k in choices if k)} (or unset), got {value!r}")

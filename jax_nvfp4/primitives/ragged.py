@@ -10,10 +10,12 @@ ragged_matmul_p.bind(a, [a_scales, a_s_dec,] b_codes, b_scales, b_s_dec, group_s
     out          float [M, C] of out_dtype, rows of no group zero; C = N, or N / 2 with a gated
                  activation
 
-FFI target "jax_nvfp4_gemm_ragged" (cuda/gemm/gemm_ffi.cc) on sm_90a, where `kernel_takes`: the
-decode kernel over every group's 8-row tiles in one launch, reading only the weights of groups
-that hold rows. Elsewhere (large M for few groups, GPUs without the kernel) the CUDA lowering is
-XLA's: the weights' e2m1 x e4m3 values in x's dtype (exact in bfloat16 and float16) and
+FFI target "jax_nvfp4_gemm_ragged" (cuda/gemm/gemm_ffi.cc) on sm_90a, one launch reading only
+the weights of groups that hold rows: the decode kernel over every group's 8-row tiles, or from
+16 rows a group on average the fused_ws kernel (wgmma) over the staged tiles each group's rows
+touch; the launcher picks. On an H200 it beat XLA's path at every M measured
+(bench/results/ragged_h200_2026-11-29.md). On GPUs without the kernel the CUDA lowering is XLA's:
+the weights' e2m1 x e4m3 values in x's dtype (exact in bfloat16 and float16) and
 lax.ragged_dot_general, then the reference's epilogue.
 """
 
@@ -36,22 +38,13 @@ from jax_nvfp4.primitives.matmul import ACTIVATION_CODES
 
 RAGGED_TARGET = "jax_nvfp4_gemm_ragged"
 
-# The CUDA path of M rows over G groups. The ragged kernel reads a group's weights once per 8-row
-# tile of its rows (at most ceil(M / 8) + min(G, M) tiles); XLA's path dequantizes the whole stack
-# and runs ragged_dot. Fitted on an H200 (bench/results/ragged_h200_2026-11-28.md: Mixtral-8x7B's
-# and DeepSeek-V2-Lite's experts, M = 2-6144): a tile costs the kernel about 0.22 ns per weight
-# element (4.5-bit weights re-read at ~2.6 TB/s), XLA's path about 1.8 ns per element of the
-# stack plus 0.017 ns per M x N x K (its ragged_dot ran at ~115 TFLOP/s). So the kernel while its
-# tiles number at most 8 G + M / 12: up to M of about 168 G.
-def kernel_takes(m: int, groups: int) -> bool:
-    """Whether the launcher's choice for M rows over G groups is the ragged kernel."""
-    return -(-m // 8) + min(groups, m) <= 8 * groups + m / 12
-
-
-# JAX_NVFP4_RAGGED_PATH=kernel|xla forces one CUDA path (tests and benchmarks); read when a call is
+# JAX_NVFP4_RAGGED_PATH forces one CUDA path (tests and benchmarks): "kernel" (the FFI target, its
+# launcher choosing the kernel), "decode" or "fused_ws" (that kernel), "xla"; read when a call is
 # lowered, like JAX_NVFP4_GEMM_SM90_PATH.
 RAGGED_PATH_ENV = "JAX_NVFP4_RAGGED_PATH"
-_PATHS = {"": 0, "auto": 0, "kernel": 1, "xla": 2}
+_PATHS = {name: name for name in ("auto", "kernel", "decode", "fused_ws", "xla")} | {"": "auto"}
+# The FFI target's path attribute (GemmPath, cuda/gemm/gemm_problem.h).
+_KERNEL_PATHS = {"decode": 1, "fused_ws": 4}
 
 
 def operand_names(a_nvfp4: bool, has_bias: bool) -> list[str]:
@@ -102,8 +95,8 @@ def _xla(ops, a_nvfp4, out_dtype, activation):
     return _computed(ops, out_dtype, activation, compute)
 
 
-def ragged_path() -> int:
-    """0: the launcher's choice by M, 1: the kernel, 2: XLA's path (RAGGED_PATH_ENV)."""
+def ragged_path() -> str:
+    """The CUDA path RAGGED_PATH_ENV forces: "auto", "kernel", "decode", "fused_ws" or "xla"."""
     return env_choice(RAGGED_PATH_ENV, _PATHS)
 
 
@@ -111,11 +104,13 @@ def _kernel(*args, a_nvfp4, has_bias, out_dtype, activation):
     ops = _unpack(args, a_nvfp4, has_bias)
     m = ops["a"].shape[0]
     path = ragged_path()
-    # A symbolic M (jax.export) takes the kernel, which runs any M (its grid is sized per call).
-    use_kernel = path == 1 or (path == 0 and (not isinstance(m, int)
-                                              or kernel_takes(m, ops["b_codes"].shape[0])))
-    if not use_kernel or _extension.visible_cuda_arch() != "sm_90a":
+    if path == "xla" or _extension.visible_cuda_arch() != "sm_90a":
         return _xla(ops, a_nvfp4, out_dtype, activation)
+    # A symbolic M (jax.export) takes the decode kernel, which runs any M (its grid is sized per
+    # call) without a workspace (fused_ws's holds M staged rows).
+    symbolic = not isinstance(m, int)
+    if symbolic:
+        path = "decode"
     n = ops["b_codes"].shape[1]
     out = jax.ShapeDtypeStruct((m, output_columns(n, activation)), out_dtype)
     return ffi_kernel_call(
@@ -127,6 +122,7 @@ def _kernel(*args, a_nvfp4, has_bias, out_dtype, activation):
         ops["bias"] if has_bias else empty_f32(),
         empty_f32(),  # out_s_enc: the output is float
         ops["group_sizes"], ops["first_row"],
+        workspace=0 if symbolic else None, path=np.int64(_KERNEL_PATHS.get(path, 0)),
         activation=np.int64(ACTIVATION_CODES[activation]))
 
 

@@ -160,19 +160,19 @@ __device__ __forceinline__ float alpha(const GemmProblem& p) {
 
 // Stores one accumulator pair of a thread (alpha, bias, activation kAct, cast): weight row n,
 // staged rows col and col + 1, which are two rows of x, or (rows_per_x_row == 2) the bf16 hi and
-// lo halves of one.
+// lo halves of one. Only the output rows [m_begin, p.m) are stored.
 template <Activation kAct>
 __device__ __forceinline__ void store_pair(const GemmProblem& p, int64_t n, int64_t col, int rows_per_x_row,
-                                           float a, float v0, float v1) {
+                                           float a, float v0, float v1, int64_t m_begin = 0) {
   if (n >= p.n) return;
   const float b = p.bias ? load_as_float(p.bias, p.bias_dtype, n) : 0.f;
   const auto epilogue = [&](float v) { return apply_activation(v * a + b, kAct); };
   if (rows_per_x_row == 2) {
     const int64_t m = col / 2;
-    if (m < p.m) store_as(p.out, p.out_dtype, m * p.n + n, epilogue(v0 + v1));
+    if (m >= m_begin && m < p.m) store_as(p.out, p.out_dtype, m * p.n + n, epilogue(v0 + v1));
   } else {
-    if (col < p.m) store_as(p.out, p.out_dtype, col * p.n + n, epilogue(v0));
-    if (col + 1 < p.m) store_as(p.out, p.out_dtype, (col + 1) * p.n + n, epilogue(v1));
+    if (col >= m_begin && col < p.m) store_as(p.out, p.out_dtype, col * p.n + n, epilogue(v0));
+    if (col + 1 >= m_begin && col + 1 < p.m) store_as(p.out, p.out_dtype, (col + 1) * p.n + n, epilogue(v1));
   }
 }
 
@@ -180,7 +180,7 @@ __device__ __forceinline__ void store_pair(const GemmProblem& p, int64_t n, int6
 // even) and r0 + 8 (up: row n + 1) for staged rows col and col + 1 give output column n / 2.
 template <Activation kAct>
 __device__ __forceinline__ void store_gated(const GemmProblem& p, int64_t n, int64_t col, int rows_per_x_row,
-                                            float a, float g0, float g1, float u0, float u1) {
+                                            float a, float g0, float g1, float u0, float u1, int64_t m_begin = 0) {
   if (n >= p.n) return;
   const float bg = p.bias ? load_as_float(p.bias, p.bias_dtype, n) : 0.f;
   const float bu = p.bias ? load_as_float(p.bias, p.bias_dtype, n + 1) : 0.f;
@@ -188,32 +188,33 @@ __device__ __forceinline__ void store_gated(const GemmProblem& p, int64_t n, int
   const int64_t cols = p.n / 2, j = n / 2;
   if (rows_per_x_row == 2) {
     const int64_t m = col / 2;
-    if (m < p.m) store_as(p.out, p.out_dtype, m * cols + j, epilogue(g0 + g1, u0 + u1));
+    if (m >= m_begin && m < p.m) store_as(p.out, p.out_dtype, m * cols + j, epilogue(g0 + g1, u0 + u1));
   } else {
-    if (col < p.m) store_as(p.out, p.out_dtype, col * cols + j, epilogue(g0, u0));
-    if (col + 1 < p.m) store_as(p.out, p.out_dtype, (col + 1) * cols + j, epilogue(g1, u1));
+    if (col >= m_begin && col < p.m) store_as(p.out, p.out_dtype, col * cols + j, epilogue(g0, u0));
+    if (col + 1 >= m_begin && col + 1 < p.m) store_as(p.out, p.out_dtype, (col + 1) * cols + j, epilogue(g1, u1));
   }
 }
 
 // A thread's whole accumulator fragment (MMA rows r0 and r0 + 8 of the tile whose weight rows
 // start at n_tile0, staged rows m0 ..) stored element by element: accumulators 2i and 2i + 1
 // are row r0 (+ 8 for odd i), staged rows m0 + 8 (i / 2) + 2t and + 1; gated, accumulators
-// 4q .. 4q + 3 are one output column's gate and up (mma_row_sources).
+// 4q .. 4q + 3 are one output column's gate and up (mma_row_sources). Output rows [m_begin, p.m).
 template <Activation kAct, int kAcc>
 __device__ __forceinline__ void store_fragment(const GemmProblem& p, int64_t n_tile0, int r0, int64_t m0, int t,
-                                               int rows_per_x_row, float alpha, const float (&acc)[kAcc]) {
+                                               int rows_per_x_row, float alpha, const float (&acc)[kAcc],
+                                               int64_t m_begin = 0) {
   if constexpr (is_gated(kAct)) {
     const int64_t gate = n_tile0 + mma_row_sources(r0, true).x;
 #pragma unroll
     for (int q = 0; q < kAcc / 4; ++q) {
       store_gated<kAct>(p, gate, m0 + 8 * q + 2 * t, rows_per_x_row, alpha, acc[4 * q], acc[4 * q + 1],
-                        acc[4 * q + 2], acc[4 * q + 3]);
+                        acc[4 * q + 2], acc[4 * q + 3], m_begin);
     }
   } else {
 #pragma unroll
     for (int i = 0; i < kAcc / 2; ++i) {
       store_pair<kAct>(p, n_tile0 + r0 + 8 * (i % 2), m0 + 8 * (i / 2) + 2 * t, rows_per_x_row, alpha, acc[2 * i],
-                       acc[2 * i + 1]);
+                       acc[2 * i + 1], m_begin);
     }
   }
 }

@@ -43,6 +43,7 @@
 #include "gemm/sm90/gemm_device_utils.cuh"
 #include "gemm/sm90/gemm_sm90_internal.h"
 #include "gemm/sm90/nvfp4_bf16x2.h"
+#include "gemm/sm90/ragged_groups.cuh"
 
 namespace jax_nvfp4 {
 namespace sm90 {
@@ -451,42 +452,14 @@ struct RaggedItem {
 
 // Work item y of a ragged GEMM (GemmProblem::group_sizes). The rows form segments: those before
 // *first_row, each group's, and those after the last group; every segment is cut into tiles of
-// 8 rows, numbered in row order. Each warp finds its item on its own, 32 groups a step (a scan
-// of the sizes over the lanes). Call it with every lane of the warp.
+// 8 rows, numbered in row order. Call it with every lane of the warp.
 __device__ RaggedItem ragged_item(const GemmProblem& p, int64_t y) {
-  const int lane = threadIdx.x % 32;
-  const int64_t first = min(max(static_cast<int64_t>(*p.first_row), int64_t{0}), p.m);
+  const int64_t first = ragged_first_row(p);
   const int64_t before = ceil_div(first, 8);
   if (y < before) return {-1, 8 * y, min(8 * y + 8, first)};
-  y -= before;
-  int64_t start = first;  // the first row of the 32 groups of this step (may pass m)
-  for (int64_t base = 0; base < p.stack.count; base += 32) {
-    const int64_t g = base + lane;
-    const int64_t size = g < p.stack.count ? max(static_cast<int64_t>(p.group_sizes[g]), int64_t{0}) : 0;
-    int64_t rows = size;  // inclusive scan: rows of groups base..g
-    for (int o = 1; o < 32; o *= 2) {
-      const int64_t v = __shfl_up_sync(0xffffffffu, rows, o);
-      if (lane >= o) rows += v;
-    }
-    const int64_t begin = min(start + rows - size, p.m), end = min(start + rows, p.m);
-    const int64_t tiles = ceil_div(end - begin, 8);
-    int64_t upto = tiles;  // inclusive scan: tiles of groups base..g
-    for (int o = 1; o < 32; o *= 2) {
-      const int64_t v = __shfl_up_sync(0xffffffffu, upto, o);
-      if (lane >= o) upto += v;
-    }
-    const unsigned hit = __ballot_sync(0xffffffffu, upto > y);
-    if (hit != 0) {
-      const int owner = __ffs(hit) - 1;
-      const int64_t tile = y - __shfl_sync(0xffffffffu, upto - tiles, owner);
-      const int64_t b = __shfl_sync(0xffffffffu, begin, owner), e = __shfl_sync(0xffffffffu, end, owner);
-      return {base + owner, b + 8 * tile, min(b + 8 * tile + 8, e)};
-    }
-    y -= __shfl_sync(0xffffffffu, upto, 31);
-    start += __shfl_sync(0xffffffffu, rows, 31);
-  }
-  const int64_t after = min(start, p.m);
-  return {-1, after + 8 * y, min(after + 8 * y + 8, p.m)};
+  const GroupItem item = group_item(p, y - before, [](int64_t b, int64_t e) { return ceil_div(e - b, 8); });
+  const int64_t row = item.begin + 8 * item.index;
+  return {item.group, row, min(row + 8, item.group < 0 ? p.m : item.end)};
 }
 
 // With Grid::kStack, gridDim.y runs over the stack's elements, m_tiles activation tiles each; with

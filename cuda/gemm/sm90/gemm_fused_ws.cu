@@ -31,6 +31,11 @@
 // is a warpgroup that gives its registers to the consumers (setmaxnreg); its 64 KB activation
 // stages leave no room for separate epilogue tiles, so the consumers write their tiles into the
 // x half of the tile's last stage and release that stage after the epilogue.
+// Ragged GEMMs (GemmProblem::group_sizes) run on the narrow tiles: a tile is a weight tile of one
+// group and a staged activation tile that group's rows touch, its output only those rows (a tile
+// whose rows two groups share is computed once for each). The tiles are found on the device
+// (ragged_groups.cuh), so one launch serves any routing; a small kernel before it writes the
+// zeros of the rows outside every group.
 // Epilogue: alpha, bias, activation, output cast, through a per-warpgroup shared-memory tile whose
 // rows leave as 16-byte pieces (tile_epilogue.cuh); element by element where the output rows are
 // not whole pieces or f16/f32 x gives two staged rows per x row.
@@ -50,6 +55,7 @@
 #include "gemm/sm90/fused_staging.h"
 #include "gemm/sm90/fused_weights.cuh"
 #include "gemm/sm90/gemm_sm90_internal.h"
+#include "gemm/sm90/ragged_groups.cuh"
 #include "gemm/sm90/split_sum.cuh"
 #include "gemm/sm90/tile_epilogue.cuh"
 
@@ -120,7 +126,7 @@ struct ChunkRange {
 };
 
 struct Tiles {
-  int64_t n_tiles, m_tiles;
+  int64_t n_tiles, m_tiles;  // m_tiles: of a ragged GEMM, its items (see Work), set on the device
   int64_t first, end;  // the tiles of this launch, in the order of coords
   // Tile t: groups of kGroupN weight tiles, the activation tiles in order within a group, so the
   // tiles of one round share about kGroupN weight tiles and (tiles a round) / kGroupN activation
@@ -134,8 +140,50 @@ struct Tiles {
   }
 };
 
-template <int kMT, int kPiece>
-__device__ void produce(const GemmProblem& p, const uint8_t* xs, int64_t chunks, const Tiles& tiles,
+// What output tile t of a launch holds: weight tile n_tile of group `group` (0 unless ragged),
+// staged activation tile m_tile, and the output rows [row_begin, row_end) it stores. A ragged
+// GEMM's items are, group by group, the staged tiles of x_rows rows that the group's rows touch
+// (group_item); Tiles::m_tiles counts them.
+struct Work {
+  int64_t n_tile, m_tile, group, row_begin, row_end;
+};
+
+__device__ __forceinline__ auto touched_tiles(int64_t x_rows) {
+  return [x_rows](int64_t b, int64_t e) { return e > b ? ceil_div(e, x_rows) - b / x_rows : int64_t{0}; };
+}
+
+template <bool kRagged>
+__device__ __forceinline__ Work work_of(const GemmProblem& p, const Tiles& tiles, int64_t t, int64_t x_rows) {
+  Work w;
+  tiles.coords(t, w.n_tile, w.m_tile);
+  w.group = 0;
+  w.row_begin = 0;
+  w.row_end = p.m;
+  if constexpr (kRagged) {
+    const GroupItem item = group_item(p, w.m_tile, touched_tiles(x_rows));
+    w.group = item.group;
+    w.m_tile = item.begin / x_rows + item.index;
+    w.row_begin = max(item.begin, w.m_tile * x_rows);
+    w.row_end = min(item.end, w.m_tile * x_rows + x_rows);
+  }
+  return w;
+}
+
+// The weights (codes, scales, s_dec) and bias of the tile's group.
+template <bool kRagged>
+__device__ __forceinline__ GemmProblem group_problem(const GemmProblem& p, const Work& w) {
+  if constexpr (!kRagged) return p;
+  GemmProblem q = p;
+  const GemmStack& s = p.stack;
+  q.b = {advanced(p.b.codes, w.group * s.b_codes), advanced(p.b.scales, w.group * s.b_scales),
+         advanced(p.b.s_dec, w.group * s.b_s_dec)};
+  q.bias = advanced(p.bias, w.group * s.bias);
+  q.m = w.row_end;
+  return q;
+}
+
+template <int kMT, int kPiece, bool kRagged>
+__device__ void produce(const GemmProblem& p, const uint8_t* xs, int64_t chunks, int64_t x_rows, const Tiles& tiles,
                         uint8_t* smem, uint64_t* full, uint64_t* empty) {
   using S = Config<kMT>;
   constexpr int kStages = S::kStages, kStageBytes = S::kStageBytes, kXStageBytes = S::kXStageBytes;
@@ -144,11 +192,11 @@ __device__ void produce(const GemmProblem& p, const uint8_t* xs, int64_t chunks,
   const ChunkRange part = ChunkRange::of_this_rank(chunks);
   int it = 0;
   for (int64_t tile = tiles.first + blockIdx.x; tile < tiles.end; tile += gridDim.x) {
-    int64_t n_tile, m_tile;
-    tiles.coords(tile, n_tile, m_tile);
+    const Work w = work_of<kRagged>(p, tiles, tile, x_rows);
+    const GemmProblem q = group_problem<kRagged>(p, w);
     fused::WeightCopier<32, kPiece> wc;
-    wc.setup(p, n_tile * kRows, lane);
-    const uint8_t* x_src = xs + m_tile * chunks * kXStageBytes;
+    wc.setup(q, w.n_tile * kRows, lane);
+    const uint8_t* x_src = xs + w.m_tile * chunks * kXStageBytes;
     for (int c = part.begin; c < part.end; ++c, ++it) {
       const int buf = it % kStages;
       Barrier::wait(&empty[buf], ((it / kStages) & 1) ^ 1);
@@ -157,13 +205,13 @@ __device__ void produce(const GemmProblem& p, const uint8_t* xs, int64_t chunks,
         TxBarrier::arrive_and_expect_tx(&full[buf], kXStageBytes);
         cute::SM90_BULK_COPY_G2S::copy(x_src + c * kXStageBytes, &full[buf], stage, kXStageBytes);
       }
-      wc.copy(p, c, k_tiles, stage + kXStageBytes);
+      wc.copy(q, c, k_tiles, stage + kXStageBytes);
       cutlass::arch::cpasync_barrier_arrive_noinc(&full[buf]);
     }
   }
 }
 
-template <int kMT>
+template <int kMT, bool kRagged>
 __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row, const Tiles& tiles, uint8_t* smem,
                         uint64_t* full, uint64_t* empty) {
   using S = Config<kMT>;
@@ -174,7 +222,6 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
   const bool gated = is_gated(p.activation);
   const int2 rows = fused::mma_row_sources(r0, gated);
   const int64_t k_blocks = p.k / kBlockSize;
-  const float alpha = fused::alpha(p);
   float acc[S::kAcc];
   // A chunk is decoded and multiplied in two halves of 4 k-steps, alternating between two
   // register buffers: half h + 1 is decoded while half h's wgmmas run. (Whole-chunk buffers need
@@ -202,8 +249,8 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
   };
 
   for (int64_t tile = tiles.first + blockIdx.x; tile < tiles.end; tile += gridDim.x) {
-    int64_t n_tile, m_tile;
-    tiles.coords(tile, n_tile, m_tile);
+    const Work work = work_of<kRagged>(p, tiles, tile, kMT / rows_per_x_row);
+    const int64_t n_tile = work.n_tile;
 #pragma unroll
     for (int i = 0; i < S::kAcc; ++i) acc[i] = 0.f;
     fence_accumulators(acc);
@@ -214,8 +261,10 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
     }
     wgmma_wait<0>();
     fence_accumulators(acc);
-    const int64_t n0 = n_tile * kRows + w * 64, m0 = m_tile * kMT;
-    if (gridDim.z > 1) {  // split-K: this cluster's only tile, so the whole ring is idle now
+    const GemmProblem q = group_problem<kRagged>(p, work);
+    const float alpha = fused::alpha(q);
+    const int64_t n0 = n_tile * kRows + w * 64, m0 = work.m_tile * kMT;
+    if (!kRagged && gridDim.z > 1) {  // split-K: this cluster's only tile, so the whole ring is idle now
       fused::named_sync(kConsumersBarrier, 128 * kConsumers);  // both warpgroups' wgmmas are done with it
       with_activation(p.activation, [&](auto act) {
         fused::sum_split_and_store<decltype(act)::value, kMT>(p, rows_per_x_row, n_tile * kRows, m0, alpha, acc, smem,
@@ -233,8 +282,9 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
 
     with_activation(p.activation, [&](auto act) {
       constexpr Activation kAct = decltype(act)::value;
-      if (!fused::store_through_tile<kAct, kMT>(p, rows_per_x_row, n0, m0, acc, alpha, epi, ct, 1 + w)) {
-        fused::store_fragment<kAct>(p, n_tile * kRows, r0, m0, t, rows_per_x_row, alpha, acc);
+      if (!fused::store_through_tile<kAct, kMT>(q, rows_per_x_row, n0, m0, acc, alpha, epi, ct, 1 + w, ~0u,
+                                                 work.row_begin)) {
+        fused::store_fragment<kAct>(q, n_tile * kRows, r0, m0, t, rows_per_x_row, alpha, acc, work.row_begin);
       }
     });
     if constexpr (S::kWide) {
@@ -244,7 +294,7 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
   }
 }
 
-template <int kMT, int kPiece>
+template <int kMT, int kPiece, bool kRagged>
 __global__ void __launch_bounds__(Config<kMT>::kThreads, 1)
     fused_ws_kernel(const GemmProblem p, const uint8_t* xs, int64_t chunks, int rows_per_x_row, Tiles tiles) {
   using S = Config<kMT>;
@@ -262,28 +312,35 @@ __global__ void __launch_bounds__(Config<kMT>::kThreads, 1)
   // Programmatic dependent launch (launch): the grid before this one, the staging kernel, may
   // still be writing the activations; nothing above touched global memory.
   wait_for_prior_grids();
+  if constexpr (kRagged) {  // every warp counts the items (all its lanes: a full warp)
+    tiles.m_tiles = group_item_count(p, touched_tiles(kMT / rows_per_x_row));
+    tiles.end = tiles.n_tiles * tiles.m_tiles;
+  }
   if (threadIdx.x >= 128 * kConsumers) {
     if constexpr (S::kWide) cutlass::arch::warpgroup_reg_dealloc<S::kProducerRegs>();
     // Split-K's cluster barriers (sum_split_and_store) wait for the non-exited threads only: the
     // producer's leave at once.
-    if (threadIdx.x < 128 * kConsumers + 32) produce<kMT, kPiece>(p, xs, chunks, tiles, smem, full, empty);
+    if (threadIdx.x < 128 * kConsumers + 32) {
+      produce<kMT, kPiece, kRagged>(p, xs, chunks, kMT / rows_per_x_row, tiles, smem, full, empty);
+    }
   } else {
     if constexpr (S::kWide) cutlass::arch::warpgroup_reg_alloc<S::kConsumerRegs>();
-    consume<kMT>(p, chunks, rows_per_x_row, tiles, smem, full, empty);
+    consume<kMT, kRagged>(p, chunks, rows_per_x_row, tiles, smem, full, empty);
   }
 }
 
 // One launch over tiles.first .. end - 1: `split` > 1, a cluster of that many CTAs along z per
 // tile (one wave); else persistent CTAs, at most one per SM.
-template <int kMT, int kPiece>
+template <int kMT, int kPiece, bool kRagged = false>
 cudaError_t launch_tiles(const GemmProblem& p, const StagedActivations& x, const Tiles& tiles, int split,
                          cudaStream_t stream) {
   using S = Config<kMT>;
-  const int64_t count = tiles.end - tiles.first;
+  const int64_t count = tiles.end - tiles.first;  // ragged: a bound (the kernel counts them)
   const int64_t grid = split > 1 ? count : std::min<int64_t>(count, sm_count());
   const LaunchConfig config(dim3(static_cast<unsigned>(grid), 1, static_cast<unsigned>(split)), dim3(S::kThreads),
                             S::kSmemBytes, stream, /*cluster_z=*/split > 1 ? split : 0, /*pdl=*/true);
-  return cudaLaunchKernelEx(&config.cfg, fused_ws_kernel<kMT, kPiece>, p, static_cast<const uint8_t*>(p.workspace),
+  return cudaLaunchKernelEx(&config.cfg, fused_ws_kernel<kMT, kPiece, kRagged>, p,
+                            static_cast<const uint8_t*>(p.workspace),
                             x.chunks, x.rows_per_x_row, tiles);
 }
 
@@ -291,7 +348,8 @@ template <int kMT, int kPiece>
 cudaError_t launch(const GemmProblem& p, const StagedActivations& x, cudaStream_t stream) {
   using S = Config<kMT>;
   // Also raises the kernel's shared-memory limit on this device (once).
-  const ResidentBlocks capacity = resident_blocks<fused_ws_kernel<kMT, kPiece>>(dim3(S::kThreads), S::kSmemBytes);
+  const ResidentBlocks capacity =
+      resident_blocks<fused_ws_kernel<kMT, kPiece, false>>(dim3(S::kThreads), S::kSmemBytes);
   if (capacity[1] == 0) return cudaErrorInvalidConfiguration;  // the kernel cannot run here
   const int64_t n_tiles = ceil_div(p.n, kRows), count = n_tiles * x.m_tiles, sms = sm_count();
   const int split = one_wave_split(count, x.chunks, kMinChunksPerSplit, capacity);
@@ -309,12 +367,52 @@ cudaError_t launch(const GemmProblem& p, const StagedActivations& x, cudaStream_
   return launch_tiles<kMT, kPiece>(p, x, {n_tiles, x.m_tiles, 0, count}, split, stream);
 }
 
+// The zeros of a ragged GEMM's output rows outside every group: those before *first_row and those
+// after the last group. Each warp finds those rows (a sum of the group sizes) and clears its share.
+__global__ void zero_ungrouped_rows(const GemmProblem p) {
+  wait_for_prior_grids();  // programmatic dependent launch: the grid before may still be running
+  const int lane = threadIdx.x % 32;
+  int64_t rows = 0;
+  for (int64_t g = lane; g < p.stack.count; g += 32) rows += max(static_cast<int64_t>(p.group_sizes[g]), int64_t{0});
+  for (int o = 16; o > 0; o /= 2) rows += __shfl_xor_sync(0xffffffffu, rows, o);
+  const int64_t first = ragged_first_row(p), after = min(first + rows, p.m);
+  const int64_t cols = out_cols(p), outside = first + (p.m - after);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t i = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; i < outside; i += warps) {
+    const int64_t row = i < first ? i : after + (i - first);
+    for (int64_t c = lane; c < cols; c += 32) store_as(p.out, p.out_dtype, row * cols + c, 0.f);
+  }
+}
+
+// A ragged GEMM: the zeros, then one persistent launch over a bound of the tiles (at most
+// ceil(M / 128) + min(G, M) items: each group's rows touch at most one more staged tile than their
+// share of the tiles), which the kernel counts exactly. No split-K: the tiles are not known here.
+template <int kPiece>
+cudaError_t launch_ragged(const GemmProblem& p, const StagedActivations& x, cudaStream_t stream) {
+  constexpr int kMT = tile_rows(false);
+  using S = Config<kMT>;
+  // Also raises the kernel's shared-memory limit on this device (once).
+  if (resident_blocks<fused_ws_kernel<kMT, kPiece, true>>(dim3(S::kThreads), S::kSmemBytes)[1] == 0) {
+    return cudaErrorInvalidConfiguration;  // the kernel cannot run here
+  }
+  const LaunchConfig zeros(dim3(static_cast<unsigned>(std::min<int64_t>(ceil_div(p.m, 8), 4 * sm_count()))), dim3(256),
+                           0, stream, /*cluster_z=*/0, /*pdl=*/true);
+  if (cudaError_t err = cudaLaunchKernelEx(&zeros.cfg, zero_ungrouped_rows, p); err != cudaSuccess) return err;
+  const int64_t n_tiles = ceil_div(p.n, kRows), items = x.m_tiles + std::min(p.stack.count, p.m);
+  return launch_tiles<kMT, kPiece, true>(p, x, {n_tiles, items, 0, n_tiles * items}, 1, stream);
+}
+
 template <int kMT>
 cudaError_t run(const GemmProblem& p, cudaStream_t stream) {
   const StagedActivations x = staged_activations(p, kMT);
   if (p.workspace_bytes < x.bytes) return cudaErrorInvalidValue;
   if (cudaError_t err = stage_activations(p, x, stream); err != cudaSuccess) return err;
   // Rows of K/2 bytes are 16-byte aligned when K % 32 == 0; otherwise the codes come in 8-byte pieces.
+  if constexpr (kMT == tile_rows(false)) {
+    if (p.ragged()) return p.k % 32 == 0 ? launch_ragged<16>(p, x, stream) : launch_ragged<8>(p, x, stream);
+  } else {
+    if (p.ragged()) return cudaErrorInvalidValue;  // ragged GEMMs run on the narrow tiles only
+  }
   return p.k % 32 == 0 ? launch<kMT, 16>(p, x, stream) : launch<kMT, 8>(p, x, stream);
 }
 

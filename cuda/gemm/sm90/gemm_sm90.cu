@@ -104,7 +104,12 @@ cudaError_t run_float(const GemmProblem& p, cudaStream_t stream) {
 }  // namespace
 
 GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
-  if (p.ragged() || p.path == GemmPath::kDecode) return GemmSm90Path::kDecode;
+  if (p.ragged()) {
+    const bool fused_ws = p.path == GemmPath::kAuto ? p.m >= kGemmSm90RaggedFusedWsRowsPerGroup * p.stack.count
+                                                    : p.path == GemmPath::kFusedWs;
+    return fused_ws ? GemmSm90Path::kFusedWs : GemmSm90Path::kDecode;
+  }
+  if (p.path == GemmPath::kDecode) return GemmSm90Path::kDecode;
   if (p.path == GemmPath::kPrefill || p.path == GemmPath::kPrefillCutlass) return GemmSm90Path::kPrefill;
   if (p.path == GemmPath::kFused) return GemmSm90Path::kFused;
   if (p.path == GemmPath::kFusedWs) return GemmSm90Path::kFusedWs;
@@ -173,7 +178,8 @@ bool gemm_sm90_runs_stack(const GemmProblem& p) {
 cudaError_t gemm_sm90(const GemmProblem& p, cudaStream_t stream) {
   if (p.k <= 0 || p.k % kBlockSize != 0 || p.m < 0 || p.n < 0) return cudaErrorInvalidValue;
   if (p.ragged()) {
-    if (p.nvfp4_out() || p.stack.count < 1 || !sm90::decode_runs_ragged(p)) return cudaErrorInvalidValue;
+    if (p.nvfp4_out() || p.stack.count < 1) return cudaErrorInvalidValue;
+    if (gemm_sm90_path(p) == GemmSm90Path::kDecode && !sm90::decode_runs_ragged(p)) return cudaErrorInvalidValue;
   } else if (p.stack.count != 1 && (p.stack.count < 1 || !gemm_sm90_runs_stack(p))) {
     return cudaErrorInvalidValue;
   }

@@ -84,6 +84,11 @@ constexpr int64_t kGemmSm90ShortKDecodeMaxWeights = int64_t{1} << 22;  // 4096 x
 constexpr int64_t kGemmSm90NarrowMaxN = 3072;
 constexpr int64_t kGemmSm90NarrowMinK = 4096;
 constexpr int64_t kGemmSm90NarrowFusedMaxM = 256;
+// A ragged GEMM (p.ragged()) takes the decode kernel over its groups' 8-row tiles, or fused_ws
+// over the 128-row tiles each group's rows touch from M >= kGemmSm90RaggedFusedWsRowsPerGroup * G
+// rows (each group's weights are read once per tile: the decode kernel's tiles number M / 8 + G,
+// fused_ws's about M / 128 + G, but each costs the whole tile's MMAs).
+constexpr int64_t kGemmSm90RaggedFusedWsRowsPerGroup = 16;
 GemmSm90Path gemm_sm90_path(const GemmProblem& p);
 
 // Device scratch gemm_sm90 needs for p (dequantized operands, the float32 result before NVFP4
@@ -97,7 +102,7 @@ size_t gemm_sm90_workspace_bytes(const GemmProblem& p);
 bool gemm_sm90_runs_stack(const GemmProblem& p);
 
 // Enqueues the GEMM, the stack of GEMMs where gemm_sm90_runs_stack(p), or the ragged GEMM
-// (p.ragged(): the decode kernel, one launch), on `stream`.
+// (p.ragged(): the decode or the fused_ws kernel, one launch; p.path may force either), on `stream`.
 // cudaErrorInvalidValue: a problem it cannot run (k not a multiple of 16, too little workspace, a
 // stack it does not run).
 cudaError_t gemm_sm90(const GemmProblem& p, cudaStream_t stream);

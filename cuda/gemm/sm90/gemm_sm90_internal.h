@@ -39,6 +39,7 @@ cudaError_t fused_gemm(const GemmProblem& p, cudaStream_t stream);
 // Large-M kernel on the same staging and weight stages: warp-specialized (a producer warp
 // feeding an mbarrier ring, two consumer warpgroups) and persistent over output tiles of 128
 // weight rows x 128 staged rows, or 256 where `wide`.
+// Runs ragged GEMMs too (not `wide`): its tiles one group's weights each.
 size_t fused_ws_workspace_bytes(const GemmProblem& p, bool wide);
 int64_t fused_ws_output_tiles(const GemmProblem& p, bool wide);
 cudaError_t fused_ws_gemm(const GemmProblem& p, bool wide, cudaStream_t stream);

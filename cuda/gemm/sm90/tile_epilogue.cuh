@@ -54,13 +54,14 @@ __device__ __forceinline__ bool tile_fits(const GemmProblem& p, int rows_per_x_r
   return rows_per_x_row == 1 && cols % (p.out_dtype == DType::kF32 ? 4 : 8) == 0;
 }
 
-// Writes the warpgroup's tile (weight rows n0 .., staged rows m0 ..) to the output. ct: the
-// thread's index in its warpgroup; barrier: a named barrier of the warpgroup's own; blocks: bit b
-// set where this thread stores block b of 16 staged rows (split-K ranks share a tile's rows).
+// Writes the warpgroup's tile (weight rows n0 .., staged rows m0 ..) to the output rows
+// [m_begin, p.m). ct: the thread's index in its warpgroup; barrier: a named barrier of the
+// warpgroup's own; blocks: bit b set where this thread stores block b of 16 staged rows (split-K
+// ranks share a tile's rows).
 template <typename T, Activation kAct, int kMT>
 __device__ __forceinline__ void store_through_tile(const GemmProblem& p, int64_t n0, int64_t m0,
                                                    const float (&acc)[kMT / 2], float alpha, T* tile, int ct,
-                                                   int barrier, uint32_t blocks) {
+                                                   int barrier, uint32_t blocks, int64_t m_begin) {
   constexpr bool kGated = is_gated(kAct);
   const auto owned = [&](int block) { return (blocks >> block & 1u) != 0; };
   using S = TileShape<T, kGated>;
@@ -122,7 +123,7 @@ __device__ __forceinline__ void store_through_tile(const GemmProblem& p, int64_t
 #pragma unroll
       for (int r = first_row; r < S::kPassRows; r += kRowStep) {
         const int64_t m = m0 + pass * S::kPassRows + r;
-        if (m < p.m && owned((pass * S::kPassRows + r) / 16)) *reinterpret_cast<uint4*>(out + m * cols) = *reinterpret_cast<const uint4*>(tile + r * S::kPitch + piece * S::kElems);
+        if (m >= m_begin && m < p.m && owned((pass * S::kPassRows + r) / 16)) *reinterpret_cast<uint4*>(out + m * cols) = *reinterpret_cast<const uint4*>(tile + r * S::kPitch + piece * S::kElems);
       }
     }
   }
@@ -130,22 +131,24 @@ __device__ __forceinline__ void store_through_tile(const GemmProblem& p, int64_t
 
 // Stores the warpgroup's accumulators through its tile (`tile`: kEpilogueTileBytes) if tile_fits
 // and returns true; false leaves them to the caller's element-wise stores. Uniform over the
-// warpgroup. kAct: p.activation (with_activation); blocks: as above.
+// warpgroup. kAct: p.activation (with_activation); blocks, m_begin: as above.
 template <Activation kAct, int kMT>
 __device__ __forceinline__ bool store_through_tile(const GemmProblem& p, int rows_per_x_row, int64_t n0, int64_t m0,
                                                    const float (&acc)[kMT / 2], float alpha, uint8_t* tile, int ct,
-                                                   int barrier, uint32_t blocks = ~0u) {
+                                                   int barrier, uint32_t blocks = ~0u, int64_t m_begin = 0) {
   if (!tile_fits<kAct>(p, rows_per_x_row)) return false;
   switch (p.out_dtype) {
     case DType::kF32:
-      store_through_tile<float, kAct, kMT>(p, n0, m0, acc, alpha, reinterpret_cast<float*>(tile), ct, barrier, blocks);
+      store_through_tile<float, kAct, kMT>(p, n0, m0, acc, alpha, reinterpret_cast<float*>(tile), ct, barrier, blocks,
+                                         m_begin);
       break;
     case DType::kBF16:
       store_through_tile<__nv_bfloat16, kAct, kMT>(p, n0, m0, acc, alpha, reinterpret_cast<__nv_bfloat16*>(tile), ct,
-                                                   barrier, blocks);
+                                                   barrier, blocks, m_begin);
       break;
     default:
-      store_through_tile<__half, kAct, kMT>(p, n0, m0, acc, alpha, reinterpret_cast<__half*>(tile), ct, barrier, blocks);
+      store_through_tile<__half, kAct, kMT>(p, n0, m0, acc, alpha, reinterpret_cast<__half*>(tile), ct, barrier, blocks,
+                                          m_begin);
       break;
   }
   return true;

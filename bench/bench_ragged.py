@@ -8,8 +8,8 @@ rows sorted by expert. Weights [G, N, K] of MoE models: Mixtral-8x7B's gate/up p
 (swiglu, 8 x 28672 x 4096) and down projection (8 x 4096 x 14336), DeepSeek-V2-Lite's routed
 experts' gate/up (64 x 2816 x 2048, top 6). Ours is timed on the path it picks ("auto"), and on
 each path forced (JAX_NVFP4_RAGGED_PATH): the decode kernel (8-row tiles), the fused_ws kernel
-(128-row tiles on wgmma) and XLA's path, which is the dequantize + ragged_dot peer (the weights'
-e2m1 x e4m3 values in bf16, then lax.ragged_dot). bf16 lax.ragged_dot holds its weights as
+(64- and 128-row tiles on wgmma) and XLA's path, which is the dequantize + ragged_dot peer (the
+weights' e2m1 x e4m3 values in bf16, then lax.ragged_dot). bf16 lax.ragged_dot holds its weights as
 [G, K, N]. Calls rotate through weight copies larger than the L2; times are medians of LoopTimer
 readings taken round-robin (jax_nvfp4/timing.py), us per call. The roofline of a shape is the
 longer of two times: the NVFP4 bytes of the experts that hold rows (4.5 bits an element) over the
@@ -42,7 +42,7 @@ LAYERS = [("Mixtral-8x7B w1+w3", 8, 28672, 4096, "swiglu", 2),
           ("Mixtral-8x7B w2", 8, 4096, 14336, None, 2),
           ("DeepSeek-V2-Lite w1+w3", 64, 2816, 2048, "swiglu", 6)]
 TOKENS = [1, 4, 16, 64]
-PATHS = ("auto", "decode", "fused_ws", "xla")
+PATHS = ("auto", "decode", "fused_ws_64", "fused_ws", "xla")
 NVFP4_BYTES_PER_ELEMENT = 0.5 + 1 / 16  # codes, plus one e4m3 scale a 16-element block
 
 
@@ -86,9 +86,9 @@ def run(out_dir: Path, rounds: int, tokens: list[int]):
              f"· roofline: the longer of the NVFP4 bytes of the experts holding rows / HBM and "
              f"2 M N K / MMA ceiling",
              "",
-             "| layer | tokens | M | experts used | NVFP4 auto | decode | fused_ws | XLA path | "
-             "bf16 ragged_dot | auto vs bf16 | auto vs XLA path | TFLOP/s | % of roofline |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| layer | tokens | M | experts used | NVFP4 auto | decode | fused_ws 64 | fused_ws 128 | "
+             "XLA path | bf16 ragged_dot | auto vs bf16 | auto vs XLA path | TFLOP/s | % of roofline |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     keys = jax.random.split(jax.random.key(0), 2)
     for layer, groups, n, k, activation, top_k in LAYERS:
         w16 = (jax.random.normal(keys[0], (groups, n, k), jnp.float32) / np.sqrt(k)).astype(
@@ -118,7 +118,8 @@ def run(out_dir: Path, rounds: int, tokens: list[int]):
             flops = 2.0 * m * n * k
             roofline_us = max(used * n * k * NVFP4_BYTES_PER_ELEMENT / bw, flops / peak) * 1e6
             lines.append(f"| {layer} | {t} | {m} | {used} of {groups} | {us['auto']:.1f} | "
-                         f"{us['decode']:.1f} | {us['fused_ws']:.1f} | {us['xla']:.1f} | "
+                         f"{us['decode']:.1f} | {us['fused_ws_64']:.1f} | {us['fused_ws']:.1f} | "
+                         f"{us['xla']:.1f} | "
                          f"{us['bf16']:.1f} | {us['bf16'] / us['auto']:.2f}x | "
                          f"{us['xla'] / us['auto']:.2f}x | {flops / us['auto'] / 1e6:.0f} | "
                          f"{100 * roofline_us / us['auto']:.0f}% |")

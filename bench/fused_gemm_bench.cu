@@ -127,15 +127,15 @@ int main(int argc, char** argv) {
         p.a_is_nvfp4 = true;
         p.a_q = {x_codes, x_scales, s_dec};
       }
-      p.workspace_bytes = std::max({sm90::fused_workspace_bytes(p), sm90::fused_ws_workspace_bytes(p, false),
-                                    sm90::fused_ws_workspace_bytes(p, true), sm90::prefill_workspace_bytes(p)});
+      p.workspace_bytes = std::max({sm90::fused_workspace_bytes(p), sm90::fused_ws_workspace_bytes(p, 128),
+                                    sm90::fused_ws_workspace_bytes(p, 256), sm90::prefill_workspace_bytes(p)});
       CUDA_CHECK(cudaMalloc(&p.workspace, p.workspace_bytes));
 
       using Path = cudaError_t (*)(const GemmProblem&, cudaStream_t);
       constexpr int kFamilies = 4;
       const Path paths[kFamilies] = {
-          sm90::fused_gemm, [](const GemmProblem& q, cudaStream_t st) { return sm90::fused_ws_gemm(q, false, st); },
-          [](const GemmProblem& q, cudaStream_t st) { return sm90::fused_ws_gemm(q, true, st); }, sm90::prefill_gemm};
+          sm90::fused_gemm, [](const GemmProblem& q, cudaStream_t st) { return sm90::fused_ws_gemm(q, 128, st); },
+          [](const GemmProblem& q, cudaStream_t st) { return sm90::fused_ws_gemm(q, 256, st); }, sm90::prefill_gemm};
       // Outputs of copy 0, compared across the families.
       std::vector<std::vector<__nv_bfloat16>> outs(kFamilies, std::vector<__nv_bfloat16>(m * n));
       const char* names[kFamilies] = {"fused", "fused_ws", "fused_ws_wide", "prefill"};

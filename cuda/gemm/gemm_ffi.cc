@@ -27,8 +27,9 @@
 // NVFP4 weights) takes the 8 operands with b_codes [G, N, K], b_scales [G, ...], b_s_dec [G] or a
 // scalar, bias [G, N] or f32[0], out_s_enc f32[0], then group_sizes int32 [G] and first_row int32
 // scalar (GemmProblem::group_sizes says what they mean), and gives out [M, C] and the workspace.
-// Attributes: path (0 the launcher's choice, 1 decode, 4 fused_ws) and activation. One launch of
-// sm_90a's decode or fused_ws kernel (after fused_ws's staging of x); no other device runs it
+// Attributes: path (0 the launcher's choice, 1 decode, 4 fused_ws, 7 fused_ws on 64-row tiles) and
+// activation. One launch of sm_90a's decode or fused_ws kernel (after fused_ws's staging of x and
+// the zeros of the rows outside every group); no other device runs it
 // (kUnimplemented: the Python side lowers to XLA's dequantize + ragged_dot there).
 #include <cuda_runtime.h>
 
@@ -157,6 +158,12 @@ ffi::Error decode_path(int64_t path, GemmProblem* p) {
   }
   p->path = static_cast<GemmPath>(path);
   return ffi::Error::Success();
+}
+
+// The paths a ragged call may force: the launcher's choice, decode, fused_ws on 128- or 64-row tiles.
+bool ragged_path_valid(int64_t path) {
+  return path == 0 || path == static_cast<int64_t>(GemmPath::kDecode) ||
+         path == static_cast<int64_t>(GemmPath::kFusedWs) || path == static_cast<int64_t>(GemmPath::kFusedWsNarrow);
 }
 
 ffi::Error decode_activation(int64_t activation, GemmProblem* p) {
@@ -475,21 +482,23 @@ ffi::Error gemm_ragged_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffe
     return invalid("ragged: first_row must be an int32 scalar");
   }
   if (out_s_enc.element_count() != 0) return invalid("ragged: the output is float only");
-  if (path != 0 && path != static_cast<int64_t>(GemmPath::kDecode) && path != static_cast<int64_t>(GemmPath::kFusedWs)) {
-    return invalid("ragged: path must be 0 (auto), 1 (decode) or 4 (fused_ws), got " + std::to_string(path));
+  if (!ragged_path_valid(path)) {
+    return invalid("ragged: path must be 0 (auto), 1 (decode), 4 (fused_ws) or 7 (fused_ws on 64-row tiles), got " +
+                   std::to_string(path));
   }
   // The weights are stacked by group; s_dec and bias where they have a group dimension.
   int64_t stacked = (1 << 3) | (1 << 4);
   if (dims_of(b_s_dec).size() == 1) stacked |= 1 << 5;
   if (dims_of(bias).size() == 2) stacked |= 1 << 6;
   GemmProblem p;
-  if (auto err = element_problem(ops, {*out}, stacked, groups, 0, path, activation, &p,
+  if (auto err = element_problem(ops, {*out}, stacked, groups, 0, /*path=*/0, activation, &p,
                                  /*stacked_results=*/false);
       err.failure()) {
     return err;
   }
   p.stack = float_stack(ops, *out, stacked, groups);
   p.stack.out = 0;  // a and out are shared: every group writes its own rows
+  p.path = static_cast<GemmPath>(path);
   p.group_sizes = static_cast<const int32_t*>(group_sizes.untyped_data());
   p.first_row = static_cast<const int32_t*>(first_row.untyped_data());
   const int cc = current_compute_capability();
@@ -524,6 +533,9 @@ size_t gemm_ragged_call_workspace(const WorkspaceQuery& q) {
   if (element.args.at(5).dims.size() == 1) drop_lead(element.args[5]);
   if (element.args.at(6).dims.size() == 2) drop_lead(element.args[6]);
   GemmProblem p = problem_of_shapes(element);
+  const auto path = q.attrs.find("path");
+  p.path = path != q.attrs.end() && ragged_path_valid(path->second) ? static_cast<GemmPath>(path->second)
+                                                                     : GemmPath::kAuto;
   static const int32_t placeholder = 0;
   p.group_sizes = &placeholder;
   p.stack.count = q.args[3].dims.at(0);

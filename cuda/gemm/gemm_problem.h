@@ -31,9 +31,11 @@ struct Nvfp4Operand {
 // Which kernel family a launcher with several takes: its own shape heuristic, or a forced one
 // (tests and benchmarks run each of Hopper's on one shape; JAX_NVFP4_GEMM_SM90_PATH).
 // kPrefillCutlass is the prefill path with CUTLASS's GEMM where it would take cuBLASLt's;
-// kFusedWsWide is fused_ws on tiles of 256 staged rows instead of 128.
+// kFusedWsWide is fused_ws on tiles of 256 staged rows instead of 128; kFusedWsNarrow on tiles of
+// 64 (ragged GEMMs only).
 enum class GemmPath : int {
-  kAuto = 0, kDecode = 1, kPrefill = 2, kFused = 3, kFusedWs = 4, kPrefillCutlass = 5, kFusedWsWide = 6
+  kAuto = 0, kDecode = 1, kPrefill = 2, kFused = 3, kFusedWs = 4, kPrefillCutlass = 5, kFusedWsWide = 6,
+  kFusedWsNarrow = 7
 };
 
 // A stack of `count` GEMMs of one shape (the stacked FFI calls: vmap over stacked weights), run

@@ -12,8 +12,8 @@ ragged_matmul_p.bind(a, [a_scales, a_s_dec,] b_codes, b_scales, b_s_dec, group_s
 
 FFI target "jax_nvfp4_gemm_ragged" (cuda/gemm/gemm_ffi.cc) on sm_90a, one launch reading only
 the weights of groups that hold rows: the decode kernel over every group's 8-row tiles, or from
-16 rows a group on average the fused_ws kernel (wgmma) over the staged tiles each group's rows
-touch; the launcher picks. On an H200 it beat XLA's path at every M measured
+16 rows a group on average the fused_ws kernel (wgmma) over the staged 64- or 128-row tiles each
+group's rows touch; the launcher picks (cuda/gemm/sm90/gemm_sm90.h). On an H200 it beat XLA's path at every M measured
 (bench/results/ragged_h200_2026-11-29.md). On GPUs without the kernel the CUDA lowering is XLA's:
 the weights' e2m1 x e4m3 values in x's dtype (exact in bfloat16 and float16) and
 lax.ragged_dot_general, then the reference's epilogue.
@@ -39,12 +39,12 @@ from jax_nvfp4.primitives.matmul import ACTIVATION_CODES
 RAGGED_TARGET = "jax_nvfp4_gemm_ragged"
 
 # JAX_NVFP4_RAGGED_PATH forces one CUDA path (tests and benchmarks): "kernel" (the FFI target, its
-# launcher choosing the kernel), "decode" or "fused_ws" (that kernel), "xla"; read when a call is
-# lowered, like JAX_NVFP4_GEMM_SM90_PATH.
+# launcher choosing the kernel), "decode", "fused_ws" (128-row tiles) or "fused_ws_64" (that
+# kernel), "xla"; read when a call is lowered, like JAX_NVFP4_GEMM_SM90_PATH.
 RAGGED_PATH_ENV = "JAX_NVFP4_RAGGED_PATH"
-_PATHS = {name: name for name in ("auto", "kernel", "decode", "fused_ws", "xla")} | {"": "auto"}
 # The FFI target's path attribute (GemmPath, cuda/gemm/gemm_problem.h).
-_KERNEL_PATHS = {"decode": 1, "fused_ws": 4}
+_KERNEL_PATHS = {"decode": 1, "fused_ws": 4, "fused_ws_64": 7}
+_PATHS = {name: name for name in ("auto", "kernel", "xla", *_KERNEL_PATHS)} | {"": "auto"}
 
 
 def operand_names(a_nvfp4: bool, has_bias: bool) -> list[str]:
@@ -96,7 +96,7 @@ def _xla(ops, a_nvfp4, out_dtype, activation):
 
 
 def ragged_path() -> str:
-    """The CUDA path RAGGED_PATH_ENV forces: "auto", "kernel", "decode", "fused_ws" or "xla"."""
+    """The CUDA path RAGGED_PATH_ENV names: "auto", "kernel", "xla" or a kernel's."""
     return env_choice(RAGGED_PATH_ENV, _PATHS)
 
 

@@ -83,8 +83,10 @@ constexpr int kEmptyArrivals = 128 * kConsumers;
 constexpr int kConsumersBarrier = 1 + kConsumers;  // named barrier of both consumer warpgroups
                                                    // (1 + w: warpgroup w's epilogue)
 
-// Staged rows a tile of the narrow or the wide kernel.
+// Staged rows a tile of the narrow or the wide kernel, and of the kernel that runs ragged GEMMs only
+// (few rows a group: half the narrow tile's MMAs on rows of other groups).
 constexpr int tile_rows(bool wide) { return wide ? 256 : 128; }
+constexpr int kRaggedOnlyRows = 64;
 
 // Shared memory and threads of the kernel whose tiles are kMT staged rows wide.
 template <int kMT>
@@ -93,7 +95,8 @@ struct Config {
   static constexpr int kAcc = kMT / 2;
   static constexpr int kXStageBytes = kMT * kChunk * 2;
   static constexpr int kStageBytes = kXStageBytes + kWeightStageBytes;
-  static constexpr int kStages = kWide ? 3 : 4;
+  // 64-row tiles: half the MMAs a stage, so more stages in flight.
+  static constexpr int kStages = kWide ? 3 : kMT == kRaggedOnlyRows ? 6 : 4;
   static constexpr int kProducerThreads = kWide ? 128 : 32;  // setmaxnreg moves a warpgroup's registers
   static constexpr int kThreads = 128 * kConsumers + kProducerThreads;
   // kWide: the epilogue tiles live in the last stage of the tile (see the top of the file).
@@ -385,11 +388,10 @@ __global__ void zero_ungrouped_rows(const GemmProblem p) {
 }
 
 // A ragged GEMM: the zeros, then one persistent launch over a bound of the tiles (at most
-// ceil(M / 128) + min(G, M) items: each group's rows touch at most one more staged tile than their
+// ceil(M / kMT) + min(G, M) items: each group's rows touch at most one more staged tile than their
 // share of the tiles), which the kernel counts exactly. No split-K: the tiles are not known here.
-template <int kPiece>
+template <int kMT, int kPiece>
 cudaError_t launch_ragged(const GemmProblem& p, const StagedActivations& x, cudaStream_t stream) {
-  constexpr int kMT = tile_rows(false);
   using S = Config<kMT>;
   // Also raises the kernel's shared-memory limit on this device (once).
   if (resident_blocks<fused_ws_kernel<kMT, kPiece, true>>(dim3(S::kThreads), S::kSmemBytes)[1] == 0) {
@@ -404,30 +406,36 @@ cudaError_t launch_ragged(const GemmProblem& p, const StagedActivations& x, cuda
 
 template <int kMT>
 cudaError_t run(const GemmProblem& p, cudaStream_t stream) {
+  // Ragged GEMMs run on the 64- and 128-row tiles, the others on the 128- and 256-row ones.
+  constexpr bool kRaggedTiles = kMT != tile_rows(true), kDenseTiles = kMT != kRaggedOnlyRows;
+  if (p.ragged() ? !kRaggedTiles : !kDenseTiles) return cudaErrorInvalidValue;
   const StagedActivations x = staged_activations(p, kMT);
   if (p.workspace_bytes < x.bytes) return cudaErrorInvalidValue;
   if (cudaError_t err = stage_activations(p, x, stream); err != cudaSuccess) return err;
   // Rows of K/2 bytes are 16-byte aligned when K % 32 == 0; otherwise the codes come in 8-byte pieces.
-  if constexpr (kMT == tile_rows(false)) {
-    if (p.ragged()) return p.k % 32 == 0 ? launch_ragged<16>(p, x, stream) : launch_ragged<8>(p, x, stream);
-  } else {
-    if (p.ragged()) return cudaErrorInvalidValue;  // ragged GEMMs run on the narrow tiles only
+  const bool vec16 = p.k % 32 == 0;
+  if constexpr (kRaggedTiles) {
+    if (p.ragged()) return vec16 ? launch_ragged<kMT, 16>(p, x, stream) : launch_ragged<kMT, 8>(p, x, stream);
   }
-  return p.k % 32 == 0 ? launch<kMT, 16>(p, x, stream) : launch<kMT, 8>(p, x, stream);
+  if constexpr (kDenseTiles) return vec16 ? launch<kMT, 16>(p, x, stream) : launch<kMT, 8>(p, x, stream);
+  return cudaErrorInvalidValue;  // not reached: a dense GEMM on 64-row tiles was refused above
 }
 
 }  // namespace
 
-size_t fused_ws_workspace_bytes(const GemmProblem& p, bool wide) {
-  return staged_activations(p, tile_rows(wide)).bytes;
+size_t fused_ws_workspace_bytes(const GemmProblem& p, int mt) { return staged_activations(p, mt).bytes; }
+
+int64_t fused_ws_output_tiles(const GemmProblem& p, int mt) {
+  return ceil_div(p.n, kRows) * staged_activations(p, mt).m_tiles;
 }
 
-int64_t fused_ws_output_tiles(const GemmProblem& p, bool wide) {
-  return ceil_div(p.n, kRows) * staged_activations(p, tile_rows(wide)).m_tiles;
-}
-
-cudaError_t fused_ws_gemm(const GemmProblem& p, bool wide, cudaStream_t stream) {
-  return wide ? run<tile_rows(true)>(p, stream) : run<tile_rows(false)>(p, stream);
+cudaError_t fused_ws_gemm(const GemmProblem& p, int mt, cudaStream_t stream) {
+  switch (mt) {
+    case kRaggedOnlyRows: return run<kRaggedOnlyRows>(p, stream);
+    case tile_rows(false): return run<tile_rows(false)>(p, stream);
+    case tile_rows(true): return run<tile_rows(true)>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace sm90

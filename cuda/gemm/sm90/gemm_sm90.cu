@@ -63,8 +63,9 @@ size_t path_workspace(const GemmProblem& p) {
   switch (gemm_sm90_path(p)) {
     case GemmSm90Path::kDecode: return sm90::decode_workspace_bytes(p);
     case GemmSm90Path::kFused: return sm90::fused_workspace_bytes(p);
-    case GemmSm90Path::kFusedWs: return sm90::fused_ws_workspace_bytes(p, /*wide=*/false);
-    case GemmSm90Path::kFusedWsWide: return sm90::fused_ws_workspace_bytes(p, /*wide=*/true);
+    case GemmSm90Path::kFusedWs: return sm90::fused_ws_workspace_bytes(p, 128);
+    case GemmSm90Path::kFusedWsWide: return sm90::fused_ws_workspace_bytes(p, 256);
+    case GemmSm90Path::kFusedWsNarrow: return sm90::fused_ws_workspace_bytes(p, 64);
     default: return sm90::prefill_workspace_bytes(p);
   }
 }
@@ -77,8 +78,9 @@ cudaError_t run_path(const GemmProblem& p, cudaStream_t stream) {
   switch (gemm_sm90_path(p)) {
     case GemmSm90Path::kDecode: return sm90::decode_gemm(p, stream);
     case GemmSm90Path::kFused: return sm90::fused_gemm(p, stream);
-    case GemmSm90Path::kFusedWs: return sm90::fused_ws_gemm(p, /*wide=*/false, stream);
-    case GemmSm90Path::kFusedWsWide: return sm90::fused_ws_gemm(p, /*wide=*/true, stream);
+    case GemmSm90Path::kFusedWs: return sm90::fused_ws_gemm(p, 128, stream);
+    case GemmSm90Path::kFusedWsWide: return sm90::fused_ws_gemm(p, 256, stream);
+    case GemmSm90Path::kFusedWsNarrow: return sm90::fused_ws_gemm(p, 64, stream);
     default: return sm90::prefill_gemm(p, stream);
   }
 }
@@ -101,14 +103,23 @@ cudaError_t run_float(const GemmProblem& p, cudaStream_t stream) {
   return activation_pass(g.out, p.out_dtype, p.m, p.n, p.n, p.out, p.out_dtype, p.activation, stream);
 }
 
+// A ragged GEMM's kernel: the one p.path forces, else by the rows a group on average (gemm_sm90.h).
+GemmSm90Path ragged_path(const GemmProblem& p) {
+  switch (p.path) {
+    case GemmPath::kDecode: return GemmSm90Path::kDecode;
+    case GemmPath::kFusedWs: return GemmSm90Path::kFusedWs;
+    case GemmPath::kFusedWsNarrow: return GemmSm90Path::kFusedWsNarrow;
+    default: break;
+  }
+  const int64_t groups = p.stack.count;
+  if (p.m < kGemmSm90RaggedFusedWsRowsPerGroup * groups) return GemmSm90Path::kDecode;
+  return p.m < kGemmSm90RaggedWideRowsPerGroup * groups ? GemmSm90Path::kFusedWsNarrow : GemmSm90Path::kFusedWs;
+}
+
 }  // namespace
 
 GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
-  if (p.ragged()) {
-    const bool fused_ws = p.path == GemmPath::kAuto ? p.m >= kGemmSm90RaggedFusedWsRowsPerGroup * p.stack.count
-                                                    : p.path == GemmPath::kFusedWs;
-    return fused_ws ? GemmSm90Path::kFusedWs : GemmSm90Path::kDecode;
-  }
+  if (p.ragged()) return ragged_path(p);
   if (p.path == GemmPath::kDecode) return GemmSm90Path::kDecode;
   if (p.path == GemmPath::kPrefill || p.path == GemmPath::kPrefillCutlass) return GemmSm90Path::kPrefill;
   if (p.path == GemmPath::kFused) return GemmSm90Path::kFused;
@@ -131,7 +142,7 @@ GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
       p.m <= kGemmSm90WideMaxM) {
     // From kGemmSm90WideSplitMinM with K > kGemmSm90MidKMaxK, fewer tiles will do: the kernel
     // splits K over a cluster where they are few.
-    const int64_t wide_tiles = sm90::fused_ws_output_tiles(p, /*wide=*/true);
+    const int64_t wide_tiles = sm90::fused_ws_output_tiles(p, 256);
     const bool split_k = p.m >= kGemmSm90WideSplitMinM && p.k > kGemmSm90MidKMaxK && 10 * wide_tiles > 3 * sms;
     if (2 * wide_tiles > sms || split_k) {
       return GemmSm90Path::kFusedWsWide;
@@ -148,7 +159,7 @@ GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
   }
   if (narrow && p.m > kGemmSm90NarrowFusedMaxM) return GemmSm90Path::kPrefill;
   if (p.m <= kGemmSm90FusedMt64MaxM) return GemmSm90Path::kFused;
-  const int64_t tiles = sm90::fused_ws_output_tiles(p, /*wide=*/false);
+  const int64_t tiles = sm90::fused_ws_output_tiles(p, 128);
   if (2 * tiles > sms) {
     return p.m <= kGemmSm90FusedWsMaxM || tiles <= sms ? GemmSm90Path::kFusedWs : GemmSm90Path::kPrefill;
   }

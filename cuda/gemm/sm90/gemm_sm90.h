@@ -28,7 +28,9 @@
 
 namespace jax_nvfp4 {
 
-enum class GemmSm90Path : int { kDecode = 0, kPrefill = 1, kFused = 2, kFusedWs = 3, kFusedWsWide = 4 };
+enum class GemmSm90Path : int {
+  kDecode = 0, kPrefill = 1, kFused = 2, kFusedWs = 3, kFusedWsWide = 4, kFusedWsNarrow = 5
+};
 
 // The path gemm_sm90 takes for M activation rows (docs/gemm_hopper.md has the measurements
 // behind every bound): decode for M <= kGemmSm90DecodeMaxM (there the weights' bytes dominate:
@@ -85,10 +87,15 @@ constexpr int64_t kGemmSm90NarrowMaxN = 3072;
 constexpr int64_t kGemmSm90NarrowMinK = 4096;
 constexpr int64_t kGemmSm90NarrowFusedMaxM = 256;
 // A ragged GEMM (p.ragged()) takes the decode kernel over its groups' 8-row tiles, or fused_ws
-// over the 128-row tiles each group's rows touch from M >= kGemmSm90RaggedFusedWsRowsPerGroup * G
-// rows (each group's weights are read once per tile: the decode kernel's tiles number M / 8 + G,
-// fused_ws's about M / 128 + G, but each costs the whole tile's MMAs).
+// over the staged tiles each group's rows touch from M >= kGemmSm90RaggedFusedWsRowsPerGroup * G
+// rows: tiles of 64 rows (fused_ws_narrow), of 128 from M >= kGemmSm90RaggedWideRowsPerGroup * G.
+// Each tile reads its group's weights once: the decode kernel's tiles number about M / 8 + G,
+// fused_ws's M / 64 + G or M / 128 + G, but each of those costs the whole tile's MMAs. Measured on
+// an H200 (bench/results/ragged_h200_2026-11-29_paths.md, each kernel forced): the 64-row tiles beat
+// decode from 16-24 rows a group (Mixtral-8x7B's gate/up: 429 against 560 us at 16; even on its
+// down projection), and the 128-row ones at 64 and 96 (3-10%); the 128-row tiles won at 256 (18%).
 constexpr int64_t kGemmSm90RaggedFusedWsRowsPerGroup = 16;
+constexpr int64_t kGemmSm90RaggedWideRowsPerGroup = 128;
 GemmSm90Path gemm_sm90_path(const GemmProblem& p);
 
 // Device scratch gemm_sm90 needs for p (dequantized operands, the float32 result before NVFP4

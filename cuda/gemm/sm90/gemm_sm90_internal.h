@@ -38,11 +38,12 @@ cudaError_t fused_gemm(const GemmProblem& p, cudaStream_t stream);
 
 // Large-M kernel on the same staging and weight stages: warp-specialized (a producer warp
 // feeding an mbarrier ring, two consumer warpgroups) and persistent over output tiles of 128
-// weight rows x 128 staged rows, or 256 where `wide`.
-// Runs ragged GEMMs too (not `wide`): its tiles one group's weights each.
-size_t fused_ws_workspace_bytes(const GemmProblem& p, bool wide);
-int64_t fused_ws_output_tiles(const GemmProblem& p, bool wide);
-cudaError_t fused_ws_gemm(const GemmProblem& p, bool wide, cudaStream_t stream);
+// weight rows x 128 staged rows, or 256 (wide). Runs ragged GEMMs too, on tiles of 128 or 64
+// staged rows: each tile one group's weights.
+// `mt`: the staged rows of a tile, 128 or 256 (64 for ragged GEMMs only).
+size_t fused_ws_workspace_bytes(const GemmProblem& p, int mt);
+int64_t fused_ws_output_tiles(const GemmProblem& p, int mt);
+cudaError_t fused_ws_gemm(const GemmProblem& p, int mt, cudaStream_t stream);
 
 // Large-M path: dequantize pass + CUTLASS wgmma GEMM, writing p.out (float dtype).
 size_t prefill_workspace_bytes(const GemmProblem& p);

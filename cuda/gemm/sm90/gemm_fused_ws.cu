@@ -31,9 +31,9 @@
 // is a warpgroup that gives its registers to the consumers (setmaxnreg); its 64 KB activation
 // stages leave no room for separate epilogue tiles, so the consumers write their tiles into the
 // x half of the tile's last stage and release that stage after the epilogue.
-// Ragged GEMMs (GemmProblem::group_sizes) run on the narrow tiles: a tile is a weight tile of one
-// group and a staged activation tile that group's rows touch, its output only those rows (a tile
-// whose rows two groups share is computed once for each). The tiles are found on the device
+// Ragged GEMMs (GemmProblem::group_sizes) run on tiles of 128 or 64 staged rows (the latter for
+// them only): a tile is a weight tile of one group and a staged activation tile that group's rows
+// touch, its output only those rows (a tile whose rows two groups share is computed once for each). The tiles are found on the device
 // (ragged_groups.cuh), so one launch serves any routing; a small kernel before it writes the
 // zeros of the rows outside every group.
 // Epilogue: alpha, bias, activation, output cast, through a per-warpgroup shared-memory tile whose
@@ -175,13 +175,14 @@ __device__ __forceinline__ Work work_of(const GemmProblem& p, const Tiles& tiles
 // The weights (codes, scales, s_dec) and bias of the tile's group.
 template <bool kRagged>
 __device__ __forceinline__ GemmProblem group_problem(const GemmProblem& p, const Work& w) {
-  if constexpr (!kRagged) return p;
   GemmProblem q = p;
-  const GemmStack& s = p.stack;
-  q.b = {advanced(p.b.codes, w.group * s.b_codes), advanced(p.b.scales, w.group * s.b_scales),
-         advanced(p.b.s_dec, w.group * s.b_s_dec)};
-  q.bias = advanced(p.bias, w.group * s.bias);
-  q.m = w.row_end;
+  if constexpr (kRagged) {
+    const GemmStack& s = p.stack;
+    q.b = {advanced(p.b.codes, w.group * s.b_codes), advanced(p.b.scales, w.group * s.b_scales),
+           advanced(p.b.s_dec, w.group * s.b_s_dec)};
+    q.bias = advanced(p.bias, w.group * s.bias);
+    q.m = w.row_end;
+  }
   return q;
 }
 

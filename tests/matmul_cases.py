@@ -3,6 +3,9 @@
 The oracle decodes the NVFP4 operands independently (ml_dtypes for E2M1/E4M3, the plain scale
 layout) and multiplies in float64, so it shares no arithmetic with the library's kernels."""
 
+import contextlib
+import os
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -10,6 +13,27 @@ import numpy as np
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import reference
+
+
+@contextlib.contextmanager
+def lowering_env(name, value):
+    """Environment variable `name` set to `value` (unset for None) for the calls lowered inside
+    the block (a path choice is read when a call is lowered): jax's caches are cleared on the way
+    in and out, and the old value comes back after."""
+    old = os.environ.get(name)
+
+    def put(v):
+        if v is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = v
+        jax.clear_caches()
+
+    put(value)
+    try:
+        yield
+    finally:
+        put(old)
 
 
 def random_float(shape, dtype, seed, scale=1.0):

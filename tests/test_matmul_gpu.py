@@ -6,7 +6,6 @@ with cuBLASLt's GEMM where the build has it and with CUTLASS's (prefill_cutlass)
 allocator is handed a NaN-filled buffer of the output's size and gets it back, so an output
 element the kernel fails to write shows up as NaN or garbage instead of a lucky zero."""
 
-import contextlib
 import importlib.util
 import os
 import shutil
@@ -40,22 +39,8 @@ def kernels(gpu_kernels):
     return gpu_kernels(GEMM_TARGET, GEMM_NVFP4_OUT_TARGET)
 
 
-@contextlib.contextmanager
 def forced_path(path):
-    old = os.environ.get(PATH_ENV)
-    if path == "auto":
-        os.environ.pop(PATH_ENV, None)
-    else:
-        os.environ[PATH_ENV] = path
-    jax.clear_caches()
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(PATH_ENV, None)
-        else:
-            os.environ[PATH_ENV] = old
-        jax.clear_caches()
+    return mc.lowering_env(PATH_ENV, None if path == "auto" else path)
 
 
 def w4a16_oracle(device, x, w, bias=None, activation=None):

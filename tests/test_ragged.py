@@ -5,8 +5,8 @@ On a CPU the primitive lowers to the reference; on an H100/H200 to the ragged ke
 picks the decode or the fused_ws kernel), so the same cases test whichever runs.
 The GPU-only tests at the end force each CUDA path and check the kernel is the one called."""
 
-import contextlib
-import os
+import importlib.util
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +17,10 @@ import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
 from jax_nvfp4.primitives.ragged import RAGGED_PATH_ENV, RAGGED_TARGET, ragged_matmul_p
 from jax_nvfp4.reference import activation as reference_activation
+
+_spec = importlib.util.spec_from_file_location("matmul_cases", Path(__file__).parent / "matmul_cases.py")
+mc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mc)
 
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 1e-2, jnp.float16: 2e-3}
 
@@ -276,19 +280,8 @@ def test_s_dec_of_another_shape_is_rejected():
 
 # --------------------------------------------------------------------------- the CUDA paths
 
-@contextlib.contextmanager
 def ragged_path(path):
-    old = os.environ.get(RAGGED_PATH_ENV)
-    os.environ[RAGGED_PATH_ENV] = path
-    jax.clear_caches()
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(RAGGED_PATH_ENV, None)
-        else:
-            os.environ[RAGGED_PATH_ENV] = old
-        jax.clear_caches()
+    return mc.lowering_env(RAGGED_PATH_ENV, path)
 
 
 @pytest.fixture

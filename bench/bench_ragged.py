@@ -7,10 +7,10 @@ T tokens, each routed to top_k distinct experts drawn at random (fixed seed), gi
 rows sorted by expert. Weights [G, N, K] of MoE models: Mixtral-8x7B's gate/up projections fused
 (swiglu, 8 x 28672 x 4096) and down projection (8 x 4096 x 14336), DeepSeek-V2-Lite's routed
 experts' gate/up (64 x 2816 x 2048, top 6). Ours is timed on the path it picks ("auto"), and on
-each path forced (JAX_NVFP4_RAGGED_PATH): the decode kernel (8-row tiles), the fused_ws kernel
-(64- and 128-row tiles on wgmma) and XLA's path, which is the dequantize + ragged_dot peer (the
-weights' e2m1 x e4m3 values in bf16, then lax.ragged_dot). bf16 lax.ragged_dot holds its weights as
-[G, K, N]. Calls rotate through weight copies larger than the L2; times are medians of LoopTimer
+each path forced (JAX_NVFP4_RAGGED_PATH; --paths picks them, --layers the layers): the decode
+kernel (8-row tiles), the fused_ws kernel (64-, 128- and 256-row tiles on wgmma) and XLA's path,
+which is the dequantize + ragged_dot peer (the weights' e2m1 x e4m3 values in bf16, then
+lax.ragged_dot). bf16 lax.ragged_dot holds its weights as [G, K, N]. Calls rotate through weight copies larger than the L2; times are medians of LoopTimer
 readings taken round-robin (jax_nvfp4/timing.py), us per call. The roofline of a shape is the
 longer of two times: the NVFP4 bytes of the experts that hold rows (4.5 bits an element) over the
 HBM read + write rate, and its 2 M N K flops over the MMA ceiling (a bf16 jnp.dot of 8192 x 4096
@@ -42,7 +42,9 @@ LAYERS = [("Mixtral-8x7B w1+w3", 8, 28672, 4096, "swiglu", 2),
           ("Mixtral-8x7B w2", 8, 4096, 14336, None, 2),
           ("DeepSeek-V2-Lite w1+w3", 64, 2816, 2048, "swiglu", 6)]
 TOKENS = [1, 4, 16, 64]
-PATHS = ("auto", "decode", "fused_ws_64", "fused_ws", "xla")
+PATHS = ("decode", "fused_ws_64", "fused_ws", "fused_ws_256", "xla")
+PATH_COLUMNS = {"decode": "decode", "fused_ws_64": "fused_ws 64",
+                "fused_ws": "fused_ws 128", "fused_ws_256": "fused_ws 256", "xla": "XLA path"}
 NVFP4_BYTES_PER_ELEMENT = 0.5 + 1 / 16  # codes, plus one e4m3 scale a 16-element block
 
 
@@ -74,7 +76,7 @@ def mma_ceiling(rounds: int) -> float:
     return 2.0 * m * n * k / seconds
 
 
-def run(out_dir: Path, rounds: int, tokens: list[int]):
+def run(out_dir: Path, rounds: int, tokens: list[int], paths: list[str], layers: list[str]):
     device = jax.devices()[0]
     name = device.device_kind
     bw = hbm_bandwidth()
@@ -86,11 +88,15 @@ def run(out_dir: Path, rounds: int, tokens: list[int]):
              f"· roofline: the longer of the NVFP4 bytes of the experts holding rows / HBM and "
              f"2 M N K / MMA ceiling",
              "",
-             "| layer | tokens | M | experts used | NVFP4 auto | decode | fused_ws 64 | fused_ws 128 | "
-             "XLA path | bf16 ragged_dot | auto vs bf16 | auto vs XLA path | TFLOP/s | % of roofline |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| layer | tokens | M | experts used | NVFP4 auto | "
+             + "".join(f"{PATH_COLUMNS[p]} | " for p in paths)
+             + "bf16 ragged_dot | auto vs bf16 | "
+             + ("auto vs XLA path | " if "xla" in paths else "") + "TFLOP/s | % of roofline |",
+             "|---|" + "---:|" * (8 + len(paths) + ("xla" in paths))]
     keys = jax.random.split(jax.random.key(0), 2)
     for layer, groups, n, k, activation, top_k in LAYERS:
+        if layer not in layers:
+            continue
         w16 = (jax.random.normal(keys[0], (groups, n, k), jnp.float32) / np.sqrt(k)).astype(
             jnp.bfloat16)
         wq = jax.vmap(nv.quantize)(w16)
@@ -112,17 +118,16 @@ def run(out_dir: Path, rounds: int, tokens: list[int]):
             used = int((sizes > 0).sum())
             x = jax.random.normal(keys[1], (m, k), jnp.bfloat16)
             s = jnp.asarray(sizes)
-            timers = {p: timer_on_path(p, ours, (x, wq, s)) for p in PATHS}
+            timers = {p: timer_on_path(p, ours, (x, wq, s)) for p in ("auto", *paths)}
             timers["bf16"] = LoopTimer(bf16, (x, w_kn, s))
             us = {key: v * 1e6 for key, v in interleaved_times(timers, rounds).items()}
             flops = 2.0 * m * n * k
             roofline_us = max(used * n * k * NVFP4_BYTES_PER_ELEMENT / bw, flops / peak) * 1e6
+            vs_xla = f"{us['xla'] / us['auto']:.2f}x | " if "xla" in paths else ""
             lines.append(f"| {layer} | {t} | {m} | {used} of {groups} | {us['auto']:.1f} | "
-                         f"{us['decode']:.1f} | {us['fused_ws_64']:.1f} | {us['fused_ws']:.1f} | "
-                         f"{us['xla']:.1f} | "
-                         f"{us['bf16']:.1f} | {us['bf16'] / us['auto']:.2f}x | "
-                         f"{us['xla'] / us['auto']:.2f}x | {flops / us['auto'] / 1e6:.0f} | "
-                         f"{100 * roofline_us / us['auto']:.0f}% |")
+                         + "".join(f"{us[p]:.1f} | " for p in paths)
+                         + f"{us['bf16']:.1f} | {us['bf16'] / us['auto']:.2f}x | {vs_xla}"
+                         f"{flops / us['auto'] / 1e6:.0f} | {100 * roofline_us / us['auto']:.0f}% |")
             print(lines[-1], flush=True)
             del timers
         del wq, w_kn
@@ -132,8 +137,12 @@ def run(out_dir: Path, rounds: int, tokens: list[int]):
 def main():
     parser = table_parser(__doc__)
     parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS)
+    parser.add_argument("--paths", nargs="*", choices=PATHS, default=list(PATHS),
+                        help="the paths timed forced, beside the launcher's choice")
+    parser.add_argument("--layers", nargs="+", choices=[layer[0] for layer in LAYERS],
+                        default=[layer[0] for layer in LAYERS])
     args = parser.parse_args()
-    run(args.out, args.rounds, args.tokens)
+    run(args.out, args.rounds, args.tokens, args.paths, args.layers)
 
 
 if __name__ == "__main__":

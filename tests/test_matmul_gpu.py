@@ -460,10 +460,10 @@ MEMCHECK_SCRIPT = textwrap.dedent("""
     xq = jn.quantize(jnp.asarray(rng.standard_normal((3, 4112)), jnp.float32))
     jn.matmul(xq, big, out_dtype=jnp.float32).block_until_ready()
     # The ragged kernels: tails, empty groups, rows before (none here), between and after groups,
-    # groups that share fused_ws's 64- and 128-row tiles.
+    # groups that share fused_ws's tiles.
     wg = jax.vmap(jn.quantize)(jnp.asarray(rng.standard_normal((5, 70, 208)), jnp.float32))
     bias = jnp.ones((5, 70), jnp.bfloat16)
-    for path in ("decode", "fused_ws_64", "fused_ws"):
+    for path in ("decode", "fused_ws_64", "fused_ws", "fused_ws_256"):
         os.environ["JAX_NVFP4_RAGGED_PATH"] = path
         jax.clear_caches()
         for m, sizes in ((1, [0, 1, 0, 0, 0]), (13, [3, 0, 4, 1, 2]), (21, [-2, 9, 0, 30, 1]),

@@ -292,7 +292,7 @@ def ragged_kernel(gpu_kernels):
     return device
 
 
-@pytest.mark.parametrize("path", ["decode", "fused_ws_64", "fused_ws", "xla"])
+@pytest.mark.parametrize("path", ["decode", "fused_ws_64", "fused_ws", "fused_ws_256", "xla"])
 @pytest.mark.parametrize("x_dtype", [jnp.bfloat16, jnp.float32, "nvfp4"])
 @pytest.mark.parametrize("case", [(1, 8, 4112, 4096, [0, 0, 0, 1, 0, 0, 0, 0]),
                                   (6, 8, 2064, 1040, [0, 2, 0, 0, 1, 0, 3, 0]),
@@ -319,13 +319,13 @@ def test_cuda_paths(ragged_kernel, case, x_dtype, path):
     assert rel_err(y, oracle(x, w, sizes, bias, "swiglu")) <= 1e-5
 
 
-@pytest.mark.parametrize("path", ["decode", "fused_ws_64", "fused_ws"])
+@pytest.mark.parametrize("path", ["decode", "fused_ws_64", "fused_ws", "fused_ws_256"])
 @pytest.mark.parametrize("k", [1024, 1040])  # 16- and 8-byte weight copies
 @pytest.mark.parametrize("x_dtype,out_dtype,activation", [(jnp.bfloat16, jnp.bfloat16, "none"),
                                                           (jnp.float16, jnp.float32, "gelu"),
                                                           ("nvfp4", jnp.bfloat16, "swiglu")])
 def test_kernels_on_groups_across_tiles(ragged_kernel, path, k, x_dtype, out_dtype, activation):
-    """Groups that begin and end inside fused_ws's 64- and 128-row tiles (a tile two groups share is
+    """Groups that begin and end inside fused_ws's 64- to 256-row tiles (a tile two groups share is
     computed once for each, each storing only its rows), group 0 from first_row > 0 (a shard of
     the groups), rows of no group before and after, N past the last whole tile; the output
     poisoned with NaN first."""
@@ -356,10 +356,11 @@ def test_kernels_on_groups_across_tiles(ragged_kernel, path, k, x_dtype, out_dty
 
 
 def test_auto_path_takes_the_kernel_at_any_m(ragged_kernel):
-    """The kernel at every M, the launcher's choices on both sides of its rule (fused_ws on 64-row
-    tiles from 16 rows a group, on 128-row tiles from 128: 32 and 256 rows here)."""
+    """The kernel at every M, the launcher's choices on both sides of its rule (gemm_sm90.h: fused_ws
+    from 16 rows a group on 64-row tiles, on 128- and 256-row ones from 128 and 512: 32, 256 and
+    1024 rows here)."""
     w = weights(jax.random.key(20), 2, 64, 64)
-    for m in (1, 31, 32, 255, 256, 5000):
+    for m in (1, 31, 32, 255, 256, 1023, 1024, 5000):
         x = jax.random.normal(jax.random.key(m), (m, 64), jnp.float32)
         sizes = [m // 3, m - m // 3]
         before = _extension.host_calls(RAGGED_TARGET)

@@ -160,10 +160,14 @@ ffi::Error decode_path(int64_t path, GemmProblem* p) {
   return ffi::Error::Success();
 }
 
-// The paths a ragged call may force: the launcher's choice, decode, fused_ws on 128- or 64-row tiles.
+// The paths a ragged call may force: the launcher's choice, decode, fused_ws on 64-, 128- or
+// 256-row tiles.
 bool ragged_path_valid(int64_t path) {
-  return path == 0 || path == static_cast<int64_t>(GemmPath::kDecode) ||
-         path == static_cast<int64_t>(GemmPath::kFusedWs) || path == static_cast<int64_t>(GemmPath::kFusedWsNarrow);
+  for (GemmPath valid : {GemmPath::kAuto, GemmPath::kDecode, GemmPath::kFusedWsNarrow, GemmPath::kFusedWs,
+                         GemmPath::kFusedWsWide}) {
+    if (path == static_cast<int64_t>(valid)) return true;
+  }
+  return false;
 }
 
 ffi::Error decode_activation(int64_t activation, GemmProblem* p) {
@@ -483,8 +487,8 @@ ffi::Error gemm_ragged_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffe
   }
   if (out_s_enc.element_count() != 0) return invalid("ragged: the output is float only");
   if (!ragged_path_valid(path)) {
-    return invalid("ragged: path must be 0 (auto), 1 (decode), 4 (fused_ws) or 7 (fused_ws on 64-row tiles), got " +
-                   std::to_string(path));
+    return invalid("ragged: path must be 0 (auto), 1 (decode), 7, 4 or 6 (fused_ws on 64-, 128- or 256-row tiles), "
+                   "got " + std::to_string(path));
   }
   // The weights are stacked by group; s_dec and bias where they have a group dimension.
   int64_t stacked = (1 << 3) | (1 << 4);

@@ -12,9 +12,10 @@ ragged_matmul_p.bind(a, [a_scales, a_s_dec,] b_codes, b_scales, b_s_dec, group_s
 
 FFI target "jax_nvfp4_gemm_ragged" (cuda/gemm/gemm_ffi.cc) on sm_90a, one launch reading only
 the weights of groups that hold rows: the decode kernel over every group's 8-row tiles, or from
-16 rows a group on average the fused_ws kernel (wgmma) over the staged 64- or 128-row tiles each
-group's rows touch; the launcher picks (cuda/gemm/sm90/gemm_sm90.h). On an H200 it beat XLA's path at every M measured
-(bench/results/ragged_h200_2026-11-29.md). On GPUs without the kernel the CUDA lowering is XLA's:
+16 rows a group on average the fused_ws kernel (wgmma) over the staged 64-, 128- or 256-row tiles
+each group's rows touch; the launcher picks (cuda/gemm/sm90/gemm_sm90.h). On an H200 it beat XLA's
+path at every M measured (bench/results/ragged_h200_2026-11-29.md). On GPUs without the kernel the
+CUDA lowering is XLA's:
 the weights' e2m1 x e4m3 values in x's dtype (exact in bfloat16 and float16) and
 lax.ragged_dot_general, then the reference's epilogue.
 """
@@ -39,11 +40,12 @@ from jax_nvfp4.primitives.matmul import ACTIVATION_CODES
 RAGGED_TARGET = "jax_nvfp4_gemm_ragged"
 
 # JAX_NVFP4_RAGGED_PATH forces one CUDA path (tests and benchmarks): "kernel" (the FFI target, its
-# launcher choosing the kernel), "decode", "fused_ws" (128-row tiles) or "fused_ws_64" (that
-# kernel), "xla"; read when a call is lowered, like JAX_NVFP4_GEMM_SM90_PATH.
+# launcher choosing the kernel), "decode", "fused_ws_64", "fused_ws" or "fused_ws_256" (that
+# kernel on tiles of 64, 128 or 256 rows), "xla"; read when a call is lowered, like
+# JAX_NVFP4_GEMM_SM90_PATH.
 RAGGED_PATH_ENV = "JAX_NVFP4_RAGGED_PATH"
 # The FFI target's path attribute (GemmPath, cuda/gemm/gemm_problem.h).
-_KERNEL_PATHS = {"decode": 1, "fused_ws": 4, "fused_ws_64": 7}
+_KERNEL_PATHS = {"decode": 1, "fused_ws_64": 7, "fused_ws": 4, "fused_ws_256": 6}
 _PATHS = {name: name for name in ("auto", "kernel", "xla", *_KERNEL_PATHS)} | {"": "auto"}
 
 

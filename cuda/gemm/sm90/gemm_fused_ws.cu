@@ -31,9 +31,10 @@
 // is a warpgroup that gives its registers to the consumers (setmaxnreg); its 64 KB activation
 // stages leave no room for separate epilogue tiles, so the consumers write their tiles into the
 // x half of the tile's last stage and release that stage after the epilogue.
-// Ragged GEMMs (GemmProblem::group_sizes) run on tiles of 128 or 64 staged rows (the latter for
-// them only): a tile is a weight tile of one group and a staged activation tile that group's rows
-// touch, its output only those rows (a tile whose rows two groups share is computed once for each). The tiles are found on the device
+// Ragged GEMMs (GemmProblem::group_sizes) run on tiles of 64, 128 or 256 staged rows (the first
+// for them only: few rows a group): a tile is a weight tile of one group and a staged
+// activation tile that group's rows touch, its output only those rows (a tile whose rows two
+// groups share is computed once for each). The tiles are found on the device
 // (ragged_groups.cuh), so one launch serves any routing; a small kernel before it writes the
 // zeros of the rows outside every group.
 // Epilogue: alpha, bias, activation, output cast, through a per-warpgroup shared-memory tile whose
@@ -407,18 +408,15 @@ cudaError_t launch_ragged(const GemmProblem& p, const StagedActivations& x, cuda
 
 template <int kMT>
 cudaError_t run(const GemmProblem& p, cudaStream_t stream) {
-  // Ragged GEMMs run on the 64- and 128-row tiles, the others on the 128- and 256-row ones.
-  constexpr bool kRaggedTiles = kMT != tile_rows(true), kDenseTiles = kMT != kRaggedOnlyRows;
-  if (p.ragged() ? !kRaggedTiles : !kDenseTiles) return cudaErrorInvalidValue;
+  // Ragged GEMMs run on every tile width, the others on the 128- and 256-row ones.
+  if (kMT == kRaggedOnlyRows && !p.ragged()) return cudaErrorInvalidValue;
   const StagedActivations x = staged_activations(p, kMT);
   if (p.workspace_bytes < x.bytes) return cudaErrorInvalidValue;
   if (cudaError_t err = stage_activations(p, x, stream); err != cudaSuccess) return err;
   // Rows of K/2 bytes are 16-byte aligned when K % 32 == 0; otherwise the codes come in 8-byte pieces.
   const bool vec16 = p.k % 32 == 0;
-  if constexpr (kRaggedTiles) {
-    if (p.ragged()) return vec16 ? launch_ragged<kMT, 16>(p, x, stream) : launch_ragged<kMT, 8>(p, x, stream);
-  }
-  if constexpr (kDenseTiles) return vec16 ? launch<kMT, 16>(p, x, stream) : launch<kMT, 8>(p, x, stream);
+  if (p.ragged()) return vec16 ? launch_ragged<kMT, 16>(p, x, stream) : launch_ragged<kMT, 8>(p, x, stream);
+  if constexpr (kMT != kRaggedOnlyRows) return vec16 ? launch<kMT, 16>(p, x, stream) : launch<kMT, 8>(p, x, stream);
   return cudaErrorInvalidValue;  // not reached: a dense GEMM on 64-row tiles was refused above
 }
 

@@ -109,11 +109,13 @@ GemmSm90Path ragged_path(const GemmProblem& p) {
     case GemmPath::kDecode: return GemmSm90Path::kDecode;
     case GemmPath::kFusedWs: return GemmSm90Path::kFusedWs;
     case GemmPath::kFusedWsNarrow: return GemmSm90Path::kFusedWsNarrow;
+    case GemmPath::kFusedWsWide: return GemmSm90Path::kFusedWsWide;
     default: break;
   }
   const int64_t groups = p.stack.count;
   if (p.m < kGemmSm90RaggedFusedWsRowsPerGroup * groups) return GemmSm90Path::kDecode;
-  return p.m < kGemmSm90RaggedWideRowsPerGroup * groups ? GemmSm90Path::kFusedWsNarrow : GemmSm90Path::kFusedWs;
+  if (p.m < kGemmSm90RaggedWideRowsPerGroup * groups) return GemmSm90Path::kFusedWsNarrow;
+  return p.m < kGemmSm90Ragged256RowsPerGroup * groups ? GemmSm90Path::kFusedWs : GemmSm90Path::kFusedWsWide;
 }
 
 }  // namespace

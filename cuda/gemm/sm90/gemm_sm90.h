@@ -86,16 +86,22 @@ constexpr int64_t kGemmSm90ShortKDecodeMaxWeights = int64_t{1} << 22;  // 4096 x
 constexpr int64_t kGemmSm90NarrowMaxN = 3072;
 constexpr int64_t kGemmSm90NarrowMinK = 4096;
 constexpr int64_t kGemmSm90NarrowFusedMaxM = 256;
-// A ragged GEMM (p.ragged()) takes the decode kernel over its groups' 8-row tiles, or fused_ws
-// over the staged tiles each group's rows touch from M >= kGemmSm90RaggedFusedWsRowsPerGroup * G
-// rows: tiles of 64 rows (fused_ws_narrow), of 128 from M >= kGemmSm90RaggedWideRowsPerGroup * G.
+// A ragged GEMM (p.ragged()) takes the decode kernel over its groups' 8-row tiles below
+// kGemmSm90RaggedFusedWsRowsPerGroup rows a group on average (M < that * G), else fused_ws over
+// the staged tiles each group's rows touch: tiles of 64 rows (fused_ws_narrow) below
+// kGemmSm90RaggedWideRowsPerGroup, of 128 below kGemmSm90Ragged256RowsPerGroup, of 256 from there.
 // Each tile reads its group's weights once: the decode kernel's tiles number about M / 8 + G,
-// fused_ws's M / 64 + G or M / 128 + G, but each of those costs the whole tile's MMAs. Measured on
-// an H200 (bench/results/ragged_h200_2026-11-29_paths.md, each kernel forced): the 64-row tiles beat
-// decode from 16-24 rows a group (Mixtral-8x7B's gate/up: 429 against 560 us at 16; even on its
-// down projection), and the 128-row ones at 64 and 96 (3-10%); the 128-row tiles won at 256 (18%).
+// fused_ws's M / rows + G, but each of those costs the whole tile's MMAs. Measured on an H200,
+// each kernel forced (bench/results/ragged_h200_2026-11-29_paths.md,
+// bench/results/ragged_h200_2026-11-29_tiles.md): the 64-row tiles beat decode from 16-24 rows a
+// group (Mixtral-8x7B's gate/up: 429 against 560 us at 16; even on its down projection), and the
+// 128-row ones at 64 and 96 (3-10%); the 128-row tiles won at 256 (18%), and lost to the 256-row
+// ones by 9-20% at 512 and 1024 rows a group while leading them by 7-8% at 256. Tiles of 32 rows
+// (one or two CTAs an SM) were at most 7% ahead of the best of these at 16 rows a group and behind
+// them elsewhere: not built.
 constexpr int64_t kGemmSm90RaggedFusedWsRowsPerGroup = 16;
 constexpr int64_t kGemmSm90RaggedWideRowsPerGroup = 128;
+constexpr int64_t kGemmSm90Ragged256RowsPerGroup = 512;
 GemmSm90Path gemm_sm90_path(const GemmProblem& p);
 
 // Device scratch gemm_sm90 needs for p (dequantized operands, the float32 result before NVFP4

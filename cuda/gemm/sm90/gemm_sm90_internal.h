@@ -40,7 +40,7 @@ cudaError_t fused_gemm(const GemmProblem& p, cudaStream_t stream);
 // feeding an mbarrier ring, two consumer warpgroups) and persistent over output tiles of 128
 // weight rows x 128 staged rows, or 256 (wide). Runs ragged GEMMs too, on tiles of 128 or 64
 // staged rows: each tile one group's weights.
-// `mt`: the staged rows of a tile, 128 or 256 (64 for ragged GEMMs only).
+// `mt`: the staged rows of a tile, 128 or 256 (ragged GEMMs: 64, 128 or 256).
 size_t fused_ws_workspace_bytes(const GemmProblem& p, int mt);
 int64_t fused_ws_output_tiles(const GemmProblem& p, int mt);
 cudaError_t fused_ws_gemm(const GemmProblem& p, int mt, cudaStream_t stream);

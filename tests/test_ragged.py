@@ -325,10 +325,10 @@ def test_cuda_paths(ragged_kernel, case, x_dtype, path):
                                                           (jnp.float16, jnp.float32, "gelu"),
                                                           ("nvfp4", jnp.bfloat16, "swiglu")])
 def test_kernels_on_groups_across_tiles(ragged_kernel, path, k, x_dtype, out_dtype, activation):
-    """Groups that begin and end inside fused_ws's 64- to 256-row tiles (a tile two groups share is
-    computed once for each, each storing only its rows), group 0 from first_row > 0 (a shard of
-    the groups), rows of no group before and after, N past the last whole tile; the output
-    poisoned with NaN first."""
+    """Groups whose rows begin and end inside fused_ws's 64- to 256-row tiles of x (staged each from a
+    tile boundary, its last tile partial), group 0 from first_row > 0 (a shard of the groups), rows
+    of no group before and after, N past the last whole tile; the output poisoned with NaN
+    first."""
     m, g, n, first_row = 300, 5, 2064, 2
     sizes = [0, 130, 7, 120, 40]  # rows 2 .. 298; rows 0, 1 and 299 are in no group
     keys = jax.random.split(jax.random.key(k + m), 3)

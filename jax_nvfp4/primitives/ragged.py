@@ -12,8 +12,8 @@ ragged_matmul_p.bind(a, [a_scales, a_s_dec,] b_codes, b_scales, b_s_dec, group_s
 
 FFI target "jax_nvfp4_gemm_ragged" (cuda/gemm/gemm_ffi.cc) on sm_90a, one launch reading only
 the weights of groups that hold rows: the decode kernel over every group's 8-row tiles, or from
-16 rows a group on average the fused_ws kernel (wgmma) over the staged 64-, 128- or 256-row tiles
-each group's rows touch; the launcher picks (cuda/gemm/sm90/gemm_sm90.h). On an H200 it beat XLA's
+16 rows a group on average the fused_ws kernel (wgmma) over each group's rows staged in 64-, 128-
+or 256-row tiles; the launcher picks (cuda/gemm/sm90/gemm_sm90.h). On an H200 it beat XLA's
 path at every M measured (bench/results/ragged_h200_2026-11-29.md). On GPUs without the kernel the
 CUDA lowering is XLA's:
 the weights' e2m1 x e4m3 values in x's dtype (exact in bfloat16 and float16) and

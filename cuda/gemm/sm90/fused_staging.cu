@@ -2,7 +2,9 @@
 // as bf16 tiles in the K order the weight dequantization produces and in wgmma's 128-byte-swizzle
 // K-major layout (fused_staging.h), so that a stage of either kernel is one contiguous copy.
 // Every activation kind becomes bf16: NVFP4 is dequantized exactly, f16 and f32 become a bf16
-// hi row and lo row side by side (the kernels add the two results in their epilogue).
+// hi row and lo row side by side (the kernels add the two results in their epilogue). A ragged
+// GEMM's groups are staged each from a tile boundary (tile y holds the rows of group_tile_rows's
+// tile y), so that no tile holds two groups' rows.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -15,6 +17,7 @@
 #include "gemm/sm90/fused_weights.cuh"
 #include "gemm/sm90/gemm_device_utils.cuh"
 #include "gemm/sm90/gemm_sm90_internal.h"
+#include "gemm/sm90/ragged_groups.cuh"
 
 namespace jax_nvfp4 {
 namespace sm90 {
@@ -75,19 +78,35 @@ __device__ __forceinline__ void activation_pairs(const GemmProblem& p, int64_t r
   }
 }
 
-// One thread per (staged row, chunk, t, q): 8 activations in, 4 words out.
+// One thread per (staged row, chunk, t, q): 8 activations in, 4 words out. Whole warps step
+// together: a ragged GEMM's warp finds the rows of its (at most two) tiles with warp-wide scans.
 template <XKind XK, int MT>
 __global__ void stage_kernel(const GemmProblem p, int64_t staged_rows, int64_t chunks, uint32_t* xs) {
   constexpr int kTileWords = MT * kChunk / 2;
+  constexpr int kRowsPerRow = staged_rows_per_row<XK>();
   const int64_t total = staged_rows * chunks * 16;
+  const int lane = threadIdx.x % 32;
   wait_for_prior_grids();  // programmatic dependent launch: the grid before may be writing x
-  for (int64_t id = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; id < total;
-       id += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t warp0 = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x - lane; warp0 < total;
+       warp0 += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t id = min(warp0 + lane, total - 1);
     const int tq = static_cast<int>(id % 16);  // consecutive threads read consecutive 8-element words
     const int t = tq / 4, q = tq % 4;
     const int64_t c = (id / 16) % chunks, r = id / 16 / chunks;
+    GemmProblem src = p;
+    int64_t src_row = r;  // in staged rows (kRowsPerRow a row of x)
+    if (p.group_sizes != nullptr) {  // ragged
+      const int64_t y = r / MT, first = __shfl_sync(0xffffffffu, y, 0), last = __shfl_sync(0xffffffffu, y, 31);
+      const TileRows a = group_tile_rows(p, first, MT / kRowsPerRow);
+      const TileRows b = last != first ? group_tile_rows(p, last, MT / kRowsPerRow) : a;  // warp-uniform
+      const TileRows rows = y == first ? a : b;
+      if (rows.end <= rows.begin) continue;  // past the groups' tiles: the GEMM reads none of it
+      src.m = rows.end;
+      src_row = rows.begin * kRowsPerRow + r % MT;
+    }
+    if (warp0 + lane >= total) continue;
     uint32_t pair[4];
-    activation_pairs<XK>(p, r, c * kChunk + 32 * t + 8 * q, pair);
+    activation_pairs<XK>(src, src_row, c * kChunk + 32 * t + 8 * q, pair);
     uint32_t* tile = xs + ((r / MT) * chunks + c) * kTileWords;
     const int64_t row = r % MT;
 #pragma unroll
@@ -122,6 +141,8 @@ StagedActivations staged_activations(const GemmProblem& p, int mt) {
   s.mt = mt;
   s.rows_per_x_row = !p.a_is_nvfp4 && (p.a_dtype == DType::kF16 || p.a_dtype == DType::kF32) ? 2 : 1;
   s.m_tiles = ceil_div(p.m * s.rows_per_x_row, static_cast<int64_t>(mt));
+  // Ragged: each group's rows from a tile boundary, so up to one more tile for each group with rows.
+  if (p.ragged()) s.m_tiles += std::min(p.stack.count, p.m);
   s.chunks = ceil_div(p.k, static_cast<int64_t>(kChunk));
   s.bytes = static_cast<size_t>(s.m_tiles * mt * s.chunks * kChunk) * 2;
   return s;

@@ -457,7 +457,7 @@ __device__ RaggedItem ragged_item(const GemmProblem& p, int64_t y) {
   const int64_t first = ragged_first_row(p);
   const int64_t before = ceil_div(first, 8);
   if (y < before) return {-1, 8 * y, min(8 * y + 8, first)};
-  const GroupItem item = group_item(p, y - before, [](int64_t b, int64_t e) { return ceil_div(e - b, 8); });
+  const GroupItem item = group_item(p, y - before, group_tiles(8));
   const int64_t row = item.begin + 8 * item.index;
   return {item.group, row, min(row + 8, item.group < 0 ? p.m : item.end)};
 }

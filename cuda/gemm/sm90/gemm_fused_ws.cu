@@ -32,9 +32,9 @@
 // stages leave no room for separate epilogue tiles, so the consumers write their tiles into the
 // x half of the tile's last stage and release that stage after the epilogue.
 // Ragged GEMMs (GemmProblem::group_sizes) run on tiles of 64, 128 or 256 staged rows (the first
-// for them only: few rows a group): a tile is a weight tile of one group and a staged
-// activation tile that group's rows touch, its output only those rows (a tile whose rows two
-// groups share is computed once for each). The tiles are found on the device
+// for them only: few rows a group): the staging kernel stages each group's rows from a tile
+// boundary, and a tile is a weight tile of one group and a staged tile of that group's rows
+// (MMAs on other rows only in a group's last, partial tile). The tiles are found on the device
 // (ragged_groups.cuh), so one launch serves any routing; a small kernel before it writes the
 // zeros of the rows outside every group.
 // Epilogue: alpha, bias, activation, output cast, through a per-warpgroup shared-memory tile whose
@@ -146,15 +146,11 @@ struct Tiles {
 
 // What output tile t of a launch holds: weight tile n_tile of group `group` (0 unless ragged),
 // staged activation tile m_tile, and the output rows [row_begin, row_end) it stores. A ragged
-// GEMM's items are, group by group, the staged tiles of x_rows rows that the group's rows touch
-// (group_item); Tiles::m_tiles counts them.
+// GEMM's staged tiles are, group by group, its groups' rows in tiles of x_rows rows
+// (group_tile_rows, as fused_staging.cu stages them); Tiles::m_tiles counts them.
 struct Work {
   int64_t n_tile, m_tile, group, row_begin, row_end;
 };
-
-__device__ __forceinline__ auto touched_tiles(int64_t x_rows) {
-  return [x_rows](int64_t b, int64_t e) { return e > b ? ceil_div(e, x_rows) - b / x_rows : int64_t{0}; };
-}
 
 template <bool kRagged>
 __device__ __forceinline__ Work work_of(const GemmProblem& p, const Tiles& tiles, int64_t t, int64_t x_rows) {
@@ -164,11 +160,10 @@ __device__ __forceinline__ Work work_of(const GemmProblem& p, const Tiles& tiles
   w.row_begin = 0;
   w.row_end = p.m;
   if constexpr (kRagged) {
-    const GroupItem item = group_item(p, w.m_tile, touched_tiles(x_rows));
-    w.group = item.group;
-    w.m_tile = item.begin / x_rows + item.index;
-    w.row_begin = max(item.begin, w.m_tile * x_rows);
-    w.row_end = min(item.end, w.m_tile * x_rows + x_rows);
+    const TileRows rows = group_tile_rows(p, w.m_tile, x_rows);
+    w.group = rows.group;
+    w.row_begin = rows.begin;
+    w.row_end = rows.end;
   }
   return w;
 }
@@ -268,7 +263,9 @@ __device__ void consume(const GemmProblem& p, int64_t chunks, int rows_per_x_row
     fence_accumulators(acc);
     const GemmProblem q = group_problem<kRagged>(p, work);
     const float alpha = fused::alpha(q);
-    const int64_t n0 = n_tile * kRows + w * 64, m0 = work.m_tile * kMT;
+    // The tile's first staged row, in the epilogue's terms (output row times rows_per_x_row).
+    const int64_t m0 = kRagged ? work.row_begin * rows_per_x_row : work.m_tile * kMT;
+    const int64_t n0 = n_tile * kRows + w * 64;
     if (!kRagged && gridDim.z > 1) {  // split-K: this cluster's only tile, so the whole ring is idle now
       fused::named_sync(kConsumersBarrier, 128 * kConsumers);  // both warpgroups' wgmmas are done with it
       with_activation(p.activation, [&](auto act) {
@@ -318,7 +315,7 @@ __global__ void __launch_bounds__(Config<kMT>::kThreads, 1)
   // still be writing the activations; nothing above touched global memory.
   wait_for_prior_grids();
   if constexpr (kRagged) {  // every warp counts the items (all its lanes: a full warp)
-    tiles.m_tiles = group_item_count(p, touched_tiles(kMT / rows_per_x_row));
+    tiles.m_tiles = group_item_count(p, group_tiles(kMT / rows_per_x_row));
     tiles.end = tiles.n_tiles * tiles.m_tiles;
   }
   if (threadIdx.x >= 128 * kConsumers) {
@@ -389,9 +386,9 @@ __global__ void zero_ungrouped_rows(const GemmProblem p) {
   }
 }
 
-// A ragged GEMM: the zeros, then one persistent launch over a bound of the tiles (at most
-// ceil(M / kMT) + min(G, M) items: each group's rows touch at most one more staged tile than their
-// share of the tiles), which the kernel counts exactly. No split-K: the tiles are not known here.
+// A ragged GEMM: the zeros, then one persistent launch over a bound of the tiles (the staged
+// tiles, ceil(M / x rows a tile) + min(G, M): each group with rows ends in at most one partial
+// tile), which the kernel counts exactly. No split-K: the tiles are not known here.
 template <int kMT, int kPiece>
 cudaError_t launch_ragged(const GemmProblem& p, const StagedActivations& x, cudaStream_t stream) {
   using S = Config<kMT>;
@@ -402,8 +399,8 @@ cudaError_t launch_ragged(const GemmProblem& p, const StagedActivations& x, cuda
   const LaunchConfig zeros(dim3(static_cast<unsigned>(std::min<int64_t>(ceil_div(p.m, 8), 4 * sm_count()))), dim3(256),
                            0, stream, /*cluster_z=*/0, /*pdl=*/true);
   if (cudaError_t err = cudaLaunchKernelEx(&zeros.cfg, zero_ungrouped_rows, p); err != cudaSuccess) return err;
-  const int64_t n_tiles = ceil_div(p.n, kRows), items = x.m_tiles + std::min(p.stack.count, p.m);
-  return launch_tiles<kMT, kPiece, true>(p, x, {n_tiles, items, 0, n_tiles * items}, 1, stream);
+  const int64_t n_tiles = ceil_div(p.n, kRows);
+  return launch_tiles<kMT, kPiece, true>(p, x, {n_tiles, x.m_tiles, 0, n_tiles * x.m_tiles}, 1, stream);
 }
 
 template <int kMT>

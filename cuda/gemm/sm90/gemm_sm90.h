@@ -88,12 +88,14 @@ constexpr int64_t kGemmSm90NarrowMinK = 4096;
 constexpr int64_t kGemmSm90NarrowFusedMaxM = 256;
 // A ragged GEMM (p.ragged()) takes the decode kernel over its groups' 8-row tiles below
 // kGemmSm90RaggedFusedWsRowsPerGroup rows a group on average (M < that * G), else fused_ws over
-// the staged tiles each group's rows touch: tiles of 64 rows (fused_ws_narrow) below
+// each group's rows staged in tiles: of 64 rows (fused_ws_narrow) below
 // kGemmSm90RaggedWideRowsPerGroup, of 128 below kGemmSm90Ragged256RowsPerGroup, of 256 from there.
 // Each tile reads its group's weights once: the decode kernel's tiles number about M / 8 + G,
 // fused_ws's M / rows + G, but each of those costs the whole tile's MMAs. Measured on an H200,
 // each kernel forced (bench/results/ragged_h200_2026-11-29_paths.md,
-// bench/results/ragged_h200_2026-11-29_tiles.md): the 64-row tiles beat decode from 16-24 rows a
+// bench/results/ragged_h200_2026-11-29_tiles.md, where fused_ws's tiles could hold two groups'
+// rows; checked at 16, 64 and 1024 rows a group once each group was staged from a tile
+// boundary, ragged_h200_2026-11-29_v3.md): the 64-row tiles beat decode from 16-24 rows a
 // group (Mixtral-8x7B's gate/up: 429 against 560 us at 16; even on its down projection), and the
 // 128-row ones at 64 and 96 (3-10%); the 128-row tiles won at 256 (18%), and lost to the 256-row
 // ones by 9-20% at 512 and 1024 rows a group while leading them by 7-8% at 256. Tiles of 32 rows

@@ -1,7 +1,7 @@
 // Where the rows of a ragged GEMM's groups lie (GemmProblem::group_sizes), for the sm_90a kernels
-// that find their work items on the device (gemm_decode.cu: 8-row tiles of each group's rows;
-// gemm_fused_ws.cu: the staged activation tiles each group's rows touch). No host sync: each
-// warp scans the sizes on its own, 32 groups a step.
+// that find their work items on the device: tiles of each group's rows, cut from the group's
+// first row (gemm_decode.cu: 8-row tiles; fused_staging.cu and gemm_fused_ws.cu: staged
+// activation tiles). No host sync: each warp scans the sizes on its own, 32 groups a step.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +56,22 @@ __device__ GroupItem group_item(const GemmProblem& p, int64_t y, Items items) {
   }
   const int64_t after = min(start, p.m);
   return {-1, y, after, after};
+}
+
+// The items of a group with rows [b, e) cut into tiles of `rows` rows from b.
+__device__ __forceinline__ auto group_tiles(int64_t rows) {
+  return [rows](int64_t b, int64_t e) { return e > b ? (e - b + rows - 1) / rows : int64_t{0}; };
+}
+
+// The rows [begin, end) of tile y of the groups' tiles of `rows` rows (group_tiles), in group
+// order; empty (end <= begin) past the last group's. Call it with every lane of the warp.
+struct TileRows {
+  int64_t group, begin, end;
+};
+__device__ __forceinline__ TileRows group_tile_rows(const GemmProblem& p, int64_t y, int64_t rows) {
+  const GroupItem item = group_item(p, y, group_tiles(rows));
+  const int64_t begin = item.begin + item.index * rows;
+  return {item.group, begin, min(item.end, begin + rows)};
 }
 
 // All the groups' items (group_item's count). Call it with every lane of the warp.

@@ -27,8 +27,8 @@
 // NVFP4 weights) takes the 8 operands with b_codes [G, N, K], b_scales [G, ...], b_s_dec [G] or a
 // scalar, bias [G, N] or f32[0], out_s_enc f32[0], then group_sizes int32 [G] and first_row int32
 // scalar (GemmProblem::group_sizes says what they mean), and gives out [M, C] and the workspace.
-// Attributes: path (0 the launcher's choice, 1 decode, 4 fused_ws, 7 fused_ws on 64-row tiles) and
-// activation. One launch of sm_90a's decode or fused_ws kernel (after fused_ws's staging of x and
+// Attributes: path (0 the launcher's choice, 1 decode, 7, 4 or 6 fused_ws on 64-, 128- or 256-row
+// tiles) and activation. One launch of sm_90a's decode or fused_ws kernel (after fused_ws's staging of x and
 // the zeros of the rows outside every group); no other device runs it
 // (kUnimplemented: the Python side lowers to XLA's dequantize + ragged_dot there).
 #include <cuda_runtime.h>

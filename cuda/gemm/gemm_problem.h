@@ -94,8 +94,8 @@ struct GemmProblem {
 
   // Whether the output is NVFP4. Told by out_s_enc, a scalar: XLA gives a zero-sized buffer (the
   // codes and scales of an output without rows) no address.
-  bool nvfp4_out() const { return out_s_enc != nullptr; }
-  bool ragged() const { return group_sizes != nullptr; }
+  __host__ __device__ bool nvfp4_out() const { return out_s_enc != nullptr; }
+  __host__ __device__ bool ragged() const { return group_sizes != nullptr; }
 };
 
 // Columns of the output: n, or n / 2 with a gated activation.

@@ -95,7 +95,7 @@ __global__ void stage_kernel(const GemmProblem p, int64_t staged_rows, int64_t c
     const int64_t c = (id / 16) % chunks, r = id / 16 / chunks;
     GemmProblem src = p;
     int64_t src_row = r;  // in staged rows (kRowsPerRow a row of x)
-    if (p.group_sizes != nullptr) {  // ragged
+    if (p.ragged()) {
       const int64_t y = r / MT, first = __shfl_sync(0xffffffffu, y, 0), last = __shfl_sync(0xffffffffu, y, 31);
       const TileRows a = group_tile_rows(p, first, MT / kRowsPerRow);
       const TileRows b = last != first ? group_tile_rows(p, last, MT / kRowsPerRow) : a;  // warp-uniform

@@ -59,13 +59,22 @@ QuantizeProblem quantize_stage(const GemmProblem& p, const float* y, void* ws, s
   return q;
 }
 
+// The staged rows of a fused_ws path's tiles; 0 on the other paths.
+int fused_ws_rows(GemmSm90Path path) {
+  switch (path) {
+    case GemmSm90Path::kFusedWsNarrow: return 64;
+    case GemmSm90Path::kFusedWs: return 128;
+    case GemmSm90Path::kFusedWsWide: return 256;
+    default: return 0;
+  }
+}
+
 size_t path_workspace(const GemmProblem& p) {
-  switch (gemm_sm90_path(p)) {
+  const GemmSm90Path path = gemm_sm90_path(p);
+  if (const int mt = fused_ws_rows(path)) return sm90::fused_ws_workspace_bytes(p, mt);
+  switch (path) {
     case GemmSm90Path::kDecode: return sm90::decode_workspace_bytes(p);
     case GemmSm90Path::kFused: return sm90::fused_workspace_bytes(p);
-    case GemmSm90Path::kFusedWs: return sm90::fused_ws_workspace_bytes(p, 128);
-    case GemmSm90Path::kFusedWsWide: return sm90::fused_ws_workspace_bytes(p, 256);
-    case GemmSm90Path::kFusedWsNarrow: return sm90::fused_ws_workspace_bytes(p, 64);
     default: return sm90::prefill_workspace_bytes(p);
   }
 }
@@ -75,12 +84,11 @@ size_t path_workspace(const GemmProblem& p) {
 size_t float_workspace(const GemmProblem& p) { return gated_stage_bytes(p) + path_workspace(p); }
 
 cudaError_t run_path(const GemmProblem& p, cudaStream_t stream) {
-  switch (gemm_sm90_path(p)) {
+  const GemmSm90Path path = gemm_sm90_path(p);
+  if (const int mt = fused_ws_rows(path)) return sm90::fused_ws_gemm(p, mt, stream);
+  switch (path) {
     case GemmSm90Path::kDecode: return sm90::decode_gemm(p, stream);
     case GemmSm90Path::kFused: return sm90::fused_gemm(p, stream);
-    case GemmSm90Path::kFusedWs: return sm90::fused_ws_gemm(p, 128, stream);
-    case GemmSm90Path::kFusedWsWide: return sm90::fused_ws_gemm(p, 256, stream);
-    case GemmSm90Path::kFusedWsNarrow: return sm90::fused_ws_gemm(p, 64, stream);
     default: return sm90::prefill_gemm(p, stream);
   }
 }

@@ -38,7 +38,7 @@ cudaError_t fused_gemm(const GemmProblem& p, cudaStream_t stream);
 
 // Large-M kernel on the same staging and weight stages: warp-specialized (a producer warp
 // feeding an mbarrier ring, two consumer warpgroups) and persistent over output tiles of 128
-// weight rows x 128 staged rows, or 256 (wide). Runs ragged GEMMs too, on tiles of 128 or 64
+// weight rows x 128 staged rows, or 256 (wide). Runs ragged GEMMs too, on tiles of 64, 128 or 256
 // staged rows: each tile one group's weights.
 // `mt`: the staged rows of a tile, 128 or 256 (ragged GEMMs: 64, 128 or 256).
 size_t fused_ws_workspace_bytes(const GemmProblem& p, int mt);

@@ -154,7 +154,7 @@ def _ragged_workspace(cc, m, groups, n, k, *, path=0, x_dtype=jnp.bfloat16):
 @_built("gemm_sm90_path")
 def test_ragged_workspace_holds_fused_ws_staged_rows():
     """The decode kernel needs none; fused_ws stages x in 64-row tiles from 16 rows a group (or
-    forced: path 7), in 128-row ones from 128 (path 4), in 256-row ones from 512 (path 6), each
+    forced: path 7), in 128-row ones from 64 (path 4), in 256-row ones from 144 (path 6), each
     group from a tile boundary: ceil(M / rows) + min(G, M) tiles. No other device runs the
     target."""
     pad = 256  # the workspace's alignment
@@ -163,12 +163,15 @@ def test_ragged_workspace_holds_fused_ws_staged_rows():
     assert _ragged_workspace(90, 60, 8, 4096, 1024, path=7) == (1 + 8) * 64 * 1024 * 2 + pad
     assert _ragged_workspace(90, 60, 8, 4096, 1024, path=6) == (1 + 8) * 256 * 1024 * 2 + pad
     assert _ragged_workspace(90, 5, 8, 4096, 1024, path=7) == (1 + 5) * 64 * 1024 * 2 + pad  # G > M
-    assert _ragged_workspace(90, 600, 8, 4096, 1024) == (10 + 8) * 64 * 1024 * 2 + pad  # 64-row tiles
-    assert _ragged_workspace(90, 1030, 8, 4096, 1024) == (9 + 8) * 128 * 1024 * 2 + pad  # 128-row tiles
-    assert _ragged_workspace(90, 4100, 8, 4096, 1024) == (17 + 8) * 256 * 1024 * 2 + pad  # 256-row tiles
+    assert _ragged_workspace(90, 128, 8, 4096, 1024) == (2 + 8) * 64 * 1024 * 2 + pad  # 64-row tiles
+    assert _ragged_workspace(90, 511, 8, 4096, 1024) == (8 + 8) * 64 * 1024 * 2 + pad
+    assert _ragged_workspace(90, 512, 8, 4096, 1024) == (4 + 8) * 128 * 1024 * 2 + pad  # 128-row tiles
+    assert _ragged_workspace(90, 1151, 8, 4096, 1024) == (9 + 8) * 128 * 1024 * 2 + pad
+    assert _ragged_workspace(90, 1152, 8, 4096, 1024) == (5 + 8) * 256 * 1024 * 2 + pad  # 256-row tiles
+    assert _ragged_workspace(90, 4100, 8, 4096, 1024) == (17 + 8) * 256 * 1024 * 2 + pad
     # float32 x: a bf16 hi and lo row per row of x
-    assert (_ragged_workspace(90, 600, 8, 4096, 1024, x_dtype=jnp.float32)
-            == (19 + 8) * 64 * 1024 * 2 + pad)
+    assert (_ragged_workspace(90, 300, 8, 4096, 1024, x_dtype=jnp.float32)
+            == (10 + 8) * 64 * 1024 * 2 + pad)
     assert _ragged_workspace(90, 300, 8, 4096, 1024, path=1) == 0
     assert _ragged_workspace(100, 300, 8, 4096, 1024) == 0
 

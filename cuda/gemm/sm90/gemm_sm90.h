@@ -91,19 +91,19 @@ constexpr int64_t kGemmSm90NarrowFusedMaxM = 256;
 // each group's rows staged in tiles: of 64 rows (fused_ws_narrow) below
 // kGemmSm90RaggedWideRowsPerGroup, of 128 below kGemmSm90Ragged256RowsPerGroup, of 256 from there.
 // Each tile reads its group's weights once: the decode kernel's tiles number about M / 8 + G,
-// fused_ws's M / rows + G, but each of those costs the whole tile's MMAs. Measured on an H200,
-// each kernel forced (bench/results/ragged_h200_2026-11-29_paths.md,
-// bench/results/ragged_h200_2026-11-29_tiles.md, where fused_ws's tiles could hold two groups'
-// rows; checked at 16, 64 and 1024 rows a group once each group was staged from a tile
-// boundary, ragged_h200_2026-11-29_v3.md): the 64-row tiles beat decode from 16-24 rows a
-// group (Mixtral-8x7B's gate/up: 429 against 560 us at 16; even on its down projection), and the
-// 128-row ones at 64 and 96 (3-10%); the 128-row tiles won at 256 (18%), and lost to the 256-row
-// ones by 9-20% at 512 and 1024 rows a group while leading them by 7-8% at 256. Tiles of 32 rows
-// (one or two CTAs an SM) were at most 7% ahead of the best of these at 16 rows a group and behind
-// them elsewhere: not built.
+// fused_ws's M / rows + G (each group staged from a tile boundary), but each of those costs the
+// whole tile's MMAs. The launcher sees M and G, not the sizes (they are on the device), so the
+// bounds are on the average. Measured on an H200 with each kernel forced, Mixtral-8x7B's gate/up
+// and down projections and DeepSeek-V2-Lite's gate/up (bench/results/ragged_h200_2026-11-29_paths.md
+// and ..._tiles.md before the boundary-aligned staging; ..._bounds.md after it), in time saved:
+// the 64-row tiles beat decode from 16-24 rows a group, and the 128-row tiles by 19-27% up to 48;
+// the 128-row tiles beat the 64-row ones by 3-5% at 64 and 22-29% at 80-96, and the 256-row ones
+// by 1-10% at 128; the 256-row tiles beat the 128-row ones by 10-21% at 160-192, 6-15% at 256,
+// 5-16% at 512, and drew level at 384 (DeepSeek). Tiles of 32 rows (one or two CTAs an SM) were
+// at most 7% ahead of these at 16 rows a group and behind them elsewhere: not built.
 constexpr int64_t kGemmSm90RaggedFusedWsRowsPerGroup = 16;
-constexpr int64_t kGemmSm90RaggedWideRowsPerGroup = 128;
-constexpr int64_t kGemmSm90Ragged256RowsPerGroup = 512;
+constexpr int64_t kGemmSm90RaggedWideRowsPerGroup = 64;
+constexpr int64_t kGemmSm90Ragged256RowsPerGroup = 144;
 GemmSm90Path gemm_sm90_path(const GemmProblem& p);
 
 // Device scratch gemm_sm90 needs for p (dequantized operands, the float32 result before NVFP4

@@ -75,9 +75,11 @@ def ragged_matmul(x, w: NVFP4Array, group_sizes, *, bias=None, activation=None, 
     few rows a group, wgmma tiles past that. On other GPUs XLA's ragged_dot runs on the weights'
     e2m1 x e4m3 values in x's dtype instead. Under a mesh, w split along G runs expert-parallel
     (each device its experts' rows, then one sum), along N column-parallel, along K row-parallel
-    (jax_nvfp4.sharding.ragged). Differentiable in a float x and in bias, to any order and under
-    vmap (jacfwd, jacrev, hessian, per-example grads): the tangent products run through XLA's
-    ragged_dot in bfloat16 on the dequantized weights. NVFP4 operands are constants."""
+    (jax_nvfp4.sharding.ragged). jax.vmap over x and group_sizes (a routing per element) runs
+    one call over the whole batch, each expert's weights read once; batched weights or bias, or an
+    NVFP4 x, run one call an element. Differentiable in a float x and in bias, to any order and
+    under vmap (jacfwd, jacrev, hessian, per-example grads): the tangent products run through
+    XLA's ragged_dot in bfloat16 on the dequantized weights. NVFP4 operands are constants."""
     _checked_weight(w)
     groups, n, k = w.shape
     x, a_nvfp4 = checked_activation(x, "ragged_matmul")

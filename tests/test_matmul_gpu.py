@@ -460,14 +460,14 @@ MEMCHECK_SCRIPT = textwrap.dedent("""
     xq = jn.quantize(jnp.asarray(rng.standard_normal((3, 4112)), jnp.float32))
     jn.matmul(xq, big, out_dtype=jnp.float32).block_until_ready()
     # The ragged kernels: tails, empty groups, rows before (none here), between and after groups,
-    # groups that share fused_ws's tiles.
+    # groups that begin and end inside fused_ws's tiles of every width.
     wg = jax.vmap(jn.quantize)(jnp.asarray(rng.standard_normal((5, 70, 208)), jnp.float32))
     bias = jnp.ones((5, 70), jnp.bfloat16)
     for path in ("decode", "fused_ws_64", "fused_ws", "fused_ws_256"):
         os.environ["JAX_NVFP4_RAGGED_PATH"] = path
         jax.clear_caches()
         for m, sizes in ((1, [0, 1, 0, 0, 0]), (13, [3, 0, 4, 1, 2]), (21, [-2, 9, 0, 30, 1]),
-                         (300, [0, 130, 7, 120, 40])):
+                         (300, [0, 130, 7, 120, 40]), (600, [1, 255, 257, 0, 87])):
             for x in (jnp.asarray(rng.standard_normal((m, 208)), jnp.bfloat16),
                       jnp.asarray(rng.standard_normal((m, 208)), jnp.float32),
                       jn.quantize(jnp.asarray(rng.standard_normal((m, 208)), jnp.float32))):

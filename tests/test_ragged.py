@@ -9,6 +9,7 @@ import importlib.util
 from pathlib import Path
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -144,13 +145,79 @@ def test_scalar_s_dec_and_traced_sizes_in_one_compilation():
     assert f._cache_size() == 1
 
 
-def test_vmap_over_batches_of_tokens_and_routings():
+def ragged_calls(jaxpr):
+    """The ragged matmul primitives in a jaxpr and its sub-jaxprs, and whether any is in a loop."""
+    calls, looped = 0, False
+    for eqn in jaxpr.eqns:
+        if "ragged_matmul" in eqn.primitive.name:
+            calls += 1
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            n, inner_looped = ragged_calls(sub)
+            calls += n
+            looped |= inner_looped or (n and eqn.primitive.name in ("while", "scan"))
+    return calls, looped
+
+
+@pytest.mark.parametrize("in_axes", [(0, 0), (1, 0), (None, 0), (0, None)])
+def test_vmap_over_tokens_and_routings_is_one_call(in_axes):
+    """vmap over x and/or group_sizes folds the batch into one call over all its rows (each
+    group's weights read once): one ragged primitive, in no loop, and each element's rows as the
+    oracle gives them: rows of no group zero, an element with no rows routed, sizes past M."""
     w = weights(jax.random.key(8), 4, 32, 48)
-    x = jax.random.normal(jax.random.key(9), (2, 6, 48), jnp.float32)
-    sizes = jnp.array([[1, 2, 0, 3], [0, 0, 6, 0]], jnp.int32)
-    y = jax.vmap(lambda a, s: jn.ragged_matmul(a, w, s, out_dtype=jnp.float32))(x, sizes)
+    x = jax.random.normal(jax.random.key(9), (3, 6, 48), jnp.float32)
+    sizes = jnp.array([[1, 2, 0, 2], [0, 0, 9, 0], [0, 0, 0, 0]], jnp.int32)
+    if in_axes[0] is None:
+        x = x[0]
+    if in_axes[1] is None:
+        sizes = sizes[0]
+    xs = jnp.moveaxis(x, 0, 1) if in_axes[0] == 1 else x
+    f = jax.vmap(lambda a, s: jn.ragged_matmul(a, w, s, out_dtype=jnp.float32), in_axes)
+    assert ragged_calls(jax.make_jaxpr(f)(xs, sizes).jaxpr) == (1, False)
+    y = jax.jit(f)(xs, sizes)
+    assert y.shape == (3, 6, 32)
+    for b in range(3):
+        x_b = x if in_axes[0] is None else x[b]
+        sizes_b = sizes if in_axes[1] is None else sizes[b]
+        assert rel_err(y[b], oracle(x_b, w, list(np.asarray(sizes_b)))) <= 1e-5
+
+
+def test_vmap_fold_with_first_rows_and_sizes_past_m():
+    """The fold at the primitive, on what only sharding makes (each element's group 0 from its
+    own first_row) and what users may pass (negative sizes, sizes past M, elements with no rows
+    routed, bias, a gated activation): each element as the oracle gives it."""
+    b, m, g, n, k = 6, 7, 3, 32, 64
+    keys = jax.random.split(jax.random.key(14), 3)
+    w = weights(keys[0], g, n, k)
+    x = jax.random.normal(keys[1], (b, m, k), jnp.float32)
+    bias = jax.random.normal(keys[2], (g, n), jnp.float32)
+    sizes = np.array([[2, 3, 1], [0, 0, 0], [-4, 9, 2], [7, 0, 0], [1, 1, 1], [0, 2, 30]], np.int32)
+    first = np.array([0, 3, 1, 6, 2, 0], np.int32)
+
+    def call(a, s, f):
+        (y,) = ragged_matmul_p.bind(a, w.codes, w.scales, w.s_dec, s, f, bias, a_nvfp4=False,
+                                    has_bias=True, out_dtype=jnp.float32, activation="swiglu")
+        return y
+
+    y = jax.jit(jax.vmap(call))(x, jnp.asarray(sizes), jnp.asarray(first))
+    for e in range(b):
+        assert rel_err(y[e], oracle(x[e], w, sizes[e], bias, "swiglu", first[e])) <= 1e-5
+
+
+def test_vmap_over_weights_or_nvfp4_x_runs_per_element():
+    """Batched weights, or an NVFP4 x (its scales tiled over rows), cannot fold into one call:
+    they run once per element, with each element's values."""
+    ws = jax.vmap(lambda k: weights(k, 2, 32, 64))(jax.random.split(jax.random.key(11), 2))
+    x = jax.random.normal(jax.random.key(12), (2, 5, 64), jnp.float32)
+    sizes = jnp.array([2, 3], jnp.int32)
+    y = jax.vmap(lambda a, w: jn.ragged_matmul(a, w, sizes, out_dtype=jnp.float32))(x, ws)
     for b in range(2):
-        assert rel_err(y[b], oracle(x[b], w, list(np.asarray(sizes[b])))) <= 1e-5
+        w_b = jax.tree.map(lambda t: t[b], ws)
+        assert rel_err(y[b], oracle(x[b], w_b, [2, 3])) <= 1e-5
+    w = weights(jax.random.key(13), 2, 32, 64)
+    xq = jax.vmap(jn.quantize)(x)
+    yq = jax.vmap(lambda a: jn.ragged_matmul(a, w, sizes, out_dtype=jnp.float32))(xq)
+    for b in range(2):
+        assert rel_err(yq[b], oracle(jax.tree.map(lambda t: t[b], xq), w, [2, 3])) <= 1e-5
 
 
 @pytest.mark.parametrize("activation", [None, "silu", "swiglu"])

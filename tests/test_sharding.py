@@ -981,6 +981,23 @@ def test_ragged_matmul_gathers_split_rows_of_x_not_the_weights(mesh, ragged_oper
 
 
 @multidevice
+def test_ragged_matmul_vmap_folds_on_expert_parallel_weights(mesh, ragged_operands):
+    """vmap over batches of rows and routings with the experts split: the batch folds into one
+    partitioned call (the weights stay split, nothing gathered), equal to each element alone."""
+    x, w, _ = ragged_operands
+    xs = jnp.stack([x, 2 * x[::-1]])
+    sizes = jnp.asarray([RAGGED_SIZES, RAGGED_SIZES[::-1]], jnp.int32)
+    f = jax.jit(jax.vmap(lambda a, b, s: nv.ragged_matmul(a, b, s, out_dtype=jnp.float32),
+                         (0, None, 0)))
+    args = (xs, shard_nvfp4(w, mesh, P("y", None, None)), sizes)
+    got = np.asarray(f(*args))
+    for b in range(2):
+        want = np.asarray(nv.ragged_matmul(xs[b], w, sizes[b], out_dtype=jnp.float32))
+        assert np.linalg.norm(got[b] - want) <= 1e-6 * np.linalg.norm(want)
+    assert "all-gather" not in hlo(f, *args)
+
+
+@multidevice
 @pytest.mark.parametrize("w_spec", [P("x", None, None), P(None, "x", None), P(None, None, "x")],
                          ids=["experts", "column", "row"])
 def test_ragged_matmul_grad_on_explicit_axes(explicit_mesh, ragged_operands, w_spec):

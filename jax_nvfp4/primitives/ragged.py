@@ -33,8 +33,9 @@ from jax.interpreters import ad, batching, mlir
 
 from jax_nvfp4 import _extension, reference
 from jax_nvfp4.format import SCALE_DTYPE, output_columns, tiled_scales_shape
-from jax_nvfp4.primitives._base import (ShapedArray, define_primitive, empty_f32, env_choice,
-                                        ffi_kernel_call, is_zero, map_batcher, zero_like)
+from jax_nvfp4.primitives._base import (ShapedArray, batch_size, define_primitive, empty_f32,
+                                        env_choice, ffi_kernel_call, is_zero, map_batcher, to_front,
+                                        zero_like)
 from jax_nvfp4.primitives.matmul import ACTIVATION_CODES
 
 RAGGED_TARGET = "jax_nvfp4_gemm_ragged"
@@ -128,18 +129,83 @@ def _kernel(*args, a_nvfp4, has_bias, out_dtype, activation):
         activation=np.int64(ACTIVATION_CODES[activation]))
 
 
+def _fold_plan(sizes, first_row, m: int):
+    """How a batch of B ragged problems over `m` rows each (sizes [B, G], first_row [B]) folds
+    into one over B * m rows: group 0's rows of every element, then group 1's, and so on.
+    Returns (total [G], the folded problem's group sizes; place [B, m], each row's folded row;
+    held [B, m], whether a group holds the row; order [B * m], each folded row's row in the
+    flattened batch (0 past the total, rows the call zeroes)). Sums of comparisons, a gather and
+    one scatter: no sort, no loop, a few fused kernels."""
+    batch, groups = sizes.shape
+    first, ends = jax.vmap(reference.ragged_segments, (0, 0, None))(sizes, first_row, m)
+    starts = jnp.concatenate([first[:, None], ends[:, :-1]], axis=1)
+    counts = ends - starts
+    total = counts.sum(0)
+    offset = jnp.cumsum(total) - total  # group g's first folded row
+    before = jnp.cumsum(counts, axis=0) - counts  # group g's rows in the elements before
+    rows = jnp.arange(m, dtype=jnp.int32)
+    group = jnp.sum(ends[:, None, :] <= rows[None, :, None], axis=2, dtype=jnp.int32)
+    held = (rows >= first[:, None]) & (group < groups)
+    g = jnp.minimum(group, groups - 1)
+    in_element = lambda table: jnp.take_along_axis(table, g, axis=1)  # noqa: E731
+    place = offset[g] + in_element(before) + rows - in_element(starts)
+    flat = jnp.arange(batch * m, dtype=jnp.int32)
+    order = jnp.zeros_like(flat).at[jnp.where(held, place, batch * m).reshape(-1)].set(
+        flat, mode="drop", unique_indices=True)
+    return total, place, held, order
+
+
+def ragged_batcher(prim, sizes_at):
+    """A batching rule for a ragged primitive whose operand 0 holds the rows and operands
+    `sizes_at(params)` and the one after it group_sizes and first_row. Where only those three are
+    batched (and the rows are floats), the batch folds into one call over all its rows, each
+    group's rows of every element together (_fold_plan), and the results go back in place: the
+    weights of a group are read once for the whole batch, not once an element. Any other
+    batching (the weights, the bias, an NVFP4 x whose scales are tiled over rows) runs the
+    primitive once per element (map_batcher)."""
+    per_element = map_batcher(prim)
+
+    def rule(args, dims, **params):
+        at = sizes_at(params)
+        if params.get("a_nvfp4") or any(d is not None for i, d in enumerate(dims)
+                                         if i not in (0, at, at + 1)):
+            return per_element(args, dims, **params)
+        size = batch_size(args, dims)
+        rows = to_front(args[0], dims[0], size)
+        batch, m = rows.shape[:2]
+        total, place, held, order = _fold_plan(to_front(args[at], dims[at], size),
+                                               to_front(args[at + 1], dims[at + 1], size), m)
+        folded = list(args)
+        folded[0] = rows.reshape(batch * m, *rows.shape[2:])[order]
+        folded[at], folded[at + 1] = total, jnp.zeros((), jnp.int32)
+        out = prim.bind(*folded, **params)
+        unfold = lambda y: jnp.where(held[..., None], y[place], 0).astype(y.dtype)  # noqa: E731
+        if prim.multiple_results:
+            return [unfold(y) for y in out], [0] * len(out)
+        return unfold(out), 0
+
+    return rule
+
+
 ragged_matmul_p = define_primitive(
     "nvfp4_ragged_matmul", abstract_eval=_abstract, reference=_reference, kernel=_kernel,
     ffi_target=lambda **_: RAGGED_TARGET)
-batching.primitive_batchers[ragged_matmul_p] = map_batcher(ragged_matmul_p)
+
+
+def group_sizes_operand(params) -> int:
+    """Where group_sizes is among ragged_matmul_p's operands (first_row follows it)."""
+    return operand_names(params["a_nvfp4"], params["has_bias"]).index("group_sizes")
+
+
+batching.primitive_batchers[ragged_matmul_p] = ragged_batcher(ragged_matmul_p, group_sizes_operand)
 
 
 # --------------------------------------------------------------------------- tangent products
 # The JVP of ragged_matmul_p (primitives/autodiff.py) multiplies x's tangent by the weights, and
 # its transpose multiplies the cotangent by the transposed weights. Both are primitives of their
 # own, lowered to XLA's ragged_dot in bfloat16 (float32 sums) on every platform: so they batch
-# (lax.map per element: XLA's ragged_dot has no batching rule past its leading dimension), and
-# each is the other's transpose (jacrev, hessian). Operands: the float tangent [M, K] or cotangent
+# (ragged_batcher: XLA's ragged_dot has no batching rule past its leading dimension), and each
+# is the other's transpose (jacrev, hessian). Operands: the float tangent [M, K] or cotangent
 # [M, N], then b_codes, b_scales, b_s_dec, group_sizes, first_row; result float32.
 
 def _tangent_abstract(t, b_codes, *_):
@@ -165,7 +231,7 @@ def _linear_primitive(name, abstract_eval, product):
     prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
     prim.def_abstract_eval(abstract_eval)
     mlir.register_lowering(prim, mlir.lower_fun(product, multiple_results=False))
-    batching.primitive_batchers[prim] = map_batcher(prim)
+    batching.primitive_batchers[prim] = ragged_batcher(prim, lambda _: 4)
     return prim
 
 

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_nvfp4 import reference
-from jax_nvfp4.primitives._base import map_batcher
-from jax_nvfp4.primitives.ragged import operand_names, ragged_matmul_p
+from jax_nvfp4.primitives.ragged import (group_sizes_operand, operand_names, ragged_batcher,
+                                         ragged_matmul_p)
 from jax_nvfp4.sharding._partitioned import (Plan, define_partitioned_primitive, local_body,
                                              register_batcher, summed_partials)
 from jax_nvfp4.sharding._rules import RuleBuilder
@@ -135,4 +135,5 @@ def _row_parallel_body(names, params, k_ax, reduce_dtype):
 
 partitioned_ragged_matmul_p = define_partitioned_primitive(
     "nvfp4_ragged_matmul_partitioned", ragged_matmul_p, _RaggedOp)
-register_batcher(partitioned_ragged_matmul_p, map_batcher(partitioned_ragged_matmul_p))
+register_batcher(partitioned_ragged_matmul_p,
+                 ragged_batcher(partitioned_ragged_matmul_p, group_sizes_operand))

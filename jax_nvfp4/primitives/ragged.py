@@ -179,7 +179,7 @@ def ragged_batcher(prim, sizes_at):
         folded[0] = rows.reshape(batch * m, *rows.shape[2:])[order]
         folded[at], folded[at + 1] = total, jnp.zeros((), jnp.int32)
         out = prim.bind(*folded, **params)
-        unfold = lambda y: jnp.where(held[..., None], y[place], 0).astype(y.dtype)  # noqa: E731
+        unfold = lambda y: jnp.where(held[..., None], y[place], 0)  # noqa: E731
         if prim.multiple_results:
             return [unfold(y) for y in out], [0] * len(out)
         return unfold(out), 0
@@ -208,6 +208,9 @@ batching.primitive_batchers[ragged_matmul_p] = ragged_batcher(ragged_matmul_p, g
 # is the other's transpose (jacrev, hessian). Operands: the float tangent [M, K] or cotangent
 # [M, N], then b_codes, b_scales, b_s_dec, group_sizes, first_row; result float32.
 
+_TANGENT_SIZES_AT = 4  # group_sizes, after the rows and the weights' codes, scales and s_dec
+
+
 def _tangent_abstract(t, b_codes, *_):
     return ShapedArray((t.shape[0], b_codes.shape[1]), jnp.float32)
 
@@ -231,7 +234,7 @@ def _linear_primitive(name, abstract_eval, product):
     prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
     prim.def_abstract_eval(abstract_eval)
     mlir.register_lowering(prim, mlir.lower_fun(product, multiple_results=False))
-    batching.primitive_batchers[prim] = ragged_batcher(prim, lambda _: 4)
+    batching.primitive_batchers[prim] = ragged_batcher(prim, lambda _: _TANGENT_SIZES_AT)
     return prim
 
 

@@ -20,6 +20,7 @@ by 4096 x 14336); both measured in the same run. Results: DIR/ragged_<device>.md
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import sys
 from pathlib import Path
@@ -53,6 +54,20 @@ def routing(tokens: int, groups: int, top_k: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     picks = np.concatenate([rng.choice(groups, top_k, replace=False) for _ in range(tokens)])
     return np.bincount(picks, minlength=groups).astype(np.int32)
+
+
+def expert_weights(key, groups: int, n: int, k: int):
+    """A layer's random experts: NVFP4 [G, N, K], and bf16 [G, K, N] (lax.ragged_dot's layout)."""
+    w16 = (jax.random.normal(key, (groups, n, k), jnp.float32) / np.sqrt(k)).astype(jnp.bfloat16)
+    return jax.vmap(nv.quantize)(w16), jnp.swapaxes(w16, 1, 2)
+
+
+def bf16_ragged_dot(x, w_kn, sizes, activation=None):
+    """The bf16 peer: lax.ragged_dot with float32 sums, then the activation, in bfloat16."""
+    y = lax.ragged_dot(x, w_kn, sizes, preferred_element_type=jnp.float32)
+    if activation == "swiglu":
+        y = jax.nn.silu(y[:, 0::2]) * y[:, 1::2]
+    return y.astype(jnp.bfloat16)
 
 
 def timer_on_path(path: str, fn, args) -> LoopTimer:
@@ -97,20 +112,9 @@ def run(out_dir: Path, rounds: int, tokens: list[int], paths: list[str], layers:
     for layer, groups, n, k, activation, top_k in LAYERS:
         if layer not in layers:
             continue
-        w16 = (jax.random.normal(keys[0], (groups, n, k), jnp.float32) / np.sqrt(k)).astype(
-            jnp.bfloat16)
-        wq = jax.vmap(nv.quantize)(w16)
-        w_kn = jnp.swapaxes(w16, 1, 2)  # [G, K, N]: lax.ragged_dot's layout
-        del w16
-
-        def ours(x, wq, sizes, activation=activation):
-            return nv.ragged_matmul(x, wq, sizes, activation=activation)
-
-        def bf16(x, w_kn, sizes, activation=activation):
-            y = lax.ragged_dot(x, w_kn, sizes, preferred_element_type=jnp.float32)
-            if activation == "swiglu":
-                y = jax.nn.silu(y[:, 0::2]) * y[:, 1::2]
-            return y.astype(jnp.bfloat16)
+        wq, w_kn = expert_weights(keys[0], groups, n, k)
+        ours = functools.partial(nv.ragged_matmul, activation=activation)
+        bf16 = functools.partial(bf16_ragged_dot, activation=activation)
 
         for t in tokens:
             sizes = routing(t, groups, top_k, seed=t)

@@ -19,6 +19,7 @@ LoopTimer readings, us per call of the whole batch). Results: DIR/ragged_vmap_<d
 from __future__ import annotations
 
 import datetime
+import functools
 import sys
 from pathlib import Path
 
@@ -31,7 +32,7 @@ import jax_nvfp4 as nv
 from jax_nvfp4.timing import LoopTimer, interleaved_times
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_ragged import LAYERS, routing  # noqa: E402
+from bench_ragged import LAYERS, bf16_ragged_dot, expert_weights, routing  # noqa: E402
 from report import table_parser, write_table  # noqa: E402
 
 # (layer, batch elements B, tokens per element T)
@@ -54,20 +55,9 @@ def run(out_dir: Path, rounds: int):
         cases = [(b, t) for name_, b, t in CASES if name_ == layer]
         if not cases:
             continue
-        w16 = (jax.random.normal(keys[0], (groups, n, k), jnp.float32) / np.sqrt(k)).astype(
-            jnp.bfloat16)
-        wq = jax.vmap(nv.quantize)(w16)
-        w_kn = jnp.swapaxes(w16, 1, 2)  # [G, K, N]: lax.ragged_dot's layout
-        del w16
-
-        def ours(x, wq, sizes, activation=activation):
-            return nv.ragged_matmul(x, wq, sizes, activation=activation)
-
-        def bf16(x, w_kn, sizes, activation=activation):
-            y = lax.ragged_dot(x, w_kn, sizes, preferred_element_type=jnp.float32)
-            if activation == "swiglu":
-                y = jax.nn.silu(y[:, 0::2]) * y[:, 1::2]
-            return y.astype(jnp.bfloat16)
+        wq, w_kn = expert_weights(keys[0], groups, n, k)
+        ours = functools.partial(nv.ragged_matmul, activation=activation)
+        bf16 = functools.partial(bf16_ragged_dot, activation=activation)
 
         def per_element(fn):
             return lambda x, w, sizes: lax.map(lambda xs: fn(xs[0], w, xs[1]), (x, sizes))

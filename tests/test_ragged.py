@@ -209,13 +209,17 @@ def test_vmap_over_weights_or_nvfp4_x_runs_per_element():
     ws = jax.vmap(lambda k: weights(k, 2, 32, 64))(jax.random.split(jax.random.key(11), 2))
     x = jax.random.normal(jax.random.key(12), (2, 5, 64), jnp.float32)
     sizes = jnp.array([2, 3], jnp.int32)
-    y = jax.vmap(lambda a, w: jn.ragged_matmul(a, w, sizes, out_dtype=jnp.float32))(x, ws)
+    f = jax.vmap(lambda a, w: jn.ragged_matmul(a, w, sizes, out_dtype=jnp.float32))
+    assert ragged_calls(jax.make_jaxpr(f)(x, ws).jaxpr) == (1, True)
+    y = f(x, ws)
     for b in range(2):
         w_b = jax.tree.map(lambda t: t[b], ws)
         assert rel_err(y[b], oracle(x[b], w_b, [2, 3])) <= 1e-5
     w = weights(jax.random.key(13), 2, 32, 64)
     xq = jax.vmap(jn.quantize)(x)
-    yq = jax.vmap(lambda a: jn.ragged_matmul(a, w, sizes, out_dtype=jnp.float32))(xq)
+    fq = jax.vmap(lambda a: jn.ragged_matmul(a, w, sizes, out_dtype=jnp.float32))
+    assert ragged_calls(jax.make_jaxpr(fq)(xq).jaxpr) == (1, True)
+    yq = fq(xq)
     for b in range(2):
         assert rel_err(yq[b], oracle(jax.tree.map(lambda t: t[b], xq), w, [2, 3])) <= 1e-5
 

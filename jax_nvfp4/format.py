@@ -260,6 +260,27 @@ def activation_of(activation, op: str) -> str:
     return activation
 
 
+def checked_output(out_dtype, out_s_enc, n: int, activation: str, op: str):
+    """An op's output arguments: (the float dtype, bfloat16 by default; None, or with an NVFP4
+    output `out_s_enc` as a float32 scalar). An NVFP4 output is quantized from the float32
+    epilogue value, so out_dtype has no effect with it, and its columns (N, or N / 2 with a gated
+    activation) must be a multiple of BLOCK."""
+    dtype = output_dtype(out_dtype, op)
+    if out_s_enc is None:
+        return dtype, None
+    if out_dtype is not None:
+        raise ValueError(f"{op}: out_dtype={dtype} has no effect with out_s_enc (the output is "
+                         "then an NVFP4Array); pass one of them")
+    out_s_enc = checked_s_enc(out_s_enc, f"{op}: out_s_enc")
+    if out_s_enc.shape != ():
+        raise ValueError(f"{op}: out_s_enc must be a scalar, got shape {out_s_enc.shape}")
+    cols = output_columns(n, activation)
+    if cols % BLOCK:
+        got = f"N / 2 = {cols} (activation={activation!r}, N={n})" if cols != n else f"N={n}"
+        raise ValueError(f"{op}: NVFP4 output needs its columns a multiple of {BLOCK}, got {got}")
+    return dtype, out_s_enc
+
+
 def reduce_dtype_of(reduce_dtype, op: str):
     """The dtype a K-sharded op sums its partial products in across devices: `reduce_dtype`,
     float32 by default, or bfloat16 (half the bytes on the links)."""

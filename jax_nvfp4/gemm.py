@@ -7,9 +7,8 @@ import math
 import jax.numpy as jnp
 
 from jax_nvfp4.format import (BLOCK, GATED_ACTIVATIONS, TILE_ROWS, NVFP4Array, activation_of,
-                              checked_activation, checked_bias, checked_s_enc, checked_weight,
-                              output_columns, output_dtype, plain_to_tiled, reduce_dtype_of,
-                              tiled_to_plain)
+                              checked_activation, checked_bias, checked_output, checked_weight,
+                              output_columns, plain_to_tiled, reduce_dtype_of, tiled_to_plain)
 from jax_nvfp4.sharding.matmul import partitioned_matmul_p as matmul_p
 
 
@@ -97,11 +96,6 @@ def matmul(x, w: NVFP4Array, *, bias=None, activation=None, out_dtype=None, out_
     if x.shape[-1] != k:
         raise ValueError(f"matmul: contracting dims differ: x has shape {tuple(x.shape)} (K="
                          f"{x.shape[-1]}), w has shape {w.shape} (K={k})")
-    out_dtype_given = out_dtype is not None
-    out_dtype = output_dtype(out_dtype, "matmul")
-    if out_dtype_given and out_s_enc is not None:
-        raise ValueError(f"matmul: out_dtype={out_dtype} has no effect with out_s_enc (the output "
-                         "is then an NVFP4Array); pass one of them")
     reduce_dtype = reduce_dtype_of(reduce_dtype, "matmul")
     activation = activation_of(activation, "matmul")
     if activation in GATED_ACTIVATIONS and n % 2:
@@ -109,14 +103,8 @@ def matmul(x, w: NVFP4Array, *, bias=None, activation=None, out_dtype=None, out_
                          f"even, got N={n}")
     cols = output_columns(n, activation)
     bias = checked_bias(bias, n, "matmul")
+    out_dtype, out_s_enc = checked_output(out_dtype, out_s_enc, n, activation, "matmul")
     out_nvfp4 = out_s_enc is not None
-    if out_nvfp4:
-        out_s_enc = checked_s_enc(out_s_enc, "matmul: out_s_enc")
-        if out_s_enc.shape != ():
-            raise ValueError(f"matmul: out_s_enc must be a scalar, got shape {out_s_enc.shape}")
-        if cols % BLOCK:
-            got = f"N / 2 = {cols} (activation={activation!r}, N={n})" if cols != n else f"N={n}"
-            raise ValueError(f"matmul: NVFP4 output needs its columns a multiple of {BLOCK}, got {got}")
 
     lead = tuple(x.shape[:-1])
     m = math.prod(lead)

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_nvfp4.format import (GATED_ACTIVATIONS, NVFP4Array, activation_of, check_float_dtype,
-                              check_not_nvfp4, checked_activation, output_dtype, reduce_dtype_of)
+                              check_not_nvfp4, checked_activation, checked_output, reduce_dtype_of)
+from jax_nvfp4.quantization import quantize
 from jax_nvfp4.sharding.ragged import partitioned_ragged_matmul_p
 
 
@@ -52,7 +53,7 @@ def _checked_bias(bias, groups: int, n: int):
 
 
 def ragged_matmul(x, w: NVFP4Array, group_sizes, *, bias=None, activation=None, out_dtype=None,
-                  reduce_dtype=None):
+                  out_s_enc=None, reduce_dtype=None):
     """Grouped matmul with NVFP4 weights (lax.ragged_dot's semantics): the rows of x come in
     consecutive groups, group g's group_sizes[g] rows after group g - 1's, and row m of group g
     gives y[m, n] = act(sum_k x[m, k] * w[g, n, k] (+ bias[g, n])). Rows past the groups' total
@@ -67,7 +68,13 @@ def ragged_matmul(x, w: NVFP4Array, group_sizes, *, bias=None, activation=None, 
     bias: optional float [G, N], group g's added to its rows, in float32.
     activation: None or one of matmul's ("relu", "gelu", "silu", or gated "swiglu"/"geglu" with
        interleaved gate/up rows in each w[g]; see interleave_gate_up), in the epilogue.
-    out_dtype: float dtype of y [M, N] (N / 2 with a gated activation); default bfloat16.
+    out_dtype: float dtype of y [M, N] (N / 2 with a gated activation); default bfloat16; not
+       with out_s_enc.
+    out_s_enc: if given (a float32 scalar, finite and positive), y is returned as an NVFP4Array
+       quantized with this encode scale from the float32 epilogue value (y's columns must be a
+       multiple of 16; rows of no group are zero codes), so the next expert layer can run W4A4:
+       `ragged_matmul(h, w2, group_sizes)` on it. It is the float32 product then
+       jax_nvfp4.quantize, as matmul's sm_90a path does in one call (two launches either way).
     reduce_dtype: the dtype of the partial sums where K is split over devices (as in matmul).
 
     On Hopper (sm_90a) one kernel launch runs every group's rows and reads only the weights of
@@ -79,7 +86,8 @@ def ragged_matmul(x, w: NVFP4Array, group_sizes, *, bias=None, activation=None, 
     one call over the whole batch, each expert's weights read once; batched weights or bias, or an
     NVFP4 x, run one call an element. Differentiable in a float x and in bias, to any order and
     under vmap (jacfwd, jacrev, hessian, per-example grads): the tangent products run through
-    XLA's ragged_dot in bfloat16 on the dequantized weights. NVFP4 operands are constants."""
+    XLA's ragged_dot in bfloat16 on the dequantized weights. NVFP4 operands are constants; an
+    NVFP4 output (a rounding step) is not differentiable."""
     _checked_weight(w)
     groups, n, k = w.shape
     x, a_nvfp4 = checked_activation(x, "ragged_matmul")
@@ -91,16 +99,18 @@ def ragged_matmul(x, w: NVFP4Array, group_sizes, *, bias=None, activation=None, 
                          f"{x.shape[1]}), w has shape {w.shape} (K={k})")
     group_sizes = _checked_group_sizes(group_sizes, groups)
     bias = _checked_bias(bias, groups, n)
-    out_dtype = output_dtype(out_dtype, "ragged_matmul")
     activation = activation_of(activation, "ragged_matmul")
     if activation in GATED_ACTIVATIONS and n % 2:
         raise ValueError(f"ragged_matmul: activation={activation!r} pairs w's rows (gate, up), so N "
                          f"must be even, got N={n}")
+    out_dtype, out_s_enc = checked_output(out_dtype, out_s_enc, n, activation, "ragged_matmul")
     a_ops = [x.codes, x.scales, x.s_dec] if a_nvfp4 else [x]
     operands = [*a_ops, w.codes, w.scales, w.s_dec, group_sizes, jnp.zeros((), jnp.int32)]
     if bias is not None:
         operands.append(bias)
+    out_nvfp4 = out_s_enc is not None
     (y,) = partitioned_ragged_matmul_p.bind(
-        *operands, a_nvfp4=a_nvfp4, has_bias=bias is not None, out_dtype=out_dtype,
-        activation=activation, reduce_dtype=reduce_dtype_of(reduce_dtype, "ragged_matmul"))
-    return y
+        *operands, a_nvfp4=a_nvfp4, has_bias=bias is not None,
+        out_dtype=jnp.dtype(jnp.float32) if out_nvfp4 else out_dtype, activation=activation,
+        reduce_dtype=reduce_dtype_of(reduce_dtype, "ragged_matmul"))
+    return quantize(y, s_enc=out_s_enc) if out_nvfp4 else y

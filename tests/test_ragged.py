@@ -158,6 +158,80 @@ def ragged_calls(jaxpr):
     return calls, looped
 
 
+def assert_quantized_from(q, y, s_enc):
+    """q holds the bytes of the reference quantization of float32 y with encode scale s_enc."""
+    codes, scales, s_dec = mc.quantize_reference_bytes(np.asarray(y, np.float32), s_enc)
+    np.testing.assert_array_equal(
+        np.asarray(jax.lax.bitcast_convert_type(q.codes, jnp.uint4)).astype(np.uint8), codes)
+    np.testing.assert_array_equal(np.asarray(q.scales).view(np.uint8), scales)
+    np.testing.assert_array_equal(np.asarray(q.s_dec), s_dec)
+
+
+@pytest.mark.parametrize("activation", [None, "swiglu"])
+def test_nvfp4_output_is_the_quantized_float32_result(activation):
+    """out_s_enc: the bytes of the reference quantization of the same call's float32 result (the
+    bias and the activation applied first; rows of no group zero codes), over two 128-row scale
+    tiles, within NVFP4's rounding of the float64 oracle."""
+    m, g, n, k, sizes = 150, 3, 64, 80, [5, 0, 140]  # rows 145-149 of no group
+    keys = jax.random.split(jax.random.key(23), 3)
+    w = weights(keys[0], g, n, k)
+    x = jax.random.normal(keys[1], (m, k), jnp.bfloat16)
+    bias = jax.random.normal(keys[2], (g, n), jnp.float32)
+    y = jn.ragged_matmul(x, w, jnp.asarray(sizes), bias=bias, activation=activation,
+                         out_dtype=jnp.float32)
+    s_enc = np.float32(6 * 448 / np.abs(np.asarray(y)).max())  # the recipe's scale: no saturation
+    q = jax.jit(lambda x, s: jn.ragged_matmul(x, w, s, bias=bias, activation=activation,
+                                              out_s_enc=s_enc))(x, jnp.asarray(sizes))
+    cols = n // 2 if activation else n
+    assert isinstance(q, jn.NVFP4Array) and q.shape == (m, cols)
+    q.validate()
+    assert_quantized_from(q, y, s_enc)
+    got = np.asarray(q.dequantize(jnp.float32))
+    assert not got[145:].any()
+    assert rel_err(got, oracle(x, w, sizes, bias, activation or "none")) <= 0.12  # 0.08-0.1
+
+
+def test_nvfp4_output_feeds_the_next_expert_layer():
+    """An MoE block run W4A4 after its first layer: the gate/up layer's NVFP4 output (swiglu) is
+    the down projection's x, as the float64 oracle computes it from that NVFP4 x."""
+    m, g, d, f, sizes = 20, 4, 64, 96, [6, 0, 9, 5]
+    keys = jax.random.split(jax.random.key(24), 3)
+    w13, w2 = weights(keys[0], g, 2 * f, d), weights(keys[1], g, d, f)
+    x = jax.random.normal(keys[2], (m, d), jnp.bfloat16)
+    s = jnp.asarray(sizes)
+    h = jn.ragged_matmul(x, w13, s, activation="swiglu", out_s_enc=2.0)
+    assert h.shape == (m, f)
+    y = jn.ragged_matmul(h, w2, s, out_dtype=jnp.float32)
+    assert rel_err(y, oracle(h, w2, sizes)) <= 1e-5
+
+
+@pytest.mark.parametrize("in_axes", [(0, 0, None), (0, 0, 0)])
+def test_vmap_with_nvfp4_output(in_axes):
+    """vmap over x and the routings (and each element's own out_s_enc) still folds the GEMM into
+    one call; each element's output is its float32 result quantized with its s_enc."""
+    w = weights(jax.random.key(25), 3, 32, 48)
+    x = jax.random.normal(jax.random.key(26), (2, 7, 48), jnp.float32)
+    sizes = jnp.array([[2, 0, 4], [0, 7, 0]], jnp.int32)
+    s_enc = np.array([50.0, 700.0], np.float32)
+    e = s_enc if in_axes[2] == 0 else s_enc[0]
+    f = jax.vmap(lambda a, s, e: jn.ragged_matmul(a, w, s, out_s_enc=e), in_axes)
+    assert ragged_calls(jax.make_jaxpr(f)(x, sizes, e).jaxpr) == (1, False)
+    q = jax.jit(f)(x, sizes, e)
+    assert q.shape == (2, 7, 32)
+    for b in range(2):
+        y = jn.ragged_matmul(x[b], w, sizes[b], out_dtype=jnp.float32)
+        assert_quantized_from(jax.tree.map(lambda t: t[b], q), y, s_enc[b] if in_axes[2] == 0
+                              else s_enc[0])
+
+
+def test_nvfp4_output_is_not_differentiable():
+    w = weights(jax.random.key(27), 2, 32, 48)
+    loss = lambda x: jn.ragged_matmul(x, w, jnp.array([2, 3]),  # noqa: E731
+                                      out_s_enc=1.0).dequantize(jnp.float32).sum()
+    with pytest.raises(TypeError, match="rounding step"):
+        jax.grad(loss)(jnp.ones((5, 48)))
+
+
 @pytest.mark.parametrize("in_axes", [(0, 0), (1, 0), (None, 0), (0, None)])
 def test_vmap_over_tokens_and_routings_is_one_call(in_axes):
     """vmap over x and/or group_sizes folds the batch into one call over all its rows (each
@@ -314,7 +388,7 @@ def _bad(**overrides):
     w = weights(jax.random.key(14), 2, 32, 48)
     args = dict(x=jnp.ones((5, 48)), w=w, group_sizes=jnp.array([2, 3]))
     args.update(overrides)
-    kw = {k: args.pop(k) for k in ("bias", "activation", "out_dtype") if k in args}
+    kw = {k: args.pop(k) for k in ("bias", "activation", "out_dtype", "out_s_enc") if k in args}
     return lambda: jn.ragged_matmul(args["x"], args["w"], args["group_sizes"], **kw)
 
 
@@ -329,6 +403,15 @@ def _bad(**overrides):
     (dict(bias=jnp.ones((32,))), ValueError, r"bias must have shape \(2, 32\).*\(32,\)"),
     (dict(activation="swish"), ValueError, "swish"),
     (dict(out_dtype=jnp.int8), TypeError, "out_dtype"),
+    (dict(out_s_enc=1.0, out_dtype=jnp.float32), ValueError,
+     "out_dtype=float32 has no effect with out_s_enc"),
+    (dict(out_s_enc=jnp.ones((2,))), ValueError, r"out_s_enc must be a scalar, got shape \(2,\)"),
+    (dict(out_s_enc=float("inf")), ValueError, "out_s_enc must be finite and positive, got inf"),
+    (dict(out_s_enc="1"), TypeError, "out_s_enc must be a real number"),
+    (dict(w=weights(jax.random.key(17), 2, 40, 48), out_s_enc=1.0), ValueError,
+     "columns a multiple of 16, got N=40"),
+    (dict(w=weights(jax.random.key(17), 2, 48, 48), activation="swiglu", out_s_enc=1.0),
+     ValueError, r"got N / 2 = 24 \(activation='swiglu', N=48\)"),
 ])
 def test_trace_time_errors_name_the_value(overrides, error, match):
     with pytest.raises(error, match=match):
@@ -388,6 +471,28 @@ def test_cuda_paths(ragged_kernel, case, x_dtype, path):
     assert (_extension.host_calls(RAGGED_TARGET) > before) == (path != "xla")
     assert np.isfinite(y).all()
     assert rel_err(y, oracle(x, w, sizes, bias, "swiglu")) <= 1e-5
+
+
+@pytest.mark.parametrize("path", ["decode", "fused_ws", "xla"])
+def test_cuda_paths_nvfp4_output(ragged_kernel, path):
+    """out_s_enc on the GPU: the path's float32 result, quantized by the quantize kernel into the
+    bytes the reference quantization gives (rows of no group zero codes); 272 output columns, 70
+    rows (a partial 128-row scale tile)."""
+    m, g, n, k, sizes = 70, 4, 544, 272, [9, 0, 50, 3]  # rows 62-69 of no group
+    keys = jax.random.split(jax.random.key(28), 3)
+    w = weights(keys[0], g, n, k, scale=0.01)
+    x = jax.random.normal(keys[1], (m, k), jnp.bfloat16)
+    bias = jax.random.normal(keys[2], (g, n), jnp.bfloat16)
+    s_enc = np.float32(400.0)
+    call = lambda **kw: jax.jit(lambda x, s: jn.ragged_matmul(  # noqa: E731
+        x, w, s, bias=bias, activation="swiglu", **kw))(x, jnp.asarray(sizes))
+    before = _extension.host_calls(RAGGED_TARGET)
+    with ragged_path(path):
+        q, y = call(out_s_enc=s_enc), call(out_dtype=jnp.float32)
+    assert (_extension.host_calls(RAGGED_TARGET) > before) == (path != "xla")
+    assert q.shape == (m, n // 2)
+    assert_quantized_from(q, y, s_enc)
+    assert not np.asarray(q.dequantize(jnp.float32))[62:].any()
 
 
 @pytest.mark.parametrize("path", ["decode", "fused_ws_64", "fused_ws", "fused_ws_256"])

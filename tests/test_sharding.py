@@ -966,6 +966,23 @@ def test_ragged_matmul_patterns(mesh, ragged_operands, pattern, activation, a_nv
 
 
 @multidevice
+@pytest.mark.parametrize("pattern", ["experts", "experts+column", "row"])
+def test_ragged_matmul_nvfp4_output(mesh, ragged_operands, pattern):
+    """out_s_enc under a split: the bytes one device's quantize gives from the same float32
+    result (the quantization runs on y as the split leaves it), the weights not gathered."""
+    x, w, bias = ragged_operands
+    sizes, s_enc = jnp.asarray(RAGGED_SIZES), jnp.float32(64.0)
+    call = lambda **kw: jax.jit(lambda a, b, c, s: nv.ragged_matmul(  # noqa: E731
+        a, b, s, bias=c, activation="swiglu", **kw))
+    x_spec, w_spec = RAGGED_PATTERNS[pattern]
+    args = (put(x, mesh, x_spec), shard_nvfp4(w, mesh, w_spec), put(bias, mesh, P(*w_spec[:2])), sizes)
+    got = call(out_s_enc=s_enc)(*args)
+    y = np.asarray(call(out_dtype=jnp.float32)(*args))
+    assert same_bytes(got, jax.jit(nv.quantize)(y, s_enc=s_enc))
+    assert "all-gather" not in hlo(call(out_s_enc=s_enc), *args)
+
+
+@multidevice
 def test_ragged_matmul_gathers_split_rows_of_x_not_the_weights(mesh, ragged_operands):
     """The groups index x's rows globally: x split by rows is gathered, the experts stay split."""
     x, w, _ = ragged_operands

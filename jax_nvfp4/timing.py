@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 
 TARGET_S = 0.02  # wall time of the shorter of the two runs a reading takes (LoopTimer)
+WARM_S = 0.15  # untimed running of the loop before each reading (LoopTimer.__call__)
 # Operand sets a rotating loop calls fn on per iteration: 8 x 9.4 MB (the smallest NVFP4 weight
 # benchmarked) exceed the L2 (H200 60 MB, H100 50 MB); fewer only where 8 would pass COPIES_BYTES.
 COPIES = 8
@@ -82,8 +83,20 @@ class LoopTimer:
         for run in self._runs:
             jax.block_until_ready(run(self._sets))
 
-    def __call__(self) -> float:
-        """Seconds per call: two timed runs of the loop, n and 2n iterations, their difference."""
+    def __call__(self, warm_s: float = WARM_S) -> float:
+        """Seconds per call: the loop run untimed (n iterations at a time) for at least `warm_s`
+        seconds, then two timed runs, n and 2n iterations, their difference.
+
+        The untimed running puts the GPU in this loop's steady state. Read right after another
+        op's loop, a reading can be far off: Mixtral's grouped gate/up GEMM (a tensor-core-bound
+        loop) read 17-25% high right after XLA's dequantize + ragged_dot, where identical timers
+        read after one another agreed within 1%; a difference of two runs counts any drift within
+        them twice. One untimed n-run (56 ms) left 11% of it, three (170 ms) 1.3%; a decode
+        GEMV showed none (bench/results/timer_order_h200_2026-11-29.md). Such a fading is what a
+        clock settling under a new load would give; the cause was not measured."""
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < warm_s:
+            jax.block_until_ready(self._runs[0](self._sets))
         seconds = []
         for run in self._runs:
             t0 = time.perf_counter()

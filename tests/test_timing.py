@@ -1,6 +1,7 @@
 """jax_nvfp4.timing: the device-side timer of the demo and the benchmarks (CPU)."""
 
 import itertools
+import time
 
 import jax.numpy as jnp
 import pytest
@@ -32,3 +33,19 @@ def test_interleaved_times_takes_each_timers_median_round_robin():
     got = interleaved_times({"a": fake("a", [3.0, 1.0, 2.0]), "b": fake("b", [5.0])}, rounds=3)
     assert got == {"a": 2.0, "b": 5.0}
     assert calls == ["a", "b"] * 3
+
+
+@pytest.mark.parametrize("warm_s", [0.0, 0.05])
+def test_loop_timer_runs_the_loop_untimed_for_warm_s_first(warm_s):
+    """A reading runs the n-iteration loop untimed until warm_s has passed (none for 0), then the
+    two timed runs."""
+    x = jnp.ones((64, 64), jnp.float32)
+    timer = LoopTimer(lambda a: a @ a, (x,), rotate=False)
+    short, long = timer._runs
+    runs = []
+    timer._runs = (lambda s: runs.append("n") or short(s), lambda s: runs.append("2n") or long(s))
+    t0 = time.perf_counter()
+    timer(warm_s)
+    assert time.perf_counter() - t0 >= warm_s
+    assert runs[-2:] == ["n", "2n"] and runs[:-2] == ["n"] * (len(runs) - 2)
+    assert (len(runs) > 2) == (warm_s > 0)

@@ -189,7 +189,13 @@ def ragged_segments(group_sizes, first_row, m: int):
     Returns (first, ends) as int32, ends [G] nondecreasing and at most m."""
     sizes = jnp.clip(group_sizes.astype(jnp.int32), 0, m)  # clipped to m: the sum cannot overflow
     first = jnp.clip(jnp.asarray(first_row, jnp.int32), 0, m)
-    return first, jnp.minimum(first + jnp.cumsum(sizes), m)
+    # The running sum as a triangular one (G x G, G the experts): a jnp.cumsum in a primitive's
+    # per-platform lowering aborts XLA:CPU's compile of a module exported for both "cpu" and
+    # "cuda" (jax 0.11.2; a CHECK in its computation partitioner, as openxla/xla#47373).
+    groups = jnp.arange(sizes.shape[0])
+    upto = groups[:, None] >= groups[None, :]
+    running = jnp.sum(jnp.where(upto, sizes, 0), axis=1, dtype=jnp.int32)
+    return first, jnp.minimum(first + running, m)
 
 
 def ragged_row_groups(group_sizes, first_row, m: int):

@@ -377,6 +377,30 @@ def test_export_with_a_symbolic_m_lowers_to_the_kernel(monkeypatch):
     assert "path = 1 : i64" in call  # GemmPath::kDecode
 
 
+def test_export_for_cpu_and_cuda_in_one_artifact():
+    """One artifact for platforms ["cpu", "cuda"] (exported on any machine) compiles and runs on the
+    CPU, with its gradient and under vmap: the reference's index math holds no jnp.cumsum, which
+    aborted XLA:CPU's compile of such a module."""
+    from jax import export
+
+    w = weights(jax.random.key(18), 3, 32, 48)
+    x = jax.random.normal(jax.random.key(19), (2, 7, 48), jnp.float32)
+    sizes = jnp.array([[2, 0, 4], [7, 0, 0]], jnp.int32)
+
+    def f(x, s):
+        y = jax.vmap(lambda a, t: jn.ragged_matmul(a, w, t, out_dtype=jnp.float32))(x, s)
+        dx = jax.grad(lambda a: jn.ragged_matmul(a, w, s[0], out_dtype=jnp.float32).sum())(x[0])
+        return y, dx
+
+    exported = export.export(jax.jit(f), platforms=["cpu", "cuda"],
+                             disabled_checks=[export.DisabledSafetyCheck.custom_call(RAGGED_TARGET)])(
+        jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(sizes.shape, sizes.dtype))
+    with jax.default_device(jax.devices("cpu")[0]):
+        got, want = exported.call(x, sizes), jax.jit(f)(x, sizes)
+    for g, h in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(h), rtol=1e-6, atol=1e-6)
+
+
 def test_nvfp4_operands_are_constants():
     w = weights(jax.random.key(12), 2, 16, 32)
     xq = jn.quantize(jax.random.normal(jax.random.key(13), (4, 32)))

@@ -66,16 +66,17 @@ def ragged_case():
 def made_between(count: int):
     """The cases where identical timers are made, and read, between timers of another op, as
     the benchmarks make them: (name, timers, which of them are the identical ones). Ours at M = 1
-    between XLA's dequantize + dot of the same shape, and the ragged layer (auto path) between
-    XLA's path (dequantize + ragged_dot, which allocates 1.9 GB temporaries), every ragged timer
-    made with JAX's caches cleared around it (bench_ragged.timer_on_path)."""
+    between jax_nvfp4.dequantize (the kernel) + a bf16 dot of the same shape, and the ragged
+    layer (auto path) between XLA's path (dequantize + ragged_dot, which allocates 1.9 GB
+    temporaries), every ragged timer made with JAX's caches cleared around it
+    (bench_ragged.timer_on_path)."""
     keys = jax.random.split(jax.random.key(2), 2)
     w = (jax.random.normal(keys[0], (14336, 4096), jnp.float32) / 64).astype(jnp.bfloat16)
     dense = (nv.matmul, (jax.random.normal(keys[1], (1, 4096), jnp.bfloat16), nv.quantize(w)))
     dequant_dot = lambda x, q: x @ nv.dequantize(q).T  # noqa: E731
     _, fn, ops = ragged_case()
     for name, make, make_other in [
-            ("ours W4A16 1 x 14336 x 4096, made between XLA dequantize + dot timers",
+            ("ours W4A16 1 x 14336 x 4096, made between dequantize + dot timers",
              lambda: LoopTimer(*dense), lambda: LoopTimer(dequant_dot, dense[1])),
             ("ours ragged Mixtral-8x7B w1+w3, 384 tokens, made between XLA-path timers",
              lambda: timer_on_path("auto", fn, ops), lambda: timer_on_path("xla", fn, ops))]:

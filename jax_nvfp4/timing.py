@@ -90,10 +90,11 @@ class LoopTimer:
         The untimed running puts the GPU in this loop's steady state. Read right after another
         op's loop, a reading can be far off: Mixtral's grouped gate/up GEMM (a tensor-core-bound
         loop) read 17-25% high right after XLA's dequantize + ragged_dot, where identical timers
-        read after one another agreed within 1%; a difference of two runs counts any drift within
-        them twice. One untimed n-run (56 ms) left 11% of it, three (170 ms) 1.3%; a decode
-        GEMV showed none (bench/results/timer_order_h200_2026-11-29.md). Such a fading is what a
-        clock settling under a new load would give; the cause was not measured."""
+        read after one another agreed within 0.6-2.4% (a reading is a difference of two runs, so
+        a drift within them weighs on it twice). One untimed n-run (56 ms) left 11% of it, three
+        (170 ms) 1.3%, 150 ms 1.9%; a decode GEMV showed none
+        (bench/results/timer_order_h200_2026-11-29.md). Such a fading is what a clock settling
+        under a new load would give; the cause was not measured."""
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < warm_s:
             jax.block_until_ready(self._runs[0](self._sets))

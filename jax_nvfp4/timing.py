@@ -117,7 +117,8 @@ def interleaved_times(timers: dict, rounds: int = 7) -> dict:
     returns seconds per call), timed round-robin: every round runs each timer once, in turn.
     Timed one after the other instead, candidates see different GPU clocks (the clock falls as
     the GPU heats under back-to-back GEMMs), which biased same-run comparisons by up to 15%
-    (bench/results/prefill_gemm_h200_2026-11-21.md)."""
+    (bench/results/prefill_gemm_h200_2026-11-21.md). A LoopTimer's reading starts with WARM_S of
+    its own loop untimed, so the timer read before it does not bias it (LoopTimer.__call__)."""
     samples = {name: [] for name in timers}
     for _ in range(rounds):
         for name, timer in timers.items():

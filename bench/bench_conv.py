@@ -16,7 +16,8 @@ output dropped at once (the graph's pool then gives every call the same buffer, 
 with every output kept ("fresh outputs": a buffer each, as every call of our chain writes; XLA
 keeps them all live to the end of the iteration). --also-chain N also
 times ours with N calls an iteration, in the same rounds: what the loop adds to a call. All are
-timed round-robin (each once per round, 7 rounds, median), so they see the same GPU clock. Also
+timed round-robin (each once per round, 7 rounds, median), so they see the same GPU clock, and
+each reading, cuDNN's too, follows WARM_S of its own work run untimed. Also
 reports the activation bytes the sm_90a kernel loads from global memory into shared memory with
 and without the shifted-operand reuse, counted from its schedule (cuda/conv/sm90/conv_sm90_schedule.h).
 --forced also times ours with each named sm_90a kernel forced (JAX_NVFP4_CONV_SM90_KERNEL), in
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import time
 from pathlib import Path
 
 import jax
@@ -38,7 +40,7 @@ import jax_nvfp4 as jn
 from jax_nvfp4._extension import _ext, cublaslt_gemm_calls, visible_cuda_arch
 from jax_nvfp4.primitives import conv as conv_primitive
 from jax_nvfp4.primitives.conv import pointwise_as_gemm
-from jax_nvfp4.timing import TARGET_S, LoopTimer, interleaved_times
+from jax_nvfp4.timing import TARGET_S, WARM_S, LoopTimer, interleaved_times
 
 # name: (N, H, W, C, K, R, S, stride, padding)
 SHAPES = [
@@ -174,7 +176,14 @@ def torch_timers(n, h, w, c, k, r, s, stride, graph_calls):
     def conv():
         return torch.nn.functional.conv2d(x, wt, stride=stride, padding=pad)
 
-    def per_call(run, iters, calls_per_iter=1):
+    def per_call(run, iters, calls_per_iter=1, warm_s=0.0):
+        """Seconds per call of `iters` runs, after running them untimed for `warm_s` seconds (as a
+        LoopTimer's reading does, so the timer read before this one does not bias it)."""
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < warm_s:
+            for _ in range(iters):
+                run()
+            torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(iters):
@@ -200,9 +209,9 @@ def torch_timers(n, h, w, c, k, r, s, stride, graph_calls):
         outputs = [conv() for _ in range(graph_calls)]
     del outputs  # the graph keeps its pool's memory
     graph_iters = int(min(200, max(5, TARGET_S / (per_call(graph.replay, 5, graph_calls) * graph_calls))))
-    return {"cudnn": lambda: per_call(conv, eager_iters),
-            "cudnn_graph": lambda: per_call(graph.replay, graph_iters, graph_calls),
-            "cudnn_graph_fresh": lambda: per_call(fresh.replay, graph_iters, graph_calls)}
+    return {"cudnn": lambda: per_call(conv, eager_iters, warm_s=WARM_S),
+            "cudnn_graph": lambda: per_call(graph.replay, graph_iters, graph_calls, WARM_S),
+            "cudnn_graph_fresh": lambda: per_call(fresh.replay, graph_iters, graph_calls, WARM_S)}
 
 
 def main():

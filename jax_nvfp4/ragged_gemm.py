@@ -79,8 +79,10 @@ def ragged_matmul(x, w: NVFP4Array, group_sizes, *, bias=None, activation=None, 
 
     On Hopper (sm_90a) one kernel launch runs every group's rows and reads only the weights of
     the groups that hold rows (at decode, the experts the tokens were routed to): 8-row tiles at
-    few rows a group, wgmma tiles past that. On other GPUs XLA's ragged_dot runs on the weights'
-    e2m1 x e4m3 values in x's dtype instead. Under a mesh, w split along G runs expert-parallel
+    few rows a group, wgmma tiles past that. On Blackwell (sm_100a; K a multiple of 32, N of 4)
+    CUTLASS's grouped block-scaled GEMM runs them, a float x quantized first as matmul does there
+    (compiled, never run: docs/gemm_blackwell.md). On other GPUs and shapes XLA's ragged_dot runs
+    on the weights' e2m1 x e4m3 values in x's dtype instead. Under a mesh, w split along G runs expert-parallel
     (each device its experts' rows, then one sum), along N column-parallel, along K row-parallel
     (jax_nvfp4.sharding.ragged). jax.vmap over x and group_sizes (a routing per element) runs
     one call over the whole batch, each expert's weights read once; batched weights or bias, or an

@@ -173,7 +173,25 @@ def test_ragged_workspace_holds_fused_ws_staged_rows():
     assert (_ragged_workspace(90, 300, 8, 4096, 1024, x_dtype=jnp.float32)
             == (10 + 8) * 64 * 1024 * 2 + pad)
     assert _ragged_workspace(90, 300, 8, 4096, 1024, path=1) == 0
-    assert _ragged_workspace(100, 300, 8, 4096, 1024) == 0
+    assert _ragged_workspace(120, 300, 8, 4096, 1024) == 0
+
+
+@needs_extension
+@pytest.mark.skipif(_extension._ext is None or "sm_100a" not in _extension.cuda_archs(),
+                    reason="no sm_100a kernels built")
+def test_ragged_workspace_on_sm100_holds_its_plan():
+    """sm_100a's grouped GEMM (cuda/gemm/sm100/ragged_sm100_plan.h): x quantized (W4A16), A's
+    scales in tiles of each group's own (ceil(M / 128) + G row tiles), the float32 D, then a few
+    KB: the groups' CUTLASS arguments, the quantizer's scratch and CUTLASS's own. None without
+    rows, or where the kernel takes no such K."""
+    m, g, n, k = 300, 8, 4096, 1024
+    k_tiles = k // 64  # 512 bytes a tile of 128 rows x 4 scales
+    regions = m * k // 2 + 3 * k_tiles * 512 + (3 + g) * k_tiles * 512 + m * n * 4
+    assert regions < _ragged_workspace(100, m, g, n, k) < regions + 16 * 1024
+    nvfp4_x = _ragged_workspace(100, m, g, n, k, x_dtype=jnp.float4_e2m1fn)
+    assert nvfp4_x < regions - m * k // 2  # an NVFP4 x is not quantized again
+    assert _ragged_workspace(100, 0, g, n, k) == 0
+    assert _ragged_workspace(100, m, g, n, 48) == 0
 
 
 @needs_extension

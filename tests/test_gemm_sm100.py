@@ -313,3 +313,72 @@ def test_blackwell_nvfp4_output_is_close_to_quantized_reference(blackwell):
     assert np.mean(got_codes != codes) <= 1e-3
     assert np.mean(got_scales != np.asarray(want_scales)) <= 1e-3
     np.testing.assert_array_equal(np.asarray(q.s_dec), s_dec)
+
+
+# The ragged path (ragged_matmul on sm_100a: cuda/gemm/sm100/ragged_sm100_plan.h).
+RAGGED_CASES = [  # m, n, k, a_nvfp4, first_row, sizes: tails, empty and negative groups, rows past m
+    (300, 48, 96, False, 5, [100, -3, 0, 130, 200]),
+    (1, 32, 64, True, 0, [0, 1, 0]),
+    (700, 20, 160, True, 0, [128, 129, 0, 256, 1]),
+    (64, 8, 32, False, 70, [10, 10]),
+    (260, 12, 1056, False, 0, [3, 250]),
+]
+
+
+@pytest.mark.parametrize("m,n,k,a_nvfp4,first_row,sizes", RAGGED_CASES)
+def test_ragged_plan_places_groups_and_cutlass_reads_their_scales(host_program, m, n, k, a_nvfp4,
+                                                                   first_row, sizes):
+    """The groups' rows as the setup kernel places them equal reference.ragged_segments; CUTLASS's
+    scale layouts from each group's pointers read the bytes the regroup kernel writes (A) and the
+    weights' own tiled scales (B); A, B and D are addressed from the group's rows."""
+    from jax_nvfp4 import reference
+
+    text = host_program(HOST / "ragged_sm100_plan.cc", cutlass=True,
+                        args=(m, n, k, int(a_nvfp4), first_row, *sizes))
+    got = dict(line.split("=", 1) for line in text.splitlines())
+    assert got["unsupported"] == "none"
+    first, ends = reference.ragged_segments(jnp.asarray(sizes, jnp.int32), first_row, m)
+    starts = [int(first)] + [int(e) for e in ends[:-1]]
+    tiles = 0
+    for g, (start, end) in enumerate(zip(starts, [int(e) for e in ends])):
+        assert got[f"group{g}"] == f"{start},{end},{tiles}", g
+        tiles += _ceil(end - start, 128)
+    held = int(ends[-1]) - int(first)
+    assert int(got["sfa_checked"]) == held * k and got["sfa_mismatches"] == "0"
+    assert int(got["sfb_checked"]) == len(sizes) * n * k and got["sfb_mismatches"] == "0"
+    assert (got["a_mismatches"], got["b_mismatches"], got["d_mismatches"]) == ("0", "0", "0")
+    assert int(got["tiles_used"]) == tiles <= int(got["tiles_bound"])
+    assert got["sfa_region_fits"] == "1"
+    assert (int(got["region_a_codes"]) >= 0) == (not a_nvfp4)  # W4A16 quantizes A first
+
+
+@pytest.mark.parametrize("n,k,reason", [(48, 48, "k must be a multiple of 32"),
+                                        (34, 64, "n must be a multiple of 4")])
+def test_ragged_plan_names_what_it_cannot_run(host_program, n, k, reason):
+    text = host_program(HOST / "ragged_sm100_plan.cc", cutlass=True, args=(8, n, k, 0, 0, 4, 4))
+    assert dict(line.split("=", 1) for line in text.splitlines())["unsupported"] == reason
+
+
+def test_ragged_sass_holds_grouped_block_scaled_tcgen05_mma(kernel_sass):
+    (sass,) = kernel_sass("sm_100a", r"GemmUniversal.*MainloopSm100ArrayTmaUmmaWarpSpecializedBlockScaled").values()
+    assert re.search(r"\bUTCOMMA\.4X\b", sass)  # kind::mxf4nvf4, scale_vec::4X, 1-SM
+    assert re.search(r"\bUTCCP\.T\.S\.4x32dp128bit\b", sass)  # scales -> TMEM
+    assert re.search(r"\bUTMALDG\.[345]D\b", sass)
+    helpers = kernel_sass("sm_100a", r"ragged_setup_kernel|regroup_scales_kernel|ragged_output_kernel")
+    assert len(helpers) == 3, sorted(helpers)
+
+
+@pytest.mark.parametrize("w4a4", [True, False])
+def test_blackwell_ragged_matmul_matches_reference(blackwell, w4a4):
+    m, groups, n, k = 300, 5, 208, 256
+    sizes = jnp.array([100, 0, 3, 130, 40], jnp.int32)  # 27 rows of no group
+    with jax.default_device(blackwell):
+        x = mc.random_float((m, k), jnp.bfloat16, seed=31)
+        w = jax.vmap(jn.quantize)(jnp.stack([mc.random_float((n, k), jnp.float32, seed=40 + g)
+                                              for g in range(groups)]))
+        xq = jn.quantize(x)
+        y = jn.ragged_matmul(xq if w4a4 else x, w, sizes, out_dtype=jnp.float32)
+        # W4A16 quantizes x on the device with the library's exact recipe, as matmul does.
+        with jax.default_device(jax.devices("cpu")[0]):
+            want = jn.ragged_matmul(xq, w, sizes, out_dtype=jnp.float32)
+    mc.assert_close(y, np.asarray(want, np.float64), 1e-5)

@@ -377,6 +377,54 @@ def test_export_with_a_symbolic_m_lowers_to_the_kernel(monkeypatch):
     assert "path = 1 : i64" in call  # GemmPath::kDecode
 
 
+def _lowered_for_sm100(monkeypatch, x_shape, n, k):
+    """The cuda lowering of a ragged call exported as for an sm_100a GPU (no GPU needed)."""
+    from jax import export
+
+    monkeypatch.setattr(_extension, "kernel_available", lambda target: True)
+    monkeypatch.setattr(_extension, "visible_cuda_arch", lambda: "sm_100a")
+    monkeypatch.setattr(_extension, "_cuda_compute_capability", lambda: (10, 0))
+    jax.clear_caches()
+    try:
+        w = weights(jax.random.key(20), 3, n, k)
+        exported = export.export(
+            jax.jit(lambda x, s: jn.ragged_matmul(x, w, s)), platforms=["cuda"],
+            disabled_checks=[export.DisabledSafetyCheck.custom_call(RAGGED_TARGET)])(
+            jax.ShapeDtypeStruct(x_shape, jnp.bfloat16), jax.ShapeDtypeStruct((3,), jnp.int32))
+        return exported.mlir_module()
+    finally:
+        jax.clear_caches()
+
+
+def test_sm100_lowers_to_the_grouped_kernel(monkeypatch):
+    """On sm_100a a call whose K is a multiple of 32 and N of 4 takes the FFI target, with the one
+    path sm_100a has (0, the launcher's)."""
+    module = _lowered_for_sm100(monkeypatch, (40, 64), 48, 64)
+    call = next(line for line in module.splitlines() if RAGGED_TARGET in line)
+    assert "path = 0 : i64" in call
+
+
+@pytest.mark.parametrize("x_shape, n, k", [
+    ((40, 48), 32, 48),   # K = 48: rows of codes not 16 bytes apart
+    ((40, 64), 34, 64),   # N = 34: rows of the float32 result not 16 bytes apart
+    (("M", 64), 32, 64),  # a symbolic M: the workspace holds M rows
+])
+def test_sm100_lowers_other_shapes_to_xla(monkeypatch, x_shape, n, k):
+    if x_shape[0] == "M":
+        from jax import export
+
+        x_shape = (export.symbolic_shape("M")[0], x_shape[1])
+    module = _lowered_for_sm100(monkeypatch, x_shape, n, k)
+    assert RAGGED_TARGET not in module
+    assert "ragged_dot" in module  # XLA's dequantize + ragged_dot
+
+
+def test_sm100_refuses_a_forced_sm90_kernel(monkeypatch):
+    monkeypatch.setenv(RAGGED_PATH_ENV, "decode")
+    with pytest.raises(ValueError, match="forces an sm_90a kernel; this GPU is sm_100a"):
+        _lowered_for_sm100(monkeypatch, (40, 64), 48, 64)
+
+
 def test_export_for_cpu_and_cuda_in_one_artifact():
     """One artifact for platforms ["cpu", "cuda"] (exported on any machine) compiles and runs on the
     CPU, with its gradient and under vmap: the reference's index math holds no jnp.cumsum, which

@@ -28,9 +28,11 @@
 // scalar, bias [G, N] or f32[0], out_s_enc f32[0], then group_sizes int32 [G] and first_row int32
 // scalar (GemmProblem::group_sizes says what they mean), and gives out [M, C] and the workspace.
 // Attributes: path (0 the launcher's choice, 1 decode, 7, 4 or 6 fused_ws on 64-, 128- or 256-row
-// tiles) and activation. One launch of sm_90a's decode or fused_ws kernel (after fused_ws's staging of x and
-// the zeros of the rows outside every group); no other device runs it
-// (kUnimplemented: the Python side lowers to XLA's dequantize + ragged_dot there).
+// tiles) and activation. On sm_90a one launch of the decode or fused_ws kernel (after fused_ws's
+// staging of x and the zeros of the rows outside every group); on sm_100a (path 0 only, k a
+// multiple of 32, n of 4) CUTLASS's grouped block-scaled GEMM between a setup kernel and an output
+// pass (gemm/sm100/ragged_sm100_plan.h); no other device runs it (kUnimplemented: the Python side
+// lowers to XLA's dequantize + ragged_dot there).
 #include <cuda_runtime.h>
 
 #include <array>
@@ -509,6 +511,17 @@ ffi::Error gemm_ragged_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffe
 #ifdef JAX_NVFP4_HAS_SM90
   if (cc == 90) return run(cc, stream, workspace, p);
 #endif
+#ifdef JAX_NVFP4_HAS_SM100
+  if (cc == 100) {
+    if (path != 0) {
+      return invalid("ragged: sm_100a has one kernel (path 0), got path " + std::to_string(path));
+    }
+    if (const char* why = ragged_sm100_unsupported_reason(p)) {
+      return invalid(std::string("ragged (sm_100a): ") + why);
+    }
+    return run(cc, stream, workspace, p);
+  }
+#endif
   return ffi::Error(ffi::ErrorCode::kUnimplemented,
                     "jax_nvfp4_gemm_ragged: no ragged NVFP4 GEMM kernel for compute capability " +
                         std::to_string(cc / 10) + "." + std::to_string(cc % 10));
@@ -529,9 +542,10 @@ size_t gemm_stacked_call_workspace(const WorkspaceQuery& q) {
 }
 
 // The workspace of a ragged call: its problem with the group dimension dropped from the weights
-// (and from s_dec and bias where they have one); none off sm_90a, where no kernel runs it.
+// (and from s_dec and bias where they have one); none off sm_90a and sm_100a, where no kernel
+// runs it.
 size_t gemm_ragged_call_workspace(const WorkspaceQuery& q) {
-  if (q.compute_capability != 90) return 0;
+  if (q.compute_capability != 90 && q.compute_capability != 100) return 0;
   WorkspaceQuery element = q;
   for (size_t i : {3, 4}) drop_lead(element.args.at(i));
   if (element.args.at(5).dims.size() == 1) drop_lead(element.args[5]);

@@ -14,7 +14,10 @@ FFI target "jax_nvfp4_gemm_ragged" (cuda/gemm/gemm_ffi.cc) on sm_90a, one launch
 the weights of groups that hold rows: the decode kernel over every group's 8-row tiles, or from
 16 rows a group on average the fused_ws kernel (wgmma) over each group's rows staged in 64-, 128-
 or 256-row tiles; the launcher picks (cuda/gemm/sm90/gemm_sm90.h). On an H200 it beat XLA's
-path at every M measured (bench/results/ragged_h200_2026-11-29.md). On GPUs without the kernel the
+path at every M measured (bench/results/ragged_h200_2026-11-29.md). On sm_100a (K a multiple of
+32, N of 4, a concrete M) CUTLASS's grouped block-scaled tcgen05 GEMM over the groups' rows, a
+float x quantized first with its dynamic amax as sm_100a's matmul does (docs/gemm_blackwell.md;
+compiled and statically checked, never run). On GPUs without a kernel, and for other shapes, the
 CUDA lowering is XLA's:
 the weights' e2m1 x e4m3 values in x's dtype (exact in bfloat16 and float16) and
 lax.ragged_dot_general, then the reference's epilogue.
@@ -103,18 +106,29 @@ def ragged_path() -> str:
     return env_choice(RAGGED_PATH_ENV, _PATHS)
 
 
+def sm100_takes(m, n: int, k: int) -> bool:
+    """Whether sm_100a's grouped kernel runs a ragged call of these dimensions: rows of k codes
+    and of n float32 results 16 bytes apart (TMA), and a concrete M (its workspace holds M rows)."""
+    return isinstance(m, int) and k % 32 == 0 and n % 4 == 0
+
+
 def _kernel(*args, a_nvfp4, has_bias, out_dtype, activation):
     ops = _unpack(args, a_nvfp4, has_bias)
     m = ops["a"].shape[0]
+    n, k = ops["b_codes"].shape[1], ops["a"].shape[1]
     path = ragged_path()
-    if path == "xla" or _extension.visible_cuda_arch() != "sm_90a":
+    arch = _extension.visible_cuda_arch()
+    if arch == "sm_100a" and path in _KERNEL_PATHS:
+        raise ValueError(f"{RAGGED_PATH_ENV}={path!r} forces an sm_90a kernel; this GPU is sm_100a, "
+                         "which has one ragged kernel (\"kernel\" or \"auto\")")
+    if path == "xla" or arch not in ("sm_90a", "sm_100a") or (
+            arch == "sm_100a" and not sm100_takes(m, n, k)):
         return _xla(ops, a_nvfp4, out_dtype, activation)
-    # A symbolic M (jax.export) takes the decode kernel, which runs any M (its grid is sized per
-    # call) without a workspace (fused_ws's holds M staged rows).
+    # A symbolic M (jax.export) takes sm_90a's decode kernel, which runs any M (its grid is sized
+    # per call) without a workspace (fused_ws's holds M staged rows).
     symbolic = not isinstance(m, int)
     if symbolic:
         path = "decode"
-    n = ops["b_codes"].shape[1]
     out = jax.ShapeDtypeStruct((m, output_columns(n, activation)), out_dtype)
     return ffi_kernel_call(
         RAGGED_TARGET, [out],

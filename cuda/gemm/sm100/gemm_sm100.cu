@@ -28,19 +28,12 @@ int current_sm_count() {
 
 // W4A16: A quantized with its dynamic amax into the plan's workspace regions.
 QuantizeProblem quantize_a_problem(const GemmProblem& p, const Plan& plan) {
-  QuantizeProblem q;
-  q.rows = q.rows_per_matrix = p.m;
-  q.k = p.k;
-  q.x = p.a;
-  q.x_dtype = p.a_dtype;
-  if (p.workspace != nullptr) {
-    q.codes = sm100::at<uint8_t>(p.workspace, plan.a_codes);
-    q.scales = sm100::at<uint8_t>(p.workspace, plan.a_scales);
-    q.s_dec = sm100::at<float>(p.workspace, plan.a_s_dec);
-    q.workspace = sm100::at<void>(p.workspace, plan.quantize_ws);
-    q.workspace_bytes = plan.quantize_ws_bytes;
-  }
-  return q;
+  void* ws = p.workspace;
+  if (ws == nullptr) return sm100::quantize_a_problem(p, nullptr, nullptr, nullptr, nullptr);
+  return sm100::quantize_a_problem(p, sm100::at<uint8_t>(ws, plan.a_codes),
+                                   sm100::at<uint8_t>(ws, plan.a_scales),
+                                   sm100::at<float>(ws, plan.a_s_dec),
+                                   sm100::at<void>(ws, plan.quantize_ws));
 }
 
 Plan plan_for(const GemmProblem& p, int sm_count) {
@@ -87,6 +80,7 @@ MatrixRef codes_ref(const void* data, int64_t rows, int64_t k, int64_t pitch_k) 
 }  // namespace
 
 size_t gemm_sm100_workspace_bytes(const GemmProblem& p) {
+  if (p.ragged()) return ragged_sm100_workspace_bytes(p);
   if (sm100::unsupported_reason(p) != nullptr || p.m == 0 || p.n == 0) return 0;
   const int sm = current_sm_count();
   GemmProblem shape_only = p;
@@ -99,6 +93,7 @@ size_t gemm_sm100_workspace_bytes(const GemmProblem& p) {
 }
 
 cudaError_t gemm_sm100(const GemmProblem& p, cudaStream_t stream) {
+  if (p.ragged()) return ragged_sm100(p, stream);
   if (sm100::unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
   const bool nvfp4_out = p.nvfp4_out();
   if (nvfp4_out) {  // padding scale entries (rows past m, blocks past n/16) must read as zero

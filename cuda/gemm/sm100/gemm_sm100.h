@@ -20,7 +20,16 @@ namespace jax_nvfp4 {
 size_t gemm_sm100_workspace_bytes(const GemmProblem& p);
 
 // Enqueues the GEMM on stream. Returns cudaErrorInvalidValue for a problem it cannot run
-// (k not a multiple of 16, too little workspace, unsupported dtype).
+// (k not a multiple of 16, too little workspace, unsupported dtype). A ragged problem
+// (p.ragged()) goes to ragged_sm100.
 cudaError_t gemm_sm100(const GemmProblem& p, cudaStream_t stream);
+
+// The ragged GEMM (GemmProblem::group_sizes; float output, k a multiple of 32, n of 4): one
+// CUTLASS grouped block-scaled GEMM over the groups' rows (ragged_sm100_plan.h), A quantized
+// first for W4A16 as above. Its workspace, the launch (cudaErrorInvalidValue for a problem
+// it cannot run), and why it cannot run p (nullptr when it can).
+const char* ragged_sm100_unsupported_reason(const GemmProblem& p);
+size_t ragged_sm100_workspace_bytes(const GemmProblem& p);
+cudaError_t ragged_sm100(const GemmProblem& p, cudaStream_t stream);
 
 }  // namespace jax_nvfp4

@@ -1,10 +1,14 @@
-// Small device helpers around the CUTLASS kernel: copies that pad or unpad matrices (and convert
-// their element type) and the epilogue scalars. Host-callable launchers, no CUTLASS.
+// Small device helpers around the CUTLASS kernels: copies that pad or unpad matrices (and convert
+// their element type), the epilogue scalars, and the quantization of a float A. Host-callable
+// launchers, no CUTLASS.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "gemm/gemm_problem.h"
+#include "quantize/quantize.h"
 
 namespace jax_nvfp4 {
 namespace sm100 {
@@ -26,6 +30,23 @@ cudaError_t copy_matrix(const MatrixRef& src, const MatrixRef& dst, cudaStream_t
 // out_s_enc is given.
 cudaError_t epilogue_scalars(const float* a_s_dec, const float* b_s_dec, float* alpha,
                              const float* out_s_enc, float* out_s_dec, cudaStream_t stream);
+
+// W4A16: p's float A [m, k] quantized with its dynamic amax into codes, scales and s_dec, with
+// the quantizer's scratch (quantize_workspace_bytes of the result; all null when only sizing).
+inline QuantizeProblem quantize_a_problem(const GemmProblem& p, uint8_t* codes, uint8_t* scales,
+                                          float* s_dec, void* workspace) {
+  QuantizeProblem q;
+  q.rows = q.rows_per_matrix = p.m;
+  q.k = p.k;
+  q.x = p.a;
+  q.x_dtype = p.a_dtype;
+  q.codes = codes;
+  q.scales = scales;
+  q.s_dec = s_dec;
+  q.workspace = workspace;
+  q.workspace_bytes = quantize_workspace_bytes(q);
+  return q;
+}
 
 }  // namespace sm100
 }  // namespace jax_nvfp4

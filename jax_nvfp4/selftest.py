@@ -252,6 +252,47 @@ register_check("matmul->nvfp4", "jax_nvfp4_gemm_nvfp4_out", check_matmul_nvfp4_o
 register_check("matmul+activation", "jax_nvfp4_gemm", check_matmul_activation)
 
 
+# (M, G, N, K, group sizes): empty groups, rows of no group, a negative size; N and K off the
+# tile sizes. On sm_90a the decode kernel (few rows a group) and fused_ws; on sm_100a the grouped
+# GEMM where K % 32 == 0 and N % 4 == 0 (all but the last), XLA's path on the last.
+_RAGGED_PROBLEMS = [(1, 4, 48, 64, [0, 0, 1, 0]), (40, 3, 40, 96, [13, 0, 20]),
+                    (300, 5, 72, 160, [100, -3, 0, 130, 60]), (90, 2, 34, 48, [45, 45])]
+
+
+def check_ragged_matmul(device) -> str:
+    """jax_nvfp4.ragged_matmul on `device` (W4A16 bf16 and W4A4, bias per group, silu, float32
+    out) against the reference on the CPU: relative Frobenius error <= 1e-5. Blackwell runs W4A16
+    on quantize(x), as matmul does there, so the reference takes quantize(x) too."""
+    from jax_nvfp4.quantization import quantize
+    from jax_nvfp4.ragged_gemm import ragged_matmul
+
+    worst = 0.0
+    for i, (m, g, n, k, sizes) in enumerate(_RAGGED_PROBLEMS):
+        rng = np.random.default_rng(600 + i)
+        x = rng.standard_normal((m, k)).astype(np.float32).astype(jnp.bfloat16)
+        w = jax.vmap(quantize)(_on(_cpu(), (rng.standard_normal((g, n, k)) * 0.05).astype(np.float32)))
+        bias = rng.standard_normal((g, n)).astype(np.float32)
+        sizes = np.asarray(sizes, np.int32)
+        for a in (x, quantize(_on(_cpu(), x))):
+            got = ragged_matmul(*_on(device, (a, w, sizes)), bias=_on(device, bias),
+                                activation="silu", out_dtype=jnp.float32)
+            ref_a = _on(_cpu(), a)
+            if _extension.device_arch(device) == "sm_100a" and not isinstance(a, NVFP4Array):
+                ref_a = quantize(ref_a)
+            want = ragged_matmul(ref_a, w, _on(_cpu(), sizes), bias=_on(_cpu(), bias),
+                                 activation="silu", out_dtype=jnp.float32)
+            got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+            err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+            kind = "W4A4" if isinstance(a, NVFP4Array) else "W4A16"
+            assert np.isfinite(err) and err <= 1e-5, (
+                f"ragged_matmul {kind} M={m} G={g} N={n} K={k}: relative error {err:.3g}")
+            worst = max(worst, err)
+    return f"{2 * len(_RAGGED_PROBLEMS)} problems, worst relative error {worst:.1e}"
+
+
+register_check("ragged_matmul", "jax_nvfp4_gemm_ragged", check_ragged_matmul)
+
+
 # (N, H, W, C, K, R, S, stride, dilation, padding): taps, padding, stride and dilation cases,
 # C and K off the tile sizes, several images in one tile, and two 1x1 convs of 256 channels: one
 # that sm_90a runs as the NVFP4 GEMM (primitives/conv.py, pointwise_as_gemm), one with stride 2

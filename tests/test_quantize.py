@@ -412,6 +412,7 @@ def test_selftest_checks_pass_on_the_reference_and_catch_a_broken_op(monkeypatch
     assert "values equal" in selftest_module.check_dequantize(cpu)
     assert "worst relative error" in selftest_module.check_matmul_activation(cpu)
     assert "worst relative error" in selftest_module.check_matmul_stacked(cpu)
+    assert "worst relative error" in selftest_module.check_ragged_matmul(cpu)
     real = quantization.quantize
 
     def off_by_one_scale(x, *, s_enc=None):

@@ -201,10 +201,10 @@ def test_unsupported_problems_are_named(host_program, m, n, k, out, activation, 
     assert got["unsupported"] == reason
 
 
-@pytest.fixture(scope="module")
-def can_implement(tmp_path_factory):
-    """can_implement(mode, *problems) -> rows of gemm_sm100_can_implement's output. Built with
-    nvcc as PTX only (the check is host code; about 30 s of CPU)."""
+def _ptx_host_program(tmp_path_factory, source):
+    """Builds host program `source` (CUTLASS's can_implement calls: host code) with nvcc as PTX
+    only, no ptxas (about 30 s of CPU); returns a function running it with arguments and giving
+    its output's rows, split."""
     nvcc = shutil.which("nvcc")
     try:
         import cutlass_library
@@ -213,18 +213,23 @@ def can_implement(tmp_path_factory):
     if nvcc is None or cutlass_library is None:
         pytest.skip("needs nvcc and the nvidia-cutlass headers")
     inc = Path(cutlass_library.__file__).parent / "source" / "include"
-    exe = tmp_path_factory.mktemp("sm100_can_implement") / "can_implement"
+    exe = tmp_path_factory.mktemp(source.stem) / source.stem
     subprocess.run([nvcc, "-std=c++17", "--expt-relaxed-constexpr", "-I", str(HOST.parent.parent / "cuda"),
                     "-isystem", str(inc), "-gencode=arch=compute_100a,code=compute_100a",
-                    str(HOST / "gemm_sm100_can_implement.cu"), "-o", str(exe)],
+                    str(source), "-o", str(exe)],
                    check=True, capture_output=True, text=True)
 
-    def run(mode, *problems):
-        out = subprocess.run([str(exe), mode, *problems], check=True, capture_output=True,
-                             text=True).stdout
+    def run(*args):
+        out = subprocess.run([str(exe), *args], check=True, capture_output=True, text=True).stdout
         return [line.split() for line in out.splitlines()]
 
     return run
+
+
+@pytest.fixture(scope="module")
+def can_implement(tmp_path_factory):
+    """can_implement(mode, *problems) -> rows of gemm_sm100_can_implement's output."""
+    return _ptx_host_program(tmp_path_factory, HOST / "gemm_sm100_can_implement.cu")
 
 
 CUTLASS_PROBLEMS = ["1,4096,4096,bf16", "3,208,80,f32", "129,100,16,bf16", "300,200,96,f32",
@@ -357,6 +362,17 @@ def test_ragged_plan_places_groups_and_cutlass_reads_their_scales(host_program, 
 def test_ragged_plan_names_what_it_cannot_run(host_program, n, k, reason):
     text = host_program(HOST / "ragged_sm100_plan.cc", cutlass=True, args=(8, n, k, 0, 0, 4, 4))
     assert dict(line.split("=", 1) for line in text.splitlines())["unsupported"] == reason
+
+
+def test_ragged_cutlass_accepts_the_planned_groups_and_rejects_what_the_plan_refuses(tmp_path_factory):
+    """CUTLASS's grouped GEMM, given the groups' shapes on the host, accepts every call the plan
+    takes (empty groups included) and rejects K not a multiple of 32 or N not of 4, the calls
+    ragged_unsupported_reason refuses (the Python side sends them to XLA)."""
+    run = _ptx_host_program(tmp_path_factory, HOST / "ragged_sm100_can_implement.cu")
+    taken = ["48,96,100,-3,0,130,200", "32,64,0,1,0", "20,160,128,129,0,256,1", "4096,14336,7,0,9"]
+    refused = ["48,48,100,200", "34,64,5,5", "4096,4112,3,3"]
+    rows = run(*taken, *refused)
+    assert [r[2] for r in rows] == ["1"] * len(taken) + ["0"] * len(refused), rows
 
 
 def test_ragged_sass_holds_grouped_block_scaled_tcgen05_mma(kernel_sass):

@@ -15,7 +15,7 @@
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
-#include "cutlass/kernel_hardware_info.h"
+#include "gemm/sm100/cutlass_launch.h"
 #include "gemm/sm100/gemm_sm100_kernels.h"
 
 namespace jax_nvfp4 {
@@ -78,9 +78,6 @@ struct CutlassGemm {
   static typename Gemm::Arguments arguments(const Args& a, int sm_count) {
     using Data = typename ElementAB::DataType;
     using Scale = typename ElementAB::ScaleFactorType;
-    cutlass::KernelHardwareInfo hw;
-    cudaGetDevice(&hw.device_id);
-    hw.sm_count = sm_count;
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
         {a.m, a.n, a.k, 1},
@@ -88,7 +85,7 @@ struct CutlassGemm {
          a.stride_b, reinterpret_cast<const Scale*>(a.sfa), a.layout_sfa,
          reinterpret_cast<const Scale*>(a.sfb), a.layout_sfb},
         {{}, nullptr, a.stride_d, static_cast<ElementD*>(a.d), a.stride_d},
-        hw};
+        hardware_info(sm_count)};
     auto& fusion = args.epilogue.thread;
     fusion.alpha_ptr = a.alpha;
     fusion.bias_ptr = a.bias;
@@ -110,17 +107,7 @@ size_t cutlass_workspace_bytes(const Args& args, int sm_count) {
 template <OutKind kKind, bool kTwoSm>
 cudaError_t run_cutlass(const Args& args, int sm_count, cudaStream_t stream) {
   using G = CutlassGemm<kKind, kTwoSm>;
-  const auto arguments = G::arguments(args, sm_count);
-  typename G::Gemm gemm;
-  if (gemm.can_implement(arguments) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
-  if (gemm.initialize(arguments, args.workspace, stream) != cutlass::Status::kSuccess) {
-    return cudaErrorInvalidValue;
-  }
-  if (gemm.run(stream) != cutlass::Status::kSuccess) {
-    const cudaError_t err = cudaGetLastError();
-    return err == cudaSuccess ? cudaErrorLaunchFailure : err;
-  }
-  return cudaSuccess;
+  return run_gemm<typename G::Gemm>(G::arguments(args, sm_count), args.workspace, stream);
 }
 
 }  // namespace sm100

@@ -13,18 +13,7 @@ size_t ragged_cutlass_workspace_bytes(int groups, int sm_count) {
 }
 
 cudaError_t run_ragged_cutlass(const RaggedCutlassArgs& args, int sm_count, cudaStream_t stream) {
-  using Gemm = GroupedGemm::Gemm;
-  const auto arguments = GroupedGemm::arguments(args, sm_count);
-  Gemm gemm;
-  if (gemm.can_implement(arguments) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
-  if (gemm.initialize(arguments, args.workspace, stream) != cutlass::Status::kSuccess) {
-    return cudaErrorInvalidValue;
-  }
-  if (gemm.run(stream) != cutlass::Status::kSuccess) {
-    const cudaError_t err = cudaGetLastError();
-    return err == cudaSuccess ? cudaErrorLaunchFailure : err;
-  }
-  return cudaSuccess;
+  return run_gemm<GroupedGemm::Gemm>(GroupedGemm::arguments(args, sm_count), args.workspace, stream);
 }
 
 }  // namespace sm100

@@ -15,7 +15,7 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
-#include "cutlass/kernel_hardware_info.h"
+#include "gemm/sm100/cutlass_launch.h"
 #include "gemm/sm100/ragged_sm100_cutlass.h"
 
 namespace jax_nvfp4 {
@@ -61,9 +61,6 @@ struct GroupedGemm {
                                             const GroupShape* host_shapes = nullptr) {
     using Data = typename ElementAB::DataType;
     using Scale = typename ElementAB::ScaleFactorType;
-    cutlass::KernelHardwareInfo hw;
-    cudaGetDevice(&hw.device_id);
-    hw.sm_count = sm_count;
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGrouped,
         {a.groups, a.shapes, host_shapes},
@@ -71,7 +68,7 @@ struct GroupedGemm {
          a.stride_b, reinterpret_cast<const Scale**>(a.sfa), a.layout_sfa,
          reinterpret_cast<const Scale**>(a.sfb), a.layout_sfb},
         {{}, nullptr, nullptr, a.d, a.stride_d},
-        hw};
+        hardware_info(sm_count)};
     auto& fusion = args.epilogue.thread;
     fusion.alpha = 1.0f;  // alpha_g is the pass's
     fusion.beta = 0.0f;

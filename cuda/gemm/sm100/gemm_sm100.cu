@@ -19,13 +19,6 @@ using sm100::MatrixRef;
 using sm100::OutKind;
 using sm100::Plan;
 
-int current_sm_count() {
-  int device = 0, count = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-  return count;
-}
-
 // W4A16: A quantized with its dynamic amax into the plan's workspace regions.
 QuantizeProblem quantize_a_problem(const GemmProblem& p, const Plan& plan) {
   void* ws = p.workspace;
@@ -71,18 +64,12 @@ MatrixRef codes_ref(const void* data, int64_t rows, int64_t k, int64_t pitch_k) 
   return MatrixRef{data, Elem::kU8, rows, k / 2, pitch_k / 2};
 }
 
-#define JAX_NVFP4_TRY(expr)                 \
-  do {                                      \
-    const cudaError_t err_ = (expr);        \
-    if (err_ != cudaSuccess) return err_;   \
-  } while (0)
-
 }  // namespace
 
 size_t gemm_sm100_workspace_bytes(const GemmProblem& p) {
   if (p.ragged()) return ragged_sm100_workspace_bytes(p);
   if (sm100::unsupported_reason(p) != nullptr || p.m == 0 || p.n == 0) return 0;
-  const int sm = current_sm_count();
+  const int sm = sm100::current_sm_count();
   GemmProblem shape_only = p;
   shape_only.workspace = nullptr;
   const Plan plan = plan_for(shape_only, sm);
@@ -106,7 +93,7 @@ cudaError_t gemm_sm100(const GemmProblem& p, cudaStream_t stream) {
   }
   if (p.workspace_bytes < gemm_sm100_workspace_bytes(p)) return cudaErrorInvalidValue;
 
-  const int sm = current_sm_count();
+  const int sm = sm100::current_sm_count();
   const Plan plan = plan_for(p, sm);
   const sm100::Args args = sm100::make_args(p, plan);
   void* ws = p.workspace;

@@ -10,8 +10,24 @@
 #include "gemm/gemm_problem.h"
 #include "quantize/quantize.h"
 
+// Returns from the enclosing function with the error of a CUDA call that failed.
+#define JAX_NVFP4_TRY(expr)               \
+  do {                                    \
+    const cudaError_t err_ = (expr);      \
+    if (err_ != cudaSuccess) return err_; \
+  } while (0)
+
 namespace jax_nvfp4 {
 namespace sm100 {
+
+// SMs of the current device (what CUTLASS's persistent schedulers size their grids and
+// workspaces for); 0 when no device answers.
+inline int current_sm_count() {
+  int device = 0, count = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+  return count;
+}
 
 enum class Elem : int { kU8 = 0, kF32 = 1, kBF16 = 2, kF16 = 3 };
 

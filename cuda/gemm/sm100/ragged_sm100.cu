@@ -145,19 +145,6 @@ __global__ void ragged_output_kernel(const float* d, int64_t m, int64_t n, int64
   }
 }
 
-#define JAX_NVFP4_TRY(expr)                 \
-  do {                                      \
-    const cudaError_t err_ = (expr);        \
-    if (err_ != cudaSuccess) return err_;   \
-  } while (0)
-
-int current_sm_count() {
-  int device = 0, count = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-  return count;
-}
-
 RaggedPlan ragged_plan(const GemmProblem& p) {
   const size_t quantize_ws =
       quantize_workspace_bytes(sm100::quantize_a_problem(p, nullptr, nullptr, nullptr, nullptr));
@@ -175,8 +162,8 @@ const char* ragged_sm100_unsupported_reason(const GemmProblem& p) {
 size_t ragged_sm100_workspace_bytes(const GemmProblem& p) {
   if (sm100::ragged_unsupported_reason(p) != nullptr || p.m == 0 || p.n == 0) return 0;
   const RaggedPlan plan = ragged_plan(p);
-  return plan.cutlass_ws +
-         sm100::ragged_cutlass_workspace_bytes(static_cast<int>(plan.groups), current_sm_count());
+  const int groups = static_cast<int>(plan.groups);
+  return plan.cutlass_ws + sm100::ragged_cutlass_workspace_bytes(groups, sm100::current_sm_count());
 }
 
 cudaError_t ragged_sm100(const GemmProblem& p, cudaStream_t stream) {
@@ -212,7 +199,7 @@ cudaError_t ragged_sm100(const GemmProblem& p, cudaStream_t stream) {
   regroup_scales_kernel<<<blocks_for(row_tiles * kTileRows * scale_k_tiles(k_blocks) * kTileKBlocks),
                           kThreads, 0, stream>>>(a_scales, k_blocks, plan.groups, row_tiles, rows, sfa);
   JAX_NVFP4_TRY(cudaGetLastError());
-  JAX_NVFP4_TRY(sm100::run_ragged_cutlass(args, current_sm_count(), stream));
+  JAX_NVFP4_TRY(sm100::run_ragged_cutlass(args, sm100::current_sm_count(), stream));
 
   const int64_t out_elements = p.m * out_cols(p);
   ragged_output_kernel<<<blocks_for(out_elements), kThreads, 0, stream>>>(

@@ -63,6 +63,17 @@ inline bool use_two_sm(int64_t m, int64_t n, int sm_count) {
 // Workspace offsets of the steps that need scratch; kUnused marks a step that is skipped.
 constexpr size_t kUnused = ~size_t(0);
 
+// Carves a workspace into regions, each starting on a kRegionAlign boundary: take(bytes) returns
+// the next region's offset; top is where the next one would start.
+struct Regions {
+  size_t top = 0;
+  size_t take(int64_t bytes) {
+    const size_t at = top;
+    top += static_cast<size_t>(round_up(bytes, kRegionAlign));
+    return at;
+  }
+};
+
 struct Plan {
   OutKind kind = OutKind::kF32;
   int64_t m = 0, n = 0, k = 0;
@@ -122,12 +133,8 @@ inline Plan make_plan(const GemmProblem& p, int sm_count, size_t quantize_ws_byt
   plan.stage_out = plan.n_pad != p.n || is_gated(p.activation) ||
                    (plan.kind == OutKind::kF32 && (p.out_dtype != DType::kF32 || p.nvfp4_out()));
 
-  size_t top = 0;
-  auto take = [&top](int64_t bytes) {
-    const size_t at = top;
-    top += static_cast<size_t>(round_up(bytes, kRegionAlign));
-    return at;
-  };
+  Regions ws;
+  const auto take = [&ws](int64_t bytes) { return ws.take(bytes); };
   plan.scalars = take(sizeof(float));
   if (plan.quantize_a) {
     plan.a_codes = take(p.m * p.k / 2);
@@ -143,7 +150,7 @@ inline Plan make_plan(const GemmProblem& p, int sm_count, size_t quantize_ws_byt
   if (is_gated(p.activation) && p.nvfp4_out()) {
     plan.activated = take(p.m * out_cols(p) * static_cast<int64_t>(sizeof(float)));
   }
-  plan.cutlass_ws = top;
+  plan.cutlass_ws = ws.top;
   return plan;
 }
 

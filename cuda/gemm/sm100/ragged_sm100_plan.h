@@ -55,7 +55,7 @@ inline int64_t regrouped_row_tiles(int64_t m, int64_t groups) {
 }
 
 struct RaggedPlan {
-  int64_t m = 0, n = 0, k = 0, groups = 0;
+  int64_t groups = 0;
   bool quantize_a = false;  // W4A16: A quantized with its dynamic amax first
   size_t a_codes = kUnused, a_scales = kUnused, a_s_dec = kUnused, quantize_ws = kUnused;
   size_t sfa = 0;    // A's scales, each group's rows from a tile boundary
@@ -68,17 +68,10 @@ struct RaggedPlan {
 
 inline RaggedPlan make_ragged_plan(const GemmProblem& p, size_t quantize_ws_bytes) {
   RaggedPlan plan;
-  plan.m = p.m;
-  plan.n = p.n;
-  plan.k = p.k;
   plan.groups = p.stack.count;
   plan.quantize_a = !p.a_is_nvfp4;
-  size_t top = 0;
-  auto take = [&top](int64_t bytes) {
-    const size_t at = top;
-    top += static_cast<size_t>(round_up(bytes, kRegionAlign));
-    return at;
-  };
+  Regions ws;
+  const auto take = [&ws](int64_t bytes) { return ws.take(bytes); };
   const int64_t g = plan.groups, k_blocks = p.k / kBlockSize;
   if (plan.quantize_a) {
     plan.a_codes = take(p.m * p.k / 2);
@@ -101,7 +94,7 @@ inline RaggedPlan make_ragged_plan(const GemmProblem& p, size_t quantize_ws_byte
   plan.stride_d = take(g * static_cast<int64_t>(sizeof(GroupStride)));
   plan.layout_sfa = take(g * static_cast<int64_t>(sizeof(LayoutSF)));
   plan.layout_sfb = take(g * static_cast<int64_t>(sizeof(LayoutSF)));
-  plan.cutlass_ws = top;
+  plan.cutlass_ws = ws.top;
   return plan;
 }
 

@@ -313,8 +313,10 @@ def measure(cfg: Config, mesh: Mesh, models, steps: int, repeats: int):
         programs = {name: [time_ms(decode_steps(cfg, lin, tp, n), x, params, caches,
                                    repeats=repeats) for n in (steps, 2 * steps)]
                     for name, lin, params in models}
+        # NaN where the longer program did not take longer: the step is below the timer's noise
         rows.append((f"decode step, batch {batch}, context {cfg.context}",
-                     {name: (t2 - t1) / steps for name, (t1, t2) in programs.items()}))
+                     {name: (t2 - t1) / steps if t2 > t1 else math.nan
+                      for name, (t1, t2) in programs.items()}))
         rows.append((f"decode, batch {batch}: one {steps}-step program, per step",
                      {name: t1 / steps for name, (t1, _) in programs.items()}))
     x = jax.random.normal(key, (1, cfg.prefill, cfg.hidden), jnp.bfloat16)
@@ -403,6 +405,11 @@ def render(cfg: Config, devices, rows, memory, err, reduce_dtype) -> str:
         "|---|---:|---:|---:|",
     ]
     for label, ms in rows:
+        if math.isnan(ms["nvfp4"]) or math.isnan(ms["bf16"]):
+            cells = [f"{ms[m]:.3f}" if not math.isnan(ms[m]) else "noise" for m in ("nvfp4", "bf16")]
+            lines.append(f"| {label} | {cells[0]} | {cells[1]} | below the timer's noise: "
+                         "raise --steps or --repeats |")
+            continue
         lines.append(f"| {label} | {ms['nvfp4']:.3f} | {ms['bf16']:.3f} | "
                      f"{ms['bf16'] / ms['nvfp4']:.2f}x |")
     for label, size in memory:

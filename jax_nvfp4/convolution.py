@@ -7,8 +7,9 @@ import operator
 import jax.numpy as jnp
 from jax import lax
 
-from jax_nvfp4.format import (BLOCK, NVFP4Array, check_not_nvfp4, checked_activation, checked_bias,
-                              checked_weight, output_dtype, reduce_dtype_of)
+from jax_nvfp4.format import (BLOCK, NVFP4Array, check_float_dtype, check_not_nvfp4,
+                              checked_activation, checked_bias, checked_weight, output_dtype,
+                              reduce_dtype_of)
 from jax_nvfp4.primitives.conv import output_spatial
 from jax_nvfp4.sharding.conv import partitioned_conv_p as conv_p
 from jax_nvfp4.quantization import quantize
@@ -20,6 +21,7 @@ def quantize_conv_weight(w_hwio, *, s_enc=None) -> NVFP4Array:
     C with one tensor scale (`s_enc` as in `jax_nvfp4.quantize`)."""
     check_not_nvfp4(w_hwio, "quantize_conv_weight: w_hwio", "it is quantized already: conv takes it")
     w_hwio = jnp.asarray(w_hwio)
+    check_float_dtype(w_hwio.dtype, "quantize_conv_weight: w_hwio")
     if w_hwio.ndim != 4:
         raise ValueError(f"quantize_conv_weight: w_hwio must be [R, S, C, K], got shape "
                          f"{tuple(w_hwio.shape)}")

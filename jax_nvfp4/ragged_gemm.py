@@ -20,8 +20,10 @@ def _checked_weight(w):
     w.validate("ragged_matmul: w")
     if w.ndim != 3 or w.s_dec.shape not in ((), w.shape[:1]):
         raise ValueError(f"ragged_matmul: w must be a 3-D [G, N, K] NVFP4Array with s_dec of shape "
-                         f"() or ({w.shape[0] if w.ndim else 'G'},), got shape {w.shape} with "
-                         f"s_dec shape {tuple(w.s_dec.shape)}")
+                         f"() or ({w.shape[0] if w.ndim == 3 else 'G'},), got shape {w.shape} "
+                         f"with s_dec shape {tuple(w.s_dec.shape)}")
+    if w.shape[0] == 0:
+        raise ValueError(f"ragged_matmul: w {w.shape} has no groups (G = 0); it needs at least one")
 
 
 def _checked_group_sizes(group_sizes, groups: int):

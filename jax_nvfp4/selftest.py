@@ -358,6 +358,9 @@ def selftest(verbose: bool = True) -> list[CheckResult]:
                 result = CheckResult(check.name, check.ffi_target, "passed", check.run(gpu))
             except AssertionError as e:
                 result = CheckResult(check.name, check.ffi_target, "failed", str(e))
+            except Exception as e:  # a kernel that errors out: report it, then the other checks
+                result = CheckResult(check.name, check.ffi_target, "failed",
+                                     f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         results.append(result)
     if verbose:
         where = (f"{gpu.device_kind} ({_extension.device_arch(gpu) or 'no compiled arch'})"

@@ -131,7 +131,7 @@ def test_quantize_is_not_differentiable_but_a_constant_input_is_fine(problem):
     x, w, _ = problem
     wq = jn.quantize(w)
     f = lambda x: _loss(jn.matmul(jn.quantize(x), wq, out_dtype=jnp.float32))
-    with pytest.raises(TypeError, match="quantize is a rounding step.*qat_matmul"):
+    with pytest.raises(TypeError, match="quantize .*is a rounding step.*qat_matmul"):
         jax.grad(f)(x)
     g = jax.grad(lambda x: f(jax.lax.stop_gradient(x)) + jnp.sum(x))(x)  # no tangent reaches it
     np.testing.assert_array_equal(g, jnp.ones_like(x))

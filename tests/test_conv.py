@@ -157,6 +157,8 @@ def test_weight_errors():
         jn.conv(x, jn.quantize(jnp.ones((24, 32))))
     with pytest.raises(ValueError, match=r"C=24 .*multiple of 16"):
         jn.quantize_conv_weight(jnp.ones((3, 3, 24, 8)))
+    with pytest.raises(TypeError, match="quantize_conv_weight: w_hwio must be float32.*int32"):
+        jn.quantize_conv_weight(jnp.ones((3, 3, 32, 8), jnp.int32))
     with pytest.raises(TypeError, match="conv: x must be float32, bfloat16 or float16, got int32"):
         jn.conv(jnp.ones((1, 8, 8, 32), jnp.int32), jn.quantize_conv_weight(jnp.ones((3, 3, 32, 8))))
 

@@ -71,8 +71,20 @@ def test_linen_dense_and_nnx_linear_agree(weights):
 def test_dtype_conventions(weights):
     kernel, bias, x = weights
     xb = x.astype(jnp.bfloat16)
-    # dtype=None: x promoted with param_dtype (as flax's Dense); dtype given: computed in it.
+    # dtype=None: x promoted with the float params as they are, else param_dtype (as flax's
+    # Dense); dtype given: computed in it.
     assert nvnnx.Linear.from_float(kernel, bias)(xb).dtype == jnp.float32
+    bf16_params = jax.tree.map(lambda a: a.astype(jnp.bfloat16),
+                               nn.Dense(OUT).init(jax.random.key(0), xb))
+    assert nn.Dense(OUT).apply(bf16_params, xb).dtype == jnp.bfloat16
+    assert nvlinen.Dense(OUT).apply(convert.quantize_params(bf16_params), xb).dtype == jnp.bfloat16
+    assert nvlinen.Dense(OUT, qat=True).apply(bf16_params, xb).dtype == jnp.bfloat16
+    assert nvlinen.Dense(OUT).apply(convert.quantize_params(bf16_params), x).dtype == jnp.float32
+    # from_float's param_dtype: the kernel quantized from, and the bias kept, in that dtype
+    layer = nvnnx.Linear.from_float(kernel, bias, param_dtype=jnp.bfloat16)
+    assert layer.bias.dtype == jnp.bfloat16 and layer(xb).dtype == jnp.bfloat16
+    np.testing.assert_array_equal(layer.weight.codes.astype(jnp.float32),
+                                  jn.quantize(kernel.astype(jnp.bfloat16).T).codes.astype(jnp.float32))
     y = nvnnx.Linear.from_float(kernel, bias, dtype=jnp.bfloat16)(x)
     assert y.dtype == jnp.bfloat16
     np.testing.assert_array_equal(y, _reference(xb, kernel, bias, out_dtype=jnp.bfloat16))
@@ -437,11 +449,13 @@ def test_quantize_model_converts_selected_layers(weights):
     assert model(x).shape == (3, 5, 10)
 
 
-def test_quantize_model_keeps_shared_layers_shared_and_reaches_into_containers():
+def test_quantize_model_keeps_shared_layers_shared_and_reaches_into_containers_and_private_names():
     class Model(nnx.Module):
         def __init__(self):
             self.a = nnx.Linear(32, 32, rngs=nnx.Rngs(0))
             self.b = self.a  # tied
+            self._private = nnx.Linear(32, 32, rngs=nnx.Rngs(5))  # nnx visits these too
+            self._tied = self.a
             self.in_tuple = nnx.data((nnx.Linear(32, 16, rngs=nnx.Rngs(1)), 3))
             self.in_dict = nnx.data({"p": nnx.Linear(32, 16, rngs=nnx.Rngs(2))})
             self.in_list = nnx.List([nnx.Linear(32, 16, rngs=nnx.Rngs(3))])
@@ -449,7 +463,8 @@ def test_quantize_model_keeps_shared_layers_shared_and_reaches_into_containers()
 
     model = Model()
     assert convert.quantize_model(model) is model
-    assert model.a is model.b and isinstance(model.a, nvnnx.Linear)
+    assert model.a is model.b is model._tied and isinstance(model.a, nvnnx.Linear)
+    assert isinstance(model._private, nvnnx.Linear)
     assert isinstance(model.in_tuple[0], nvnnx.Linear) and model.in_tuple[1] == 3
     assert isinstance(model.in_dict["p"], nvnnx.Linear) and isinstance(model.in_list[0], nvnnx.Linear)
     assert isinstance(model.stack, nvnnx.Linear)  # a stack (nnx.vmap): a stack of NVFP4 layers
@@ -682,13 +697,20 @@ for e in range(4):
     one = nvnnx.Linear.from_float(jax.device_put(kernels[e], single), jax.device_put(biases[e], single))
     np.testing.assert_allclose(ye[e], np.asarray(one(jax.device_put(xe[e], single))), rtol=1e-6, atol=1e-6)
 
-# 48 output rows over 4 devices: not whole 128-row scale tiles (the float layer takes it).
-with jax.set_mesh(mesh):
-    try:
-        nvnnx.Linear(64, 48, kernel_init=nnx.with_partitioning(init, (None, "model")), rngs=nnx.Rngs(0))
-        raise AssertionError("an uneven split of the scale tiles was accepted")
-    except ValueError as e:
-        assert "whole 128-row scale tiles" in str(e) and "(48, 64)" in str(e), e
+# Splits into parts of scale tiles (the float layer takes them), on Auto and Explicit axes: 48
+# output rows over 4 devices (JAX refuses to split the one row tile), and two splits JAX takes
+# (the tile counts divide by 4) whose scales could not follow the codes: 400 rows (100 a
+# device), 224 inputs (56 a device).
+explicit = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+for m in (mesh, explicit):
+    with jax.set_mesh(m):
+        for n_in, n_out, names in ((64, 48, (None, "model")), (64, 400, (None, "model")),
+                                   (224, 256, ("model", None))):
+            try:
+                nvnnx.Linear(n_in, n_out, kernel_init=nnx.with_partitioning(init, names), rngs=nnx.Rngs(0))
+                raise AssertionError(f"a split of {(n_out, n_in)} into parts of tiles was accepted")
+            except ValueError as e:
+                assert f"({n_out}, {n_in})" in str(e) and "whole 128-row scale tiles" in str(e), e
 print("SHARDED_FLAX_OK")
 """
 

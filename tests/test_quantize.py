@@ -437,6 +437,26 @@ def test_selftest_reports_every_registered_check(monkeypatch, capsys):
         assert "only the pure-JAX reference path exists" in capsys.readouterr().out
 
 
+def test_selftest_reports_a_check_that_raises_and_runs_the_rest(monkeypatch, capsys):
+    """A kernel that errors out (an XlaRuntimeError, say) is a failed check in the report, not an
+    exception that hides every other check's result."""
+    selftest_module = importlib.import_module("jax_nvfp4.selftest")
+    monkeypatch.setattr(selftest_module, "CHECKS", [])
+    monkeypatch.setattr(selftest_module, "_gpu", lambda: jax.devices("cpu")[0])
+    monkeypatch.setattr(selftest_module._extension, "kernel_available", lambda target: True)
+
+    def crashes(device):
+        raise RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access")
+
+    selftest_module.register_check("crashes", "jax_nvfp4_crashes", crashes)
+    selftest_module.register_check("fine", "jax_nvfp4_fine", lambda device: "ok")
+    results = jax_nvfp4.selftest()
+    assert [(r.name, r.status, r.ok) for r in results] == [("crashes", "failed", False),
+                                                            ("fine", "passed", True)]
+    assert results[0].detail == "RuntimeError: CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access"
+    assert "crashes" in capsys.readouterr().out
+
+
 def test_cli_demo_and_selftest(capsys):
     from jax_nvfp4.__main__ import main
 

@@ -228,7 +228,7 @@ def test_nvfp4_output_is_not_differentiable():
     w = weights(jax.random.key(27), 2, 32, 48)
     loss = lambda x: jn.ragged_matmul(x, w, jnp.array([2, 3]),  # noqa: E731
                                       out_s_enc=1.0).dequantize(jnp.float32).sum()
-    with pytest.raises(TypeError, match="rounding step"):
+    with pytest.raises(TypeError, match="ragged_matmul's NVFP4 output.*rounding step"):
         jax.grad(loss)(jnp.ones((5, 48)))
 
 
@@ -253,6 +253,20 @@ def test_vmap_over_tokens_and_routings_is_one_call(in_axes):
         x_b = x if in_axes[0] is None else x[b]
         sizes_b = sizes if in_axes[1] is None else sizes[b]
         assert rel_err(y[b], oracle(x_b, w, list(np.asarray(sizes_b)))) <= 1e-5
+
+
+def test_vmap_over_routings_with_x64_enabled():
+    """With 64-bit mode on, the folded call's group sizes (a sum over the batch) stay int32."""
+    w = weights(jax.random.key(8), 2, 32, 48)
+    x = jax.random.normal(jax.random.key(9), (2, 4, 48), jnp.float32)
+    sizes = jnp.array([[1, 3], [2, 2]], jnp.int32)
+    f = jax.vmap(lambda a, s: jn.ragged_matmul(a, w, s, out_dtype=jnp.float32))
+    want = f(x, sizes)
+    with jax.enable_x64(True):
+        got = f(x, sizes)
+    np.testing.assert_array_equal(got, want)
+    for b in range(2):
+        assert rel_err(got[b], oracle(x[b], w, list(np.asarray(sizes[b])))) <= 1e-5
 
 
 def test_vmap_fold_with_first_rows_and_sizes_past_m():
@@ -466,7 +480,10 @@ def _bad(**overrides):
 
 @pytest.mark.parametrize("overrides, error, match", [
     (dict(w=jnp.ones((2, 32, 48))), TypeError, "w must be an NVFP4Array"),
-    (dict(w=jn.quantize(jnp.ones((32, 48)))), ValueError, r"3-D \[G, N, K\].*shape \(32, 48\)"),
+    (dict(w=jn.quantize(jnp.ones((32, 48)))), ValueError,
+     r"3-D \[G, N, K\].*of shape \(\) or \(G,\), got shape \(32, 48\)"),
+    (dict(w=jax.vmap(jn.quantize)(jnp.ones((0, 32, 48))), group_sizes=jnp.zeros((0,), jnp.int32)),
+     ValueError, r"w \(0, 32, 48\) has no groups \(G = 0\)"),
     (dict(x=jnp.ones((2, 5, 48))), ValueError, r"x must be \[M, K\].*\(2, 5, 48\)"),
     (dict(x=jnp.ones((5, 64))), ValueError, "K=64.*K=48"),
     (dict(x=jnp.ones((5, 48), jnp.int32)), TypeError, "x"),

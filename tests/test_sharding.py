@@ -9,6 +9,7 @@ import functools
 import gzip
 import importlib.util
 import json
+import math
 import os
 import re
 import subprocess
@@ -620,6 +621,17 @@ def test_sharded_llama_example_small(example, tmp_path, capsys):
                                           mesh.shape["tp"], 1)(x, weights, caches)
                      for r in (None, jnp.bfloat16))
         assert 0 < example.relative_error(bf16, f32) < 2e-2, linear
+
+
+def test_sharded_llama_table_marks_a_step_below_the_timers_noise(example):
+    """A steady decode step read from programs whose longer one was not slower (a tiny model on
+    a CPU) is shown as noise, not as a negative time and speedup."""
+    rows = [("decode step, batch 1", {"nvfp4": math.nan, "bf16": 0.5}),
+            ("prefill", {"nvfp4": 2.0, "bf16": 3.0})]
+    table = example.render(example.SMALL, jax.devices()[:1], rows, [], 1e-3, jnp.dtype(jnp.float32))
+    assert ("| decode step, batch 1 | noise | 0.500 | below the timer's noise: raise --steps or "
+            "--repeats |") in table
+    assert "| prefill | 2.000 | 3.000 | 1.50x |" in table
 
 
 @multidevice

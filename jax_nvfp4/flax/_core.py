@@ -70,9 +70,10 @@ def quantize_kernel(kernel, *, conv: bool = False) -> NVFP4Array:
     return quantize_conv_weight(kernel) if conv else quantize(kernel.T)
 
 
-def _input(x, dtype, param_dtype, in_features, min_ndim, layer):
-    """Checks a layer input [..., in_features]; returns it cast to `dtype` and the output dtype
-    (`dtype`, else that Flax would give: x's promoted with param_dtype)."""
+def _input(x, dtype, param_dtype, params, in_features, min_ndim, layer):
+    """Checks a layer input [..., in_features]; returns it cast to `dtype` and the output dtype:
+    `dtype`, else that Flax would give, x's promoted with the float `params` as they are (a bf16
+    checkpoint gives bf16), or with param_dtype where none is float (an NVFP4 kernel, no bias)."""
     x = jnp.asarray(x)
     check_float_dtype(x.dtype, f"{layer}: input")
     if x.ndim < min_ndim or x.shape[-1] != in_features:
@@ -81,7 +82,8 @@ def _input(x, dtype, param_dtype, in_features, min_ndim, layer):
                                                           if x.ndim < min_ndim else ""))
     if dtype is not None:
         return x.astype(dtype), jnp.dtype(dtype)
-    return x, jnp.result_type(x.dtype, param_dtype)
+    floats = [p.dtype for p in params if p is not None and not isinstance(p, NVFP4Array)]
+    return x, jnp.result_type(x.dtype, *(floats or [param_dtype]))
 
 
 def dense(x, kernel, bias, *, in_features: int, dtype, param_dtype, act_quant: bool, act_s_enc,
@@ -90,12 +92,13 @@ def dense(x, kernel, bias, *, in_features: int, dtype, param_dtype, act_quant: b
 
     kernel: an NVFP4Array [out, in] (inference) or a float array [in, out] in Flax's layout
     (quantization-aware training: quantized here, straight-through gradients).
-    The output dtype is `dtype`, else that Flax's Dense would give: x's promoted with
-    param_dtype. With `dtype` given, x is cast to it first. reduce_dtype: matmul's (the dtype
+    The output dtype is `dtype`, else that Flax's Dense would give: x's promoted with the float
+    params (the bias, a QAT kernel), or with param_dtype where there are none. With `dtype`
+    given, x is cast to it first. reduce_dtype: matmul's (the dtype
     a row-parallel layer sums its partial products in across devices). activation: matmul's
     (a gated one halves the outputs); QAT applies it in float32 to the straight-through result,
     with the same formulas (jax_nvfp4.reference.activation)."""
-    x, out_dtype = _input(x, dtype, param_dtype, in_features, 1, layer)
+    x, out_dtype = _input(x, dtype, param_dtype, (kernel, bias), in_features, 1, layer)
     reduce_dtype = reduce_dtype_of(reduce_dtype, layer)
     activation = activation_of(activation, layer)
     if isinstance(kernel, NVFP4Array):
@@ -161,7 +164,7 @@ def conv(x, kernel, bias, *, in_features: int, strides, padding, dilation, dtype
 
     kernel: an NVFP4Array [R, S, out, in] (inference) or a float HWIO array [R, S, in, out]
     in Flax's layout (quantization-aware training). dtype rules as `dense`."""
-    x, out_dtype = _input(x, dtype, param_dtype, in_features, 3, layer)
+    x, out_dtype = _input(x, dtype, param_dtype, (kernel, bias), in_features, 3, layer)
     reduce_dtype = reduce_dtype_of(reduce_dtype, layer)
     lead = x.shape[:-3]
     x4 = x.reshape(-1, *x.shape[-3:])

@@ -275,10 +275,11 @@ def quantize_model(model, *, predicate: Predicate = quantize_all, act_quant: boo
     # so layers used in several places stay shared.
     for _, module in modules:
         for name, value in list(vars(module).items()):
-            if not name.startswith("_"):
-                swapped = _swapped(value, new_of)
-                if swapped is not value:
-                    setattr(module, name, swapped)
+            if name.startswith("_pytree__"):  # nnx's own bookkeeping, never a layer
+                continue
+            swapped = _swapped(value, new_of)  # private attributes too: nnx visits them
+            if swapped is not value:
+                setattr(module, name, swapped)
     return model
 
 

@@ -26,12 +26,14 @@ from __future__ import annotations
 import typing as tp
 from types import MappingProxyType
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.nn.linear import default_bias_init, default_kernel_init
 
 from jax_nvfp4.flax import _core
-from jax_nvfp4.format import BLOCK, FIELDS, TILE_K_BLOCKS, TILE_ROWS, NVFP4Array, reduce_dtype_of
+from jax_nvfp4.format import FIELDS, TILE_ROWS, NVFP4Array, reduce_dtype_of
+from jax_nvfp4.sharding._specs import TILE_K, dim_axes, whole_tiles
 
 # The metadata key nnx reads a variable's sharding from (it has changed across Flax releases).
 SHARDING_KEYS = ("out_sharding", "sharding_names", "sharding")
@@ -65,6 +67,32 @@ def _field_metadata(kernel_metadata: tp.Mapping, layer: str) -> dict[str, dict]:
     return fields
 
 
+def _uneven_split(weight: NVFP4Array, fields, layer: str, detail: str = "") -> ValueError:
+    names = {f: {k: v for k, v in fields[f].items() if k in SHARDING_KEYS} for f in fields}
+    return ValueError(
+        f"{layer}: the sharding of the NVFP4 weight {weight.shape} splits a dimension into "
+        f"uneven parts on the mesh; NVFP4 splits rows by whole {TILE_ROWS}-row scale "
+        f"tiles and K by whole {TILE_K}-element tiles (fields' names: "
+        f"codes {names['codes']}, scales {names['scales']}). Replicate that dimension or "
+        f"use a smaller mesh axis.{detail}")
+
+
+def _check_whole_tiles(weight: NVFP4Array, fields, layer: str) -> None:
+    """Raises where the codes' names split the weight's rows or K, over the current mesh, into
+    parts that are not whole scale tiles: the scales could not split with the codes (JAX itself
+    only refuses splits that do not divide the tile count, and a misaligned one would gather the
+    weight on every call)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    names = next((fields["codes"][k] for k in SHARDING_KEYS if fields["codes"].get(k)), None)
+    if mesh.empty or not names:
+        return
+    for entry, size, tile in ((names[-2], weight.shape[-2], TILE_ROWS),
+                              (names[-1], weight.shape[-1], TILE_K)):
+        axes = tuple(a for a in dim_axes(entry) if a in mesh.axis_names)  # others: not mesh axes
+        if axes and whole_tiles(mesh, axes, size, tile) != axes:
+            raise _uneven_split(weight, fields, layer)
+
+
 class NVFP4Kernel(nnx.Module):
     """An NVFP4 weight ([out, in], or [R, S, out, in] for a convolution) held as three
     `NVFP4Param` variables with their own sharding metadata. `.value` is the `NVFP4Array`."""
@@ -73,6 +101,7 @@ class NVFP4Kernel(nnx.Module):
                  *, layer: str = "NVFP4Kernel"):
         weight.validate(f"{layer}: weight")
         fields = _field_metadata(metadata, layer)
+        _check_whole_tiles(weight, fields, layer)
         try:  # under a mesh, each variable is placed with its sharding here
             self.codes = NVFP4Param(weight.codes, **fields["codes"])
             self.scales = NVFP4Param(weight.scales, **fields["scales"])
@@ -80,13 +109,7 @@ class NVFP4Kernel(nnx.Module):
         except ValueError as e:
             if type(e).__name__ != "IndivisibleError":
                 raise
-            names = {f: {k: v for k, v in fields[f].items() if k in SHARDING_KEYS} for f in fields}
-            raise ValueError(
-                f"{layer}: the sharding of the NVFP4 weight {weight.shape} splits a dimension into "
-                f"uneven parts on the mesh; NVFP4 splits rows by whole {TILE_ROWS}-row scale "
-                f"tiles and K by whole {TILE_K_BLOCKS * BLOCK}-element tiles (fields' names: "
-                f"codes {names['codes']}, scales {names['scales']}). Replicate that dimension or "
-                f"use a smaller mesh axis. JAX said: {str(e).splitlines()[0]}") from e
+            raise _uneven_split(weight, fields, layer, f" JAX said: {str(e).splitlines()[0]}") from e
 
     @property
     def value(self) -> NVFP4Array:
@@ -160,9 +183,11 @@ class _NVFP4Layer(nnx.Module):
         if kernel.ndim != ndim:
             raise ValueError(f"{cls.__name__}.from_float: kernel must be {layout}, got shape "
                              f"{kernel.shape}")
-        return cls(*shape_args(kernel.shape), use_bias=bias is not None, param_dtype=kernel.dtype,
+        param_dtype = kwargs.pop("param_dtype", kernel.dtype)  # as a layer initialized in it
+        kernel = kernel.astype(param_dtype)
+        return cls(*shape_args(kernel.shape), use_bias=bias is not None, param_dtype=param_dtype,
                    kernel_init=lambda *_: kernel,
-                   bias_init=lambda *_: jnp.asarray(bias, kernel.dtype),
+                   bias_init=lambda *_: jnp.asarray(bias, param_dtype),
                    kernel_metadata=kernel_metadata, bias_metadata=bias_metadata,
                    rngs=nnx.Rngs(0), **kwargs)
 
@@ -201,8 +226,11 @@ class Linear(_NVFP4Layer):
                    bias_metadata: tp.Mapping = MappingProxyType({}), **kwargs) -> "Linear":
         """An inference-mode layer from trained float weights: kernel [in, out] (Flax layout;
         with a gated `activation`, out = 2 * out_features interleaved gate/up columns), bias
-        [out] or None. Metadata (e.g. sharding) is that of the float variables; other keyword
-        arguments are the constructor's (dtype, act_quant, act_s_enc, activation, ...)."""
+        [out] or None. Metadata (e.g. sharding) is that of the float variables. `param_dtype`
+        (default: the kernel's dtype) is the dtype the kernel is cast to before it is quantized
+        and the bias is kept in, as in a layer initialized in it. Other keyword arguments are the
+        constructor's (dtype, act_quant, act_s_enc, activation, ...), but for use_bias,
+        kernel_init, bias_init and rngs, which the weights given decide."""
         activation = kwargs.get("activation")
 
         def shape_args(shape):  # kernel [in, columns] -> (in_features, out_features)
@@ -259,7 +287,7 @@ class Conv(_NVFP4Layer):
     def from_float(cls, kernel, bias=None, *, kernel_metadata: tp.Mapping = MappingProxyType({}),
                    bias_metadata: tp.Mapping = MappingProxyType({}), **kwargs) -> "Conv":
         """An inference-mode layer from trained float weights: kernel HWIO [R, S, in, out],
-        bias [out] or None; other keyword arguments are the constructor's."""
+        bias [out] or None; other keyword arguments as `Linear.from_float`'s."""
         return cls._from_float(kernel, bias, "HWIO [R, S, in, out]", 4,
                                lambda shape: (shape[2], shape[3], shape[:2]), kernel_metadata,
                                bias_metadata, kwargs)

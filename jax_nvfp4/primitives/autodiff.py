@@ -230,7 +230,8 @@ for _prim in (ragged_matmul_p, partitioned_ragged_matmul_p):
 def _quantize_jvp(prim, primals, tangents):
     """Quantization rounds: a tangent through it is refused with the way to train instead."""
     if not all(is_zero(t) for t in tangents):
-        raise TypeError("jax_nvfp4.quantize is a rounding step and cannot be differentiated; "
+        raise TypeError("jax_nvfp4.quantize (also what makes ragged_matmul's NVFP4 output, "
+                        "out_s_enc=...) is a rounding step and cannot be differentiated; "
                         "train with jax_nvfp4.flax.qat_matmul / qat_conv or its QAT layers "
                         "(straight-through gradients)")
     outs = prim.bind(*primals)

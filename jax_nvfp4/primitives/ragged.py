@@ -154,7 +154,7 @@ def _fold_plan(sizes, first_row, m: int):
     first, ends = jax.vmap(reference.ragged_segments, (0, 0, None))(sizes, first_row, m)
     starts = jnp.concatenate([first[:, None], ends[:, :-1]], axis=1)
     counts = ends - starts
-    total = counts.sum(0)
+    total = counts.sum(0, dtype=jnp.int32)  # group_sizes' dtype, also where x64 would widen it
     offset = jnp.cumsum(total) - total  # group g's first folded row
     before = jnp.cumsum(counts, axis=0) - counts  # group g's rows in the elements before
     rows = jnp.arange(m, dtype=jnp.int32)

@@ -33,7 +33,7 @@ from flax.nnx.nn.linear import default_bias_init, default_kernel_init
 
 from jax_nvfp4.flax import _core
 from jax_nvfp4.format import FIELDS, TILE_ROWS, NVFP4Array, reduce_dtype_of
-from jax_nvfp4.sharding._specs import TILE_K, dim_axes, whole_tiles
+from jax_nvfp4.sharding._specs import TILE_K, dim_axes, shard_count, whole_tiles
 
 # The metadata key nnx reads a variable's sharding from (it has changed across Flax releases).
 SHARDING_KEYS = ("out_sharding", "sharding_names", "sharding")
@@ -89,7 +89,7 @@ def _check_whole_tiles(weight: NVFP4Array, fields, layer: str) -> None:
     for entry, size, tile in ((names[-2], weight.shape[-2], TILE_ROWS),
                               (names[-1], weight.shape[-1], TILE_K)):
         axes = tuple(a for a in dim_axes(entry) if a in mesh.axis_names)  # others: not mesh axes
-        if axes and whole_tiles(mesh, axes, size, tile) != axes:
+        if shard_count(mesh, axes) > 1 and whole_tiles(mesh, axes, size, tile) != axes:
             raise _uneven_split(weight, fields, layer)
 
 

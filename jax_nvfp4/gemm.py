@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jax_nvfp4.format import (BLOCK, GATED_ACTIVATIONS, TILE_ROWS, NVFP4Array, activation_of,
                               checked_activation, checked_bias, checked_output, checked_weight,
                               output_columns, plain_to_tiled, reduce_dtype_of, tiled_to_plain)
+from jax_nvfp4.primitives._base import merge_leading, split_as_prefix
 from jax_nvfp4.sharding.matmul import partitioned_matmul_p as matmul_p
 
 
@@ -108,10 +109,11 @@ def matmul(x, w: NVFP4Array, *, bias=None, activation=None, out_dtype=None, out_
 
     lead = tuple(x.shape[:-1])
     m = math.prod(lead)
-    if a_nvfp4:
-        a_ops = [x.codes.reshape(m, k), _scales_as_matrix(x.scales, lead, k), x.s_dec]
+    if a_nvfp4:  # the scales' leading dims are the codes' (the rows' as tiles)
+        a_ops = [merge_leading(x.codes, len(lead)),
+                 _scales_as_matrix(split_as_prefix(x.scales, len(lead)), lead, k), x.s_dec]
     else:
-        a_ops = [x.reshape(m, k)]
+        a_ops = [merge_leading(x, len(lead))]
     operands = [*a_ops, w.codes, w.scales, w.s_dec]
     if bias is not None:
         operands.append(bias)

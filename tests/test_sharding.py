@@ -704,6 +704,35 @@ def test_ops_under_a_mesh_with_explicit_axes(explicit_mesh, x_spec, w_spec):
 
 
 @multidevice
+@pytest.mark.parametrize("op", ["matmul", "matmul_w4a4", "vmap_matmul", "vmap_conv", "vmap_ragged"])
+def test_explicit_axes_split_of_a_dimension_merged_into_rows(explicit_mesh, op):
+    """x split on a leading dimension that is not the first of those merged into rows (x [B, S, K]
+    placed P(None, "x", None); vmap's batch folded into M, images or ragged rows): on Explicit axes
+    JAX cannot merge such a split, so that dimension is gathered first, as GSPMD does on Auto
+    axes. The values are a one-device run's."""
+    mesh, n = explicit_mesh, N_DEV
+    w = nv.quantize(row_scaled(jax.random.key(7), (128, 64)))
+    x = row_scaled(jax.random.key(8), (2, 24 * n, 64))
+    mm = lambda a: nv.matmul(a, w, out_dtype=jnp.float32)  # noqa: E731
+    if op == "vmap_conv":
+        wc = nv.quantize_conv_weight(row_scaled(jax.random.key(9), (3, 3, 32, 16)))
+        x = row_scaled(jax.random.key(10), (2, n, 5, 5, 32))
+        f = jax.vmap(lambda a: nv.conv(a, wc, out_dtype=jnp.float32))
+    elif op == "vmap_ragged":
+        wr = jax.vmap(nv.quantize)(row_scaled(jax.random.key(11), (3, 32, 64)))
+        sizes = jnp.array([[n, 10 * n, 3 * n], [0, 20 * n, 2 * n]], jnp.int32)
+        per_routing = jax.vmap(lambda a, s: nv.ragged_matmul(a, wr, s, out_dtype=jnp.float32))
+        f = lambda a: per_routing(a, sizes)  # noqa: E731
+    else:
+        f = {"matmul": mm, "matmul_w4a4": lambda a: mm(nv.quantize(a)),
+             "vmap_matmul": jax.vmap(mm)}[op]
+    want = jax.jit(f)(x)
+    with jax.set_mesh(mesh):
+        got = jax.jit(f)(put(x, mesh, P(None, "x")))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@multidevice
 def test_grad_under_a_mesh_with_explicit_axes(explicit_mesh):
     """Under Explicit mesh axes every type carries its sharding: the cotangent of a row-sharded
     x must come back typed like x (autodiff reshards it), with the values of a one-device run."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import jax
@@ -122,6 +123,29 @@ def on_auto_axes(fn):
         return jax.sharding.auto_axes(fn, out_sharding=PartitionSpec())(*args)
 
     return run
+
+
+def split_as_prefix(a, count: int):
+    """`a`, resharded where needed so that of its first `count` dims only a prefix is split. On
+    Explicit axes JAX merges split dims into one only then (P("dp", "sp", None) but not
+    P(None, "sp", None): a device's part of the latter is not whole rows of the merged dim). The
+    later splits are dropped (those dims gathered), as GSPMD does on Auto axes."""
+    if not jax.sharding.get_abstract_mesh().explicit_axes:
+        return a
+    spec = tuple(jax.typeof(a).sharding.spec)
+    spec += (None,) * (a.ndim - len(spec))
+    split = [e not in (None, ()) for e in spec[:count]]
+    prefix = split.index(False) if False in split else count
+    if not any(split[prefix:]):
+        return a
+    return jax.sharding.reshard(a, PartitionSpec(*spec[:prefix], *(None,) * (count - prefix),
+                                                 *spec[count:]))
+
+
+def merge_leading(a, count: int):
+    """`a` with its first `count` dims merged into one (split_as_prefix first)."""
+    a = split_as_prefix(a, count)
+    return a.reshape(math.prod(a.shape[:count]), *a.shape[count:])
 
 
 def zero_like(x):

@@ -32,7 +32,7 @@ from jax.interpreters import batching
 from jax_nvfp4 import _extension, reference
 from jax_nvfp4.format import SCALE_DTYPE
 from jax_nvfp4.primitives._base import (ShapedArray, define_primitive, empty_f32, env_choice,
-                                        ffi_kernel_call, map_batcher)
+                                        ffi_kernel_call, map_batcher, merge_leading)
 from jax_nvfp4.primitives.matmul import GEMM_TARGET, gemm_kernel
 
 CONV_TARGET = "jax_nvfp4_conv"
@@ -190,7 +190,7 @@ def conv_batcher(prim, fallback=None):
         if foldable:
             xs = [jnp.moveaxis(a, d, 0) for a, d in zip(args[:2], x_dims[:2]) if d is not None]
             b, images = xs[0].shape[:2]
-            folded = [a.reshape(b * a.shape[1], *a.shape[2:]) for a in xs]
+            folded = [merge_leading(a, 2) for a in xs]
             if params["x_nvfp4"]:
                 folded.append(args[2])
             (out,) = prim.bind(*folded, *args[n_x:], **params)

@@ -37,7 +37,7 @@ from jax.interpreters import batching
 from jax_nvfp4 import reference
 from jax_nvfp4.format import CODE_DTYPE, SCALE_DTYPE, output_columns, tiled_scales_shape
 from jax_nvfp4.primitives._base import (ShapedArray, define_primitive, empty_f32, env_choice,
-                                        ffi_kernel_call, map_batcher)
+                                        ffi_kernel_call, map_batcher, merge_leading)
 from jax_nvfp4.primitives._stacking import (element_aval, register_stacked_rules,
                                             stacked_abstract_eval, stacked_batcher)
 
@@ -147,7 +147,7 @@ def matmul_batcher(prim, fallback=None):
         if only_a and not params["a_nvfp4"] and not params["out_nvfp4"]:
             a = jnp.moveaxis(args[0], dims[0], 0)
             b, m, k = a.shape
-            (out,) = prim.bind(a.reshape(b * m, k), *args[1:], **params)
+            (out,) = prim.bind(merge_leading(a, 2), *args[1:], **params)
             return (out.reshape(b, m, out.shape[-1]),), (0,)  # sizes given: b or m may be 0
         return others(args, dims, **params)
 

@@ -37,8 +37,8 @@ from jax.interpreters import ad, batching, mlir
 from jax_nvfp4 import _extension, reference
 from jax_nvfp4.format import SCALE_DTYPE, output_columns, tiled_scales_shape
 from jax_nvfp4.primitives._base import (ShapedArray, batch_size, define_primitive, empty_f32,
-                                        env_choice, ffi_kernel_call, is_zero, map_batcher, to_front,
-                                        zero_like)
+                                        env_choice, ffi_kernel_call, is_zero, map_batcher,
+                                        merge_leading, to_front, zero_like)
 from jax_nvfp4.primitives.matmul import ACTIVATION_CODES
 
 RAGGED_TARGET = "jax_nvfp4_gemm_ragged"
@@ -190,7 +190,7 @@ def ragged_batcher(prim, sizes_at):
         total, place, held, order = _fold_plan(to_front(args[at], dims[at], size),
                                                to_front(args[at + 1], dims[at + 1], size), m)
         folded = list(args)
-        folded[0] = rows.reshape(batch * m, *rows.shape[2:])[order]
+        folded[0] = merge_leading(rows, 2)[order]
         folded[at], folded[at + 1] = total, jnp.zeros((), jnp.int32)
         out = prim.bind(*folded, **params)
         unfold = lambda y: jnp.where(held[..., None], y[place], 0)  # noqa: E731

@@ -318,6 +318,30 @@ def test_vmap_over_stacked_weights(gpu_kernels, m, n, k):
     assert "jax_nvfp4_gemm_stacked" in text and "while" not in text  # no loop copying slices
 
 
+@pytest.mark.parametrize("activation, n, out_dtype", [
+    ("relu", 99, jnp.bfloat16), ("gelu", 99, jnp.float32), ("swiglu", 98, jnp.bfloat16),
+    ("geglu", 98, jnp.float16)])
+def test_stacked_prefill_activation_on_unaligned_elements(gpu_kernels, activation, n, out_dtype):
+    """A stack the decode kernel cannot run at once (M = 17) takes small weights' prefill path
+    element by element, with the activation as a separate pass over each element's output. With
+    M * columns * bytes not a multiple of 16 (8 for the gated outputs), element 1's output starts
+    off the boundary the pass's vector loads and stores need: it must run element-wise there.
+    Every element equals its unstacked call, bit for bit, and the float64 oracle."""
+    device = gpu_kernels(GEMM_STACKED_TARGET)
+    m, k = 17, 512
+    xs = mc.random_float((3, m, k), jnp.bfloat16, 43)
+    ws = jax.vmap(jn.quantize)(mc.random_float((3, n, k), jnp.float32, 44, 0.05))
+    one = lambda a, w: jn.matmul(a, w, activation=activation, out_dtype=out_dtype)  # noqa: E731
+    poison(3 * m * n * 4)
+    got = jax.jit(jax.vmap(one))(xs, ws)
+    for e in range(3):
+        w_e = jax.tree.map(lambda a: a[e], ws)
+        want = jax.jit(one)(xs[e], w_e)
+        assert np.asarray(got[e]).tobytes() == np.asarray(want).tobytes(), e
+        mc.assert_close(got[e], w4a16_oracle(device, xs[e], w_e, activation=activation),
+                        1e-5 if out_dtype == jnp.float32 else 1e-2)
+
+
 def _experts(e, n, k, seed):
     """e NVFP4 weights [n, k] stacked, expert i scaled by 4^(i % 7 - 3): neighbouring experts have
     their own s_dec, orders of magnitude apart, so an element that read another's weights, scales

@@ -66,7 +66,8 @@ __global__ void gated_kernel(const T* y, T* out, int64_t count, Activation act) 
 }
 
 // out[r, c] (contiguous, out_dtype) = act(y[r, c]) (y_dtype, row pitch y_pitch), or with a gated
-// act act(y[r, 2c], y[r, 2c + 1]): from a staged, padded float32 result into the output.
+// act act(y[r, 2c], y[r, 2c + 1]): from a staged, padded float32 result into the output, or in
+// place where the vector kernels cannot run (each element read and written by one thread).
 __global__ void activation_copy_kernel(const void* y, DType y_dtype, int64_t rows, int64_t cols,
                                        int64_t y_pitch, void* out, DType out_dtype, Activation act) {
   const bool gated = is_gated(act);
@@ -97,7 +98,14 @@ inline cudaError_t activation_pass(const void* y, DType y_dtype, int64_t rows, i
   };
   const bool gated = is_gated(act);
   const int64_t count = rows * (gated ? cols / 2 : cols);  // output elements
-  const bool vectorized = y_dtype == out_dtype && y_pitch == cols && (gated ? y != out : y == out);
+  // The vector kernels load 16 bytes and store 16 (gated: 8) from the buffers' starts: an element
+  // of a stack run in turn may start off those boundaries (its offset is M * N * bytes).
+  const auto aligned = [](const void* p, uintptr_t bytes) {
+    return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+  };
+  const bool vectorized = y_dtype == out_dtype && y_pitch == cols &&
+                          (gated ? y != out : y == out) && aligned(y, 16) &&
+                          aligned(out, gated ? 8 : 16);
   if (!vectorized) {
     activation_copy_kernel<<<grid(count), kThreads, 0, stream>>>(y, y_dtype, rows, cols, y_pitch,
                                                                  out, out_dtype, act);

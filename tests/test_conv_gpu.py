@@ -18,6 +18,7 @@ import pytest
 
 import jax_nvfp4 as jn
 from jax_nvfp4.primitives import conv as conv_primitive
+from jax_nvfp4.primitives._base import ffi_kernel_call
 
 HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("conv_cases", HERE / "conv_cases.py")
@@ -106,6 +107,34 @@ def test_lowers_to_the_kernel(gpu):
     x, w = operands(case, 0)
     assert jn._extension.kernel_available("jax_nvfp4_conv")
     assert "jax_nvfp4_conv" in conv_fn(case).lower(x, w).as_text()
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(stride_w=0), "strides and dilations must be >= 1 and the padding >= 0"),
+    (dict(dil_h=0), "strides and dilations must be >= 1 and the padding >= 0"),
+    (dict(bias=jnp.ones((7,), jnp.float32)), "bias must hold K = 24 values"),
+    (dict(w_scales=jnp.zeros((10,), jnp.float8_e4m3fn)), "w's scales must be its tiled e4m3 scales"),
+    (dict(w_s_dec=jnp.ones((2,), jnp.float32)), "w's scales must be .* s_dec a float32 scalar"),
+    (dict(x_scales=jnp.zeros((10,), jnp.float8_e4m3fn)), "x's scales must be its tiled e4m3 scales"),
+])
+def test_the_ffi_handler_refuses_malformed_operands(gpu, change, message):
+    """The conv FFI target checks its attributes and the operands whose sizes the shapes do not
+    fix (a direct caller of jax.ffi skips the primitive's checks): a zero stride would divide by
+    zero on the host, short scales or bias would be read past their end."""
+    if not jn._extension.kernel_available(conv_primitive.CONV_TARGET):
+        pytest.skip("no conv kernel for this GPU")
+    xq = jn.quantize(jnp.ones((2, 8, 8, 32), jnp.float32))
+    w = jn.quantize_conv_weight(jnp.ones((3, 3, 32, 24), jnp.float32))
+    ops = dict(x=xq.codes, x_scales=xq.scales, x_s_dec=xq.s_dec, w_codes=w.codes,
+               w_scales=w.scales, w_s_dec=w.s_dec, bias=jnp.zeros((0,), jnp.float32))
+    attrs = dict(stride_h=1, stride_w=1, pad_h=1, pad_w=1, dil_h=1, dil_w=1, kernel=0, splits=0)
+    for key, value in change.items():
+        (ops if key in ops else attrs)[key] = value
+    out = jax.ShapeDtypeStruct((2, 8, 8, 24), jnp.bfloat16)
+    call = jax.jit(lambda *o: ffi_kernel_call(conv_primitive.CONV_TARGET, [out], *o,
+                                              **{k: np.int64(v) for k, v in attrs.items()}))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+        jax.block_until_ready(call(*ops.values()))
 
 
 def test_strided_pointwise_conv_stays_on_the_conv_kernels(gpu):

@@ -17,6 +17,7 @@ import pytest
 import jax_nvfp4
 from jax_nvfp4 import reference
 from jax_nvfp4.format import NVFP4Array
+from jax_nvfp4.primitives._base import ffi_kernel_call
 from jax_nvfp4.primitives.quantize import DEQUANTIZE_TARGET, QUANTIZE_TARGET
 
 
@@ -197,3 +198,32 @@ def test_reference_compiled_for_the_gpu_gives_cpu_bytes(gpu, shape, scale):
     s = np.float32(77.7)
     on_gpu = jax.jit(reference.quantize)(jax.device_put(x, gpu), jax.device_put(s, gpu))
     _check(NVFP4Array(*on_gpu), _cpu_reference(x, s))
+
+
+@pytest.mark.parametrize("target, field, message", [
+    (QUANTIZE_TARGET, "codes", "quantize: the codes and tiled scales results do not have the sizes"),
+    (QUANTIZE_TARGET, "scales", "quantize: the codes and tiled scales results do not have the sizes"),
+    (DEQUANTIZE_TARGET, "scales", "dequantize: the tiled scales or the result do not have the sizes"),
+    (DEQUANTIZE_TARGET, "out", "dequantize: the tiled scales or the result do not have the sizes"),
+])
+def test_the_ffi_handlers_refuse_fields_of_the_wrong_size(kernels, target, field, message):
+    """The FFI targets check the sizes of the buffers they write or read beside the ones whose
+    shape they take (a direct caller of jax.ffi skips the primitives' checks): one row tile short
+    fails the call instead of writing or reading past it."""
+    q = jax_nvfp4.quantize(jnp.ones((130, 64), jnp.bfloat16))  # two 128-row scale tiles
+    short_scales = jnp.zeros((1, *q.scales.shape[1:]), q.scales.dtype)
+    if target == QUANTIZE_TARGET:
+        results = {"codes": jax.ShapeDtypeStruct(q.codes.shape, q.codes.dtype),
+                   "scales": jax.ShapeDtypeStruct(q.scales.shape, q.scales.dtype),
+                   "s_dec": jax.ShapeDtypeStruct((), jnp.float32)}
+        results[field] = jax.ShapeDtypeStruct(
+            (128, 64) if field == "codes" else short_scales.shape, results[field].dtype)
+        call = jax.jit(lambda x: ffi_kernel_call(QUANTIZE_TARGET, list(results.values()), x,
+                                                 jnp.zeros((0,), jnp.float32)))
+        args = (jnp.ones((130, 64), jnp.bfloat16),)
+    else:
+        out = jax.ShapeDtypeStruct((128 if field == "out" else 130, 64), jnp.float32)
+        call = jax.jit(lambda c, s, d: ffi_kernel_call(DEQUANTIZE_TARGET, [out], c, s, d))
+        args = (q.codes, short_scales if field == "scales" else q.scales, q.s_dec)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+        jax.block_until_ready(call(*args))

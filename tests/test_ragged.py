@@ -16,6 +16,7 @@ import pytest
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
+from jax_nvfp4.primitives._base import ffi_kernel_call
 from jax_nvfp4.primitives.ragged import RAGGED_PATH_ENV, RAGGED_TARGET, ragged_matmul_p
 from jax_nvfp4.reference import activation as reference_activation
 
@@ -533,6 +534,27 @@ def ragged_kernel(gpu_kernels):
     if _extension.device_arch(device) != "sm_90a":
         pytest.skip("the ragged kernel is sm_90a's")
     return device
+
+
+@pytest.mark.parametrize("operand, message", [
+    ("b_scales", r"stacked operand 4 \[3, 1, 1, 32, 4, 4\] is not a stack of 2 elements"),
+    ("bias", r"stacked operand 6 \[3, 32\] is not a stack of 2 elements")])
+def test_the_ffi_handler_refuses_a_stack_of_another_group_count(ragged_kernel, operand, message):
+    """The ragged FFI target checks that the weights' scales, and a per-group s_dec or bias, hold
+    one element a group (a direct caller of jax.ffi skips the primitive's checks): another count
+    would give each group the wrong slice."""
+    w, w3 = weights(jax.random.key(40), 2, 32, 64), weights(jax.random.key(41), 3, 32, 64)
+    ops = dict(a=jnp.ones((5, 64), jnp.bfloat16), a_scales=jnp.zeros((0,), jnp.float8_e4m3fn),
+               a_s_dec=jnp.ones((), jnp.float32), b_codes=w.codes, b_scales=w.scales,
+               b_s_dec=w.s_dec, bias=jnp.ones((2, 32), jnp.float32),
+               out_s_enc=jnp.zeros((0,), jnp.float32), group_sizes=jnp.array([2, 3], jnp.int32),
+               first_row=jnp.zeros((), jnp.int32))
+    ops[operand] = {"b_scales": w3.scales, "bias": jnp.ones((3, 32), jnp.float32)}[operand]
+    call = jax.jit(lambda *o: ffi_kernel_call(
+        RAGGED_TARGET, [jax.ShapeDtypeStruct((5, 32), jnp.float32)], *o, workspace=1 << 20,
+        path=np.int64(0), activation=np.int64(0)))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+        jax.block_until_ready(call(*ops.values()))
 
 
 @pytest.mark.parametrize("path", ["decode", "fused_ws_64", "fused_ws", "fused_ws_256", "xla"])

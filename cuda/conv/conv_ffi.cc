@@ -17,6 +17,7 @@
 
 #include "common/ffi_registry.h"
 #include "common/ffi_utils.h"
+#include "common/scale_layout.h"
 #include "conv/conv_problem.h"
 #include "conv/sm90/conv_sm90.h"
 #ifdef JAX_NVFP4_HAS_SM100
@@ -52,9 +53,30 @@ ffi::Error conv_impl(cudaStream_t stream, ffi::AnyBuffer x,
   if (wd[3] != p.c || p.c % 16 != 0 || od[0] != p.n || od[3] != p.k) {
     return invalid("inconsistent shapes (C must match and be a multiple of 16)");
   }
+  if (stride_h < 1 || stride_w < 1 || dil_h < 1 || dil_w < 1 || pad_h < 0 || pad_w < 0) {
+    return invalid("strides and dilations must be >= 1 and the padding >= 0");
+  }
+  // The tiled scales: one matrix per (r, s) of w [K, C], per (n, h) of an NVFP4 x [W, C].
+  const auto is_scalar_f32 = [](const ffi::AnyBuffer& b) {
+    return b.element_type() == ffi::DataType::F32 && b.element_count() == 1;
+  };
+  const int64_t c_blocks = p.c / kBlockSize;
+  if (w_scales.element_type() != ffi::DataType::F8E4M3FN ||
+      static_cast<int64_t>(w_scales.element_count()) != p.r * p.s * scale_matrix_bytes(p.k, c_blocks) ||
+      !is_scalar_f32(w_s_dec)) {
+    return invalid("w's scales must be its tiled e4m3 scales and its s_dec a float32 scalar");
+  }
+  if (bias.element_count() != 0 && static_cast<int64_t>(bias.element_count()) != p.k) {
+    return invalid("bias must hold K = " + std::to_string(p.k) + " values");
+  }
 
   p.x_is_nvfp4 = x.element_type() == ffi::DataType::F4E2M1FN;
   if (p.x_is_nvfp4) {
+    if (x_scales.element_type() != ffi::DataType::F8E4M3FN ||
+        static_cast<int64_t>(x_scales.element_count()) != p.n * p.h * scale_matrix_bytes(p.w, c_blocks) ||
+        !is_scalar_f32(x_s_dec)) {
+      return invalid("x's scales must be its tiled e4m3 scales and its s_dec a float32 scalar");
+    }
     p.x_q.codes = static_cast<const uint8_t*>(x.untyped_data());
     p.x_q.scales = static_cast<const uint8_t*>(x_scales.untyped_data());
     p.x_q.s_dec = static_cast<const float*>(x_s_dec.untyped_data());

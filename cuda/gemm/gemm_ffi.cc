@@ -124,12 +124,31 @@ View element_of(const ffi::AnyBuffer& b, bool stacked, int64_t count, int64_t e)
 
 using Operands = std::array<ffi::AnyBuffer, 8>;  // in the order of the comment above
 
-// The number of stacked elements, E: the leading dimension of every result and of every operand
-// flagged in `stacked`.
 // The results of a call, in order: out, or out codes, scales and s_dec (an initializer list keeps
 // them on the stack).
 using Results = std::initializer_list<ffi::AnyBuffer>;
 
+// Whether `b` leads with `count` elements.
+ffi::Error stack_of(const ffi::AnyBuffer& b, int64_t count, const std::string& what) {
+  const auto d = dims_of(b);
+  return !d.empty() && d[0] == count ? ffi::Error::Success()
+                                     : invalid(what + " " + dims_str(d) + " is not a stack of " +
+                                               std::to_string(count) + " elements");
+}
+
+// Whether every operand flagged in `stacked` leads with `count` elements.
+ffi::Error stacked_operands(const Operands& ops, int64_t stacked, int64_t count) {
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if ((stacked >> i & 1) == 0) continue;
+    if (auto err = stack_of(ops[i], count, "stacked operand " + std::to_string(i)); err.failure()) {
+      return err;
+    }
+  }
+  return ffi::Error::Success();
+}
+
+// The number of stacked elements, E: the leading dimension of every result and of every operand
+// flagged in `stacked`.
 ffi::Error stack_count(const Operands& ops, int64_t stacked, Results rets, int64_t* count) {
   if (stacked < 0 || stacked >= (int64_t{1} << ops.size())) {
     return invalid("stacked must flag some of the 8 operands, got " + std::to_string(stacked));
@@ -137,18 +156,11 @@ ffi::Error stack_count(const Operands& ops, int64_t stacked, Results rets, int64
   const auto lead = dims_of(*rets.begin());
   if (lead.empty()) return invalid("the results of a stacked call need a leading dimension");
   *count = lead[0];
-  auto check = [&](const ffi::AnyBuffer& b, const std::string& what) {
-    const auto d = dims_of(b);
-    return !d.empty() && d[0] == *count ? ffi::Error::Success()
-                                        : invalid(what + " " + dims_str(d) + " is not a stack of " +
-                                                  std::to_string(*count) + " elements");
-  };
-  for (size_t i = 0; i < ops.size(); ++i) {
-    if ((stacked >> i & 1) == 0) continue;
-    if (auto err = check(ops[i], "stacked operand " + std::to_string(i)); err.failure()) return err;
-  }
+  if (auto err = stacked_operands(ops, stacked, *count); err.failure()) return err;
   for (size_t i = 0; i < rets.size(); ++i) {
-    if (auto err = check(rets.begin()[i], "result " + std::to_string(i)); err.failure()) return err;
+    if (auto err = stack_of(rets.begin()[i], *count, "result " + std::to_string(i)); err.failure()) {
+      return err;
+    }
   }
   return ffi::Error::Success();
 }
@@ -496,6 +508,7 @@ ffi::Error gemm_ragged_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffe
   int64_t stacked = (1 << 3) | (1 << 4);
   if (dims_of(b_s_dec).size() == 1) stacked |= 1 << 5;
   if (dims_of(bias).size() == 2) stacked |= 1 << 6;
+  if (auto err = stacked_operands(ops, stacked, groups); err.failure()) return err;
   GemmProblem p;
   if (auto err = element_problem(ops, {*out}, stacked, groups, 0, /*path=*/0, activation, &p,
                                  /*stacked_results=*/false);

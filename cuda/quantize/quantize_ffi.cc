@@ -5,6 +5,7 @@
 
 #include "common/ffi_registry.h"
 #include "common/ffi_utils.h"
+#include "common/scale_layout.h"
 #include "common/workspace_registry.h"
 #include "quantize/quantize.h"
 
@@ -27,6 +28,14 @@ RowView row_view(ffi::AnyBuffer::Dimensions dims) {
 
 ffi::Error invalid(const std::string& what) {
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_nvfp4: " + what);
+}
+
+// Whether codes and tiled scales have the sizes of an NVFP4 tensor of v's shape (one tiled scale
+// matrix per leading index), so the kernels stay inside them.
+bool fields_fit(const RowView& v, size_t codes, size_t scales) {
+  const int64_t matrices = v.rows_per_matrix > 0 ? v.rows / v.rows_per_matrix : 0;
+  return static_cast<int64_t>(codes) == v.rows * v.k &&
+         static_cast<int64_t>(scales) == matrices * scale_matrix_bytes(v.rows_per_matrix, v.k / kBlockSize);
 }
 
 ffi::Error unsupported_device(int cc) {
@@ -78,6 +87,9 @@ ffi::Error Quantize(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::F32>
     return invalid("quantize needs a last dimension that is a positive multiple of 16, got " +
                    std::to_string(v.k));
   }
+  if (!fields_fit(v, codes->element_count(), scales->element_count())) {
+    return invalid("quantize: the codes and tiled scales results do not have the sizes of x's");
+  }
   p.rows = v.rows;
   p.k = v.k;
   p.rows_per_matrix = v.rows_per_matrix;
@@ -119,6 +131,10 @@ ffi::Error Dequantize(cudaStream_t stream, ffi::AnyBuffer codes, ffi::AnyBuffer 
   if (v.k <= 0 || v.k % 16 != 0) {
     return invalid("dequantize needs a last dimension that is a positive multiple of 16, got " +
                    std::to_string(v.k));
+  }
+  if (!fields_fit(v, codes.element_count(), scales.element_count()) ||
+      out->element_count() != codes.element_count()) {
+    return invalid("dequantize: the tiled scales or the result do not have the sizes of the codes'");
   }
   p.rows = v.rows;
   p.k = v.k;

@@ -108,7 +108,6 @@ def matmul(x, w: NVFP4Array, *, bias=None, activation=None, out_dtype=None, out_
     out_nvfp4 = out_s_enc is not None
 
     lead = tuple(x.shape[:-1])
-    m = math.prod(lead)
     if a_nvfp4:  # the scales' leading dims are the codes' (the rows' as tiles)
         a_ops = [merge_leading(x.codes, len(lead)),
                  _scales_as_matrix(split_as_prefix(x.scales, len(lead)), lead, k), x.s_dec]

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
+from pathlib import Path
 
 import numpy as np
 
-from jax_nvfp4 import reference
+# NVFP4 operands are decoded in NumPy (matmul_cases.nvfp4_to_f64), not by the library under test.
+_spec = importlib.util.spec_from_file_location("matmul_cases", Path(__file__).parent / "matmul_cases.py")
+mc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mc)
 
 # name: (N, H, W, C, K, R, S, strides, padding, dilation). C and K tails (not multiples of the
 # 64-channel stage / the 64- or 128-channel tile), every filter size in {1, 3, 5, 7}, stride 1
@@ -64,18 +69,12 @@ def direct_conv(x, w, strides, pads, dilation):
     return out
 
 
-def nvfp4_values(q):
-    """float64 values of an NVFP4Array (exact: e2m1 * e4m3 * s_dec)."""
-    vals = np.asarray(reference.scaled_codes(q.codes, q.scales), np.float64)
-    return vals * float(np.asarray(q.s_dec))
-
-
 def oracle(x, w, case, bias=None):
     """float64 result of conv(x, w) for `case` on the dequantized operands."""
     _, _, _, _, _, r, s, strides, padding, dilation = case
-    xv = nvfp4_values(x) if hasattr(x, "codes") else np.asarray(x, np.float64)
+    xv = mc.nvfp4_to_f64(x) if hasattr(x, "codes") else np.asarray(x, np.float64)
     pads = explicit_pads(xv.shape, r, s, strides, padding, dilation)
-    out = direct_conv(xv, nvfp4_values(w), strides, pads, dilation)
+    out = direct_conv(xv, mc.nvfp4_to_f64(w), strides, pads, dilation)
     if bias is not None:
         out = out + np.asarray(bias, np.float64)
     return out

@@ -127,6 +127,10 @@ def test_quantize_conv_weight_layout():
     w_hwio = jax.random.normal(jax.random.key(7), (3, 5, 32, 12))
     q = jn.quantize_conv_weight(w_hwio)
     assert q.shape == (3, 5, 12, 32) and q.s_dec.shape == ()
+    # the filter transposed to [R, S, K, C] and quantized along C as one tensor: the same bytes
+    want = jn.quantize(jnp.transpose(w_hwio, (0, 1, 3, 2)))
+    for field in ("codes", "scales", "s_dec"):
+        assert np.asarray(getattr(q, field)).tobytes() == np.asarray(getattr(want, field)).tobytes()
     deq = jnp.transpose(jn.dequantize(q, jnp.float32), (0, 1, 3, 2))
     np.testing.assert_allclose(deq, w_hwio, rtol=0.3, atol=0.15 * float(jnp.abs(w_hwio).max()))
 

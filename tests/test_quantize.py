@@ -209,7 +209,11 @@ def test_given_per_group_s_enc(groups_ndim):
     np.testing.assert_allclose(np.asarray(back), np.asarray(x, F32), rtol=0.3,
                                atol=float(np.max(np.abs(np.asarray(x, F32)))) / 6)
     assert np.all(np.isfinite(np.asarray(back))) and back.shape == x.shape
-    assert q.s_dec[expand].ndim == x.ndim
+    # each group's values scaled by its own s_dec: e2m1 * e4m3 exact, one float32 rounding
+    blocks = np.asarray(q.codes).astype(np.float64).reshape(*x.shape[:-1], -1, 16)
+    values = blocks * np.asarray(q.plain_scales()).astype(np.float64)[..., None]
+    want = values.reshape(x.shape) * np.asarray(q.s_dec, np.float64)[expand]
+    np.testing.assert_array_equal(np.asarray(back), want.astype(F32))
 
 
 def test_nan_and_inf_poison_only_their_blocks():

@@ -1,6 +1,7 @@
 // The nanobind extension: exposes every registered FFI handler as a PyCapsule, which GPU
-// targets were compiled, and the workspace sizes of the targets that take a workspace result,
-// so the Python package can register the handlers with XLA and lower calls to them.
+// targets were compiled, the workspace sizes of the targets that take a workspace result and the
+// attributes they settle at lowering, so the Python package can register the handlers with XLA
+// and lower calls to them.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
@@ -208,4 +209,23 @@ NB_MODULE(_nvfp4_cuda, m) {
       "Bytes of the workspace result of a call to FFI target `target` on a GPU of compute "
       "capability `compute_capability` (major*10+minor), given the (dims, dtype name) of its "
       "operands and other results and its integer attributes.");
+  m.def("settled_targets", []() {
+    std::vector<std::string> names;
+    for (const auto& [name, fn] : jax_nvfp4::settle_functions()) names.push_back(name);
+    return names;
+  });
+  m.def(
+      "settled_attrs",
+      [](const std::string& target, int compute_capability, const std::vector<Shape>& args,
+         const std::vector<Shape>& rets, const std::map<std::string, int64_t>& attrs) {
+        const auto& fns = jax_nvfp4::settle_functions();
+        const auto it = fns.find(target);
+        if (it == fns.end()) throw std::invalid_argument("jax_nvfp4: " + target + " settles no attributes");
+        return it->second({compute_capability, arg_shapes(args), arg_shapes(rets), attrs});
+      },
+      nb::arg("target"), nb::arg("compute_capability"), nb::arg("args"), nb::arg("rets"),
+      nb::arg("attrs") = std::map<std::string, int64_t>{},
+      "The integer attributes a call to FFI target `target` is lowered with in place of `attrs` "
+      "on the current GPU of compute capability `compute_capability` (the kernel choices that "
+      "depend on the device beyond it, settled), given what workspace_bytes takes.");
 }

@@ -41,6 +41,7 @@ def _register_targets() -> dict:
 
 _TARGETS = _register_targets()
 _WORKSPACE_TARGETS = frozenset(_ext.workspace_targets()) if _ext is not None else frozenset()
+_SETTLED_TARGETS = frozenset(_ext.settled_targets()) if _ext is not None else frozenset()
 
 
 def extension_path() -> str | None:
@@ -106,20 +107,36 @@ def cublaslt_gemm_calls() -> int | None:
     return None if calls is None else int(calls)
 
 
-def workspace_bytes(target: str, operands, results, attrs=None) -> int | None:
-    """Bytes of the workspace result that FFI target `target` takes as its last result, for a
-    call on the visible GPU with these operands and (other) results (anything with .shape and
-    .dtype) and integer attributes; None when the target takes no workspace."""
-    if _ext is None or target not in _WORKSPACE_TARGETS:
-        return None
+def _query(target: str, what: str, operands, results, attrs):
+    """The arguments of the extension's lowering-time queries about a call to `target`: the
+    visible GPU's compute capability (major*10+minor), the (dims, dtype name) of the operands
+    and results (anything with .shape and .dtype), and the integer attributes."""
     cc = _cuda_compute_capability()
     if cc is None:
-        raise RuntimeError(f"jax_nvfp4: sizing the workspace of {target} needs one kind of CUDA GPU")
+        raise RuntimeError(f"jax_nvfp4: {what} of {target} needs one kind of CUDA GPU")
     major, minor = cc
     shapes = lambda xs: [(tuple(int(d) for d in x.shape), np.dtype(x.dtype).name) for x in xs]
     ints = {name: int(v) for name, v in (attrs or {}).items()}
-    return int(_ext.workspace_bytes(target, 10 * major + minor, shapes(operands), shapes(results),
-                                    ints))
+    return target, 10 * major + minor, shapes(operands), shapes(results), ints
+
+
+def workspace_bytes(target: str, operands, results, attrs=None) -> int | None:
+    """Bytes of the workspace result that FFI target `target` takes as its last result, for a
+    call with these operands, (other) results and integer attributes, lowered on the visible GPU;
+    enough on any GPU of its compute capability. None when the target takes no workspace."""
+    if _ext is None or target not in _WORKSPACE_TARGETS:
+        return None
+    return int(_ext.workspace_bytes(*_query(target, "sizing the workspace", operands, results, attrs)))
+
+
+def settled_attrs(target: str, operands, results, attrs: dict) -> dict:
+    """`attrs` with the choices FFI target `target` settles when lowered on the visible GPU (on
+    Hopper, the GEMM kernel an auto path picks there, which depends on the SM count): the call
+    then runs the kernel its workspace was sized for on any GPU of that compute capability."""
+    if _ext is None or target not in _SETTLED_TARGETS:
+        return attrs
+    settled = _ext.settled_attrs(*_query(target, "settling the attributes", operands, results, attrs))
+    return {**attrs, **{name: np.int64(v) for name, v in settled.items()}}
 
 
 @functools.cache

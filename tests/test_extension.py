@@ -129,15 +129,19 @@ def _spec(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _gemm_workspace(cc, m, n, k, *, out=None, x_dtype=jnp.bfloat16):
+def _gemm_query(cc, m, n, k, *, out=None, x_dtype=jnp.bfloat16, path=0):
+    """The arguments of the extension's lowering-time queries about a GEMM call."""
     f4, f8, f32 = jnp.float4_e2m1fn, jnp.float8_e4m3fn, jnp.float32
     operands = [_spec((m, k), x_dtype), _spec((0,), f8), _spec((), f32), _spec((n, k), f4),
                 _spec((1,), f8), _spec((), f32), _spec((0,), f32), _spec((0,) if out is None else (), f32)]
     results = [_spec((m, n), jnp.bfloat16)] if out is None else out
     target = "jax_nvfp4_gemm" if out is None else "jax_nvfp4_gemm_nvfp4_out"
-    return _extension._ext.workspace_bytes(
-        target, cc, [(o.shape, np.dtype(o.dtype).name) for o in operands],
-        [(r.shape, np.dtype(r.dtype).name) for r in results])
+    return (target, cc, [(o.shape, np.dtype(o.dtype).name) for o in operands],
+            [(r.shape, np.dtype(r.dtype).name) for r in results], {"path": path, "activation": 0})
+
+
+def _gemm_workspace(cc, m, n, k, **kwargs):
+    return _extension._ext.workspace_bytes(*_gemm_query(cc, m, n, k, **kwargs))
 
 
 def _ragged_workspace(cc, m, groups, n, k, *, path=0, x_dtype=jnp.bfloat16):
@@ -182,12 +186,14 @@ def test_ragged_workspace_holds_fused_ws_staged_rows():
 def test_ragged_workspace_on_sm100_holds_its_plan():
     """sm_100a's grouped GEMM (cuda/gemm/sm100/ragged_sm100_plan.h): x quantized (W4A16), A's
     scales in tiles of each group's own (ceil(M / 128) + G row tiles), the float32 D, then a few
-    KB: the groups' CUTLASS arguments, the quantizer's scratch and CUTLASS's own. None without
-    rows, or where the kernel takes no such K."""
+    KB: the groups' CUTLASS arguments, the quantizer's scratch and CUTLASS's own, which takes 640
+    bytes an SM (CUTLASS 4.2), sized for the most SMs an sm_100a GPU may have (160: the call may
+    run on another GPU than the one it was lowered on). None without rows, or where the kernel
+    takes no such K."""
     m, g, n, k = 300, 8, 4096, 1024
     k_tiles = k // 64  # 512 bytes a tile of 128 rows x 4 scales
     regions = m * k // 2 + 3 * k_tiles * 512 + (3 + g) * k_tiles * 512 + m * n * 4
-    assert regions < _ragged_workspace(100, m, g, n, k) < regions + 16 * 1024
+    assert regions + 160 * 640 < _ragged_workspace(100, m, g, n, k) < regions + 160 * 640 + 16 * 1024
     nvfp4_x = _ragged_workspace(100, m, g, n, k, x_dtype=jnp.float4_e2m1fn)
     assert nvfp4_x < regions - m * k // 2  # an NVFP4 x is not quantized again
     assert _ragged_workspace(100, 0, g, n, k) == 0
@@ -314,6 +320,34 @@ def test_gemm_sm90_path_rule(mnk, path):
     assert _extension._ext.gemm_sm90_path(*mnk) == path
 
 
+@needs_extension
+@_built("gemm_sm90_path")
+@pytest.mark.parametrize("mnk, path", _SM90_PATHS, ids=[f"{m}x{n}x{k}" for (m, n, k), _ in _SM90_PATHS])
+def test_an_auto_sm90_gemm_is_lowered_with_the_path_it_picks(mnk, path):
+    """The pick depends on the SM count, so the call is lowered with the path attribute that
+    forces it: run on a Hopper with another SM count (a jax.export artifact), it runs the kernel
+    its workspace was sized for."""
+    from jax_nvfp4.primitives.matmul import _PATHS
+    device = jax.devices()[0]
+    if device.platform == "gpu" and device.core_count != 132:
+        pytest.skip(f"the cases are for 132 SMs; this GPU has {device.core_count}")
+    query = _gemm_query(90, *mnk)
+    assert _extension._ext.settled_attrs(*query) == {"path": _PATHS[path]}
+    forced = _gemm_query(90, *mnk, path=_PATHS["prefill_cutlass"])
+    assert _extension._ext.settled_attrs(*forced) == {}  # a forced path stays
+    assert _extension._ext.settled_attrs(*_gemm_query(100, *mnk)) == {}  # sm_100a: one kernel family
+
+
+@needs_extension
+@_built("gemm_sm90_path")
+def test_the_sm90_prefill_workspace_holds_cutlass_stream_k_on_any_hopper():
+    """CUTLASS's stream-K scratch depends on the SM count: for 2048 x 4096 x 4096 it takes none on
+    132 SMs and 18.6 MB on an H100 PCIe's 114 (CUTLASS 4.2). The workspace holds the most any
+    Hopper needs, on top of the bf16 weights (cuBLASLt's 32 MiB, where it is built, hold it too)."""
+    ws = _gemm_workspace(90, 2048, 4096, 4096, path=2)
+    assert ws >= 4096 * 4096 * 2 + 18_613_376
+
+
 # 3x3 'SAME' convs, (n, hw, c, k, stride) -> conv_sm90's choice on an H100 (132 SMs, 227 KB), one
 # case per branch the ResNet-like grids take (docs/conv.md "The library's choice"; kernel-alone
 # timings: bench/results/conv_decode_prmt_h100_2026-11-27.md).
@@ -383,6 +417,16 @@ def test_targets_without_workspace_are_not_sized():
 
 
 @needs_extension
+def test_only_the_dense_gemm_targets_settle_attributes():
+    """Their sm_90a kernel choice depends on the SM count; the ragged GEMM's does not."""
+    settled = {"jax_nvfp4_gemm", "jax_nvfp4_gemm_nvfp4_out", "jax_nvfp4_gemm_stacked",
+               "jax_nvfp4_gemm_nvfp4_out_stacked"}
+    assert set(_extension._ext.settled_targets()) == settled & set(_extension.ffi_targets())
+    with pytest.raises(ValueError, match="settles no attributes"):
+        _extension._ext.settled_attrs("jax_nvfp4_gemm_ragged", 90, [], [])
+
+
+@needs_extension
 @pytest.mark.parametrize("x_stacked", [True, False], ids=["x_stacked", "x_shared"])
 def test_the_stacked_gemm_call_flags_its_stacked_operands(monkeypatch, x_stacked):
     """vmap over stacked weights lowers to one stacked FFI call: its `stacked` attribute flags
@@ -399,6 +443,7 @@ def test_the_stacked_gemm_call_flags_its_stacked_operands(monkeypatch, x_stacked
     assert "@jax_nvfp4_gemm(" not in text and "stablehlo.while" not in text
     nbytes = _gemm_workspace(90, 1024, 512, 256)
     assert nbytes > 0 and f"tensor<{nbytes}xui8>" in text
+    assert "path = 2 : i64" in text  # the element's pick, prefill, settled
 
 
 @needs_extension
@@ -410,3 +455,15 @@ def test_the_lowered_gemm_call_carries_its_workspace_as_a_result(monkeypatch):
     text = _cuda_module_text(jn.matmul, x, w)
     nbytes = _gemm_workspace(90, 1024, 512, 256)
     assert nbytes > 0 and f"tensor<{nbytes}xui8>" in text
+    assert "path = 2 : i64" in text  # the pick on this shape, prefill, settled
+
+
+@needs_extension
+@pytest.mark.parametrize("forced, code", [("", 1), ("fused", 3)])
+def test_the_lowered_gemm_call_carries_the_settled_or_forced_path(monkeypatch, forced, code):
+    monkeypatch.setattr(_extension, "kernel_available", lambda name: True)
+    monkeypatch.setattr(_extension, "_cuda_compute_capability", lambda: (9, 0))
+    monkeypatch.setenv("JAX_NVFP4_GEMM_SM90_PATH", forced)
+    x = jnp.zeros((4, 256), jnp.bfloat16)  # decode's M
+    w = jn.quantize(jnp.ones((512, 256), jnp.float32))
+    assert f"path = {code} : i64" in _cuda_module_text(jn.matmul, x, w)

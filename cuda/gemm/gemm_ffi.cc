@@ -39,6 +39,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <string>
 
 #include "common/ffi_registry.h"
@@ -251,7 +252,7 @@ ffi::Error decode_operands(const View& a, const View& a_scales, const View& a_s_
   return ffi::Error::Success();
 }
 
-// Bytes of workspace `p` needs on a device of compute capability `cc` (0 if none runs it).
+// Bytes of workspace `p` needs on the current device, of compute capability `cc` (0 if none runs it).
 size_t workspace_bytes(int cc, const GemmProblem& p) {
   switch (cc) {
 #ifdef JAX_NVFP4_HAS_SM90
@@ -262,6 +263,17 @@ size_t workspace_bytes(int cc, const GemmProblem& p) {
 #endif
     default: return 0;
   }
+}
+
+// Bytes of workspace a call lowered for compute capability `cc` is given: what `p` needs on any GPU
+// of that compute capability, whatever its SM count (a jax.export artifact runs on another). On
+// sm_90a that is the current one's once the path is settled (gemm_call_settled_attrs; CUTLASS's
+// share is sized for every SM count, wgmma_gemm.cuh).
+size_t lowered_workspace_bytes(int cc, const GemmProblem& p) {
+#ifdef JAX_NVFP4_HAS_SM100
+  if (cc == 100) return gemm_sm100_lowered_workspace_bytes(p);
+#endif
+  return workspace_bytes(cc, p);
 }
 
 // Runs p on a device of compute capability `cc` in the call's workspace.
@@ -317,7 +329,20 @@ GemmProblem problem_of_shapes(const WorkspaceQuery& q) {
 }
 
 size_t gemm_call_workspace(const WorkspaceQuery& q) {
-  return workspace_result_bytes(workspace_bytes(q.compute_capability, problem_of_shapes(q)));
+  return workspace_result_bytes(lowered_workspace_bytes(q.compute_capability, problem_of_shapes(q)));
+}
+
+// On sm_90a, the kernel the launcher picks for an auto path, which depends on the SM count
+// (gemm_sm90_path), as the path attribute that forces it: the call runs that kernel, in the
+// workspace sized for it, on whichever Hopper it runs.
+std::map<std::string, int64_t> gemm_call_settled_attrs(const WorkspaceQuery& q) {
+#ifdef JAX_NVFP4_HAS_SM90
+  const auto path = q.attrs.find("path");
+  if (q.compute_capability == 90 && path != q.attrs.end() && path->second == static_cast<int64_t>(GemmPath::kAuto)) {
+    return {{"path", static_cast<int64_t>(gemm_sm90_settled_path(problem_of_shapes(q)))}};
+  }
+#endif
+  return {};
 }
 
 // The shape of one element of a stacked operand or result: its leading dimension dropped.
@@ -540,10 +565,9 @@ ffi::Error gemm_ragged_impl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffe
                         std::to_string(cc / 10) + "." + std::to_string(cc % 10));
 }
 
-// The workspace of a stacked call: that of one element's GEMM (elements run in turn share it; a
-// stack run in one launch takes the decode path, which needs none), the stacked dimension dropped
-// from the flagged operands and every result.
-size_t gemm_stacked_call_workspace(const WorkspaceQuery& q) {
+// One element of a stacked call: the stacked dimension dropped from the flagged operands and
+// every result.
+WorkspaceQuery stacked_element(const WorkspaceQuery& q) {
   const auto stacked = q.attrs.find("stacked");
   const int64_t flags = stacked == q.attrs.end() ? 0 : stacked->second;
   WorkspaceQuery element = q;
@@ -551,7 +575,15 @@ size_t gemm_stacked_call_workspace(const WorkspaceQuery& q) {
     if (flags >> i & 1) drop_lead(element.args[i]);
   }
   for (ArgShape& ret : element.rets) drop_lead(ret);
-  return gemm_call_workspace(element);
+  return element;
+}
+
+// The workspace of a stacked call: that of one element's GEMM (elements run in turn share it; a
+// stack run in one launch takes the decode path, which needs none).
+size_t gemm_stacked_call_workspace(const WorkspaceQuery& q) { return gemm_call_workspace(stacked_element(q)); }
+
+std::map<std::string, int64_t> gemm_stacked_call_settled_attrs(const WorkspaceQuery& q) {
+  return gemm_call_settled_attrs(stacked_element(q));
 }
 
 // The workspace of a ragged call: its problem with the group dimension dropped from the weights
@@ -570,7 +602,7 @@ size_t gemm_ragged_call_workspace(const WorkspaceQuery& q) {
   static const int32_t placeholder = 0;
   p.group_sizes = &placeholder;
   p.stack.count = q.args[3].dims.at(0);
-  return workspace_result_bytes(workspace_bytes(q.compute_capability, p));
+  return workspace_result_bytes(lowered_workspace_bytes(q.compute_capability, p));
 }
 
 }  // namespace
@@ -641,5 +673,9 @@ JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_gemm_nvfp4_out", gemm_call_workspace);
 JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_gemm_stacked", gemm_stacked_call_workspace);
 JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_gemm_nvfp4_out_stacked", gemm_stacked_call_workspace);
 JAX_NVFP4_REGISTER_WORKSPACE("jax_nvfp4_gemm_ragged", gemm_ragged_call_workspace);
+JAX_NVFP4_REGISTER_SETTLED_ATTRS("jax_nvfp4_gemm", gemm_call_settled_attrs);
+JAX_NVFP4_REGISTER_SETTLED_ATTRS("jax_nvfp4_gemm_nvfp4_out", gemm_call_settled_attrs);
+JAX_NVFP4_REGISTER_SETTLED_ATTRS("jax_nvfp4_gemm_stacked", gemm_stacked_call_settled_attrs);
+JAX_NVFP4_REGISTER_SETTLED_ATTRS("jax_nvfp4_gemm_nvfp4_out_stacked", gemm_stacked_call_settled_attrs);
 
 }  // namespace jax_nvfp4

@@ -68,9 +68,12 @@ def ffi_kernel_call(target, result_types, *operands, workspace=None, **attrs):
 
     A target that needs device scratch memory takes it as one more uint8 result, sized here by
     the extension for these shapes and the visible GPU (unless the caller knows it: `workspace`
-    bytes), and dropped from what this returns."""
-    nbytes = workspace if workspace is not None else _extension.workspace_bytes(
-        target, operands, result_types, attrs)
+    bytes), and dropped from what this returns. Attributes whose choice depends on the GPU beyond
+    its compute capability are settled first (_extension.settled_attrs)."""
+    nbytes = workspace
+    if nbytes is None:
+        attrs = _extension.settled_attrs(target, operands, result_types, attrs)
+        nbytes = _extension.workspace_bytes(target, operands, result_types, attrs)
     types = list(result_types)
     if nbytes is not None:
         types.append(jax.ShapeDtypeStruct((nbytes,), jnp.uint8))

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include "common/library_failure.h"
 #include "cutlass/cutlass.h"
 #include "cutlass/kernel_hardware_info.h"
 
@@ -27,10 +28,7 @@ cudaError_t run_gemm(const typename Gemm::Arguments& arguments, void* workspace,
   if (gemm.initialize(arguments, workspace, stream) != cutlass::Status::kSuccess) {
     return cudaErrorInvalidValue;
   }
-  if (gemm.run(stream) != cutlass::Status::kSuccess) {
-    const cudaError_t err = cudaGetLastError();
-    return err == cudaSuccess ? cudaErrorLaunchFailure : err;
-  }
+  if (gemm.run(stream) != cutlass::Status::kSuccess) return library_failure();
   return cudaSuccess;
 }
 

@@ -5,6 +5,8 @@
 // Everything is enqueued on the stream; nothing syncs.
 #include "gemm/sm100/gemm_sm100.h"
 
+#include <algorithm>
+
 #include "gemm/activation_pass.cuh"
 #include "gemm/sm100/gemm_sm100_args.h"
 #include "gemm/sm100/gemm_sm100_kernels.h"
@@ -64,12 +66,10 @@ MatrixRef codes_ref(const void* data, int64_t rows, int64_t k, int64_t pitch_k) 
   return MatrixRef{data, Elem::kU8, rows, k / 2, pitch_k / 2};
 }
 
-}  // namespace
-
-size_t gemm_sm100_workspace_bytes(const GemmProblem& p) {
-  if (p.ragged()) return ragged_sm100_workspace_bytes(p);
+// Device scratch p needs on a GPU of `sm` SMs.
+size_t workspace_on(const GemmProblem& p, int sm) {
+  if (p.ragged()) return ragged_sm100_workspace_bytes(p, sm);
   if (sm100::unsupported_reason(p) != nullptr || p.m == 0 || p.n == 0) return 0;
-  const int sm = sm100::current_sm_count();
   GemmProblem shape_only = p;
   shape_only.workspace = nullptr;
   const Plan plan = plan_for(shape_only, sm);
@@ -77,6 +77,16 @@ size_t gemm_sm100_workspace_bytes(const GemmProblem& p) {
   const size_t cutlass = plan.two_sm ? cutlass_ws<true>(plan.kind, args, sm)
                                      : cutlass_ws<false>(plan.kind, args, sm);
   return plan.cutlass_ws + cutlass;
+}
+
+}  // namespace
+
+size_t gemm_sm100_workspace_bytes(const GemmProblem& p) { return workspace_on(p, sm100::current_sm_count()); }
+
+size_t gemm_sm100_lowered_workspace_bytes(const GemmProblem& p) {
+  size_t bytes = 0;
+  for (int sm = 1; sm <= sm100::kMaxSm100Sms; ++sm) bytes = std::max(bytes, workspace_on(p, sm));
+  return bytes;
 }
 
 cudaError_t gemm_sm100(const GemmProblem& p, cudaStream_t stream) {
@@ -91,9 +101,9 @@ cudaError_t gemm_sm100(const GemmProblem& p, cudaStream_t stream) {
     return sm100::epilogue_scalars(nullptr, nullptr, nullptr, nvfp4_out ? p.out_s_enc : nullptr,
                                    p.out_s_dec, stream);
   }
-  if (p.workspace_bytes < gemm_sm100_workspace_bytes(p)) return cudaErrorInvalidValue;
-
   const int sm = sm100::current_sm_count();
+  if (p.workspace_bytes < workspace_on(p, sm)) return cudaErrorInvalidValue;
+
   const Plan plan = plan_for(p, sm);
   const sm100::Args args = sm100::make_args(p, plan);
   void* ws = p.workspace;

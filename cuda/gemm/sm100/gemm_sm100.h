@@ -15,9 +15,14 @@
 
 namespace jax_nvfp4 {
 
-// Device scratch gemm_sm100 needs for p (quantized A, K-padded codes, unpadded output staging,
-// alpha, CUTLASS's own workspace). p.workspace must point to at least this many bytes.
+// Device scratch gemm_sm100 needs for p on the current GPU (quantized A, K-padded codes, unpadded
+// output staging, alpha, CUTLASS's own workspace, which with the 1-SM or 2-SM choice depends on
+// the SM count). p.workspace must point to at least this many bytes.
 size_t gemm_sm100_workspace_bytes(const GemmProblem& p);
+
+// The most p needs over the SM counts an sm_100a GPU can have: what a call's workspace is sized
+// for when it is lowered, so that it runs on any of them (jax.export).
+size_t gemm_sm100_lowered_workspace_bytes(const GemmProblem& p);
 
 // Enqueues the GEMM on stream. Returns cudaErrorInvalidValue for a problem it cannot run
 // (k not a multiple of 16, too little workspace, unsupported dtype). A ragged problem
@@ -29,7 +34,7 @@ cudaError_t gemm_sm100(const GemmProblem& p, cudaStream_t stream);
 // first for W4A16 as above. Its workspace, the launch (cudaErrorInvalidValue for a problem
 // it cannot run), and why it cannot run p (nullptr when it can).
 const char* ragged_sm100_unsupported_reason(const GemmProblem& p);
-size_t ragged_sm100_workspace_bytes(const GemmProblem& p);
+size_t ragged_sm100_workspace_bytes(const GemmProblem& p, int sm_count);
 cudaError_t ragged_sm100(const GemmProblem& p, cudaStream_t stream);
 
 }  // namespace jax_nvfp4

@@ -159,17 +159,18 @@ const char* ragged_sm100_unsupported_reason(const GemmProblem& p) {
   return sm100::ragged_unsupported_reason(p);
 }
 
-size_t ragged_sm100_workspace_bytes(const GemmProblem& p) {
+size_t ragged_sm100_workspace_bytes(const GemmProblem& p, int sm_count) {
   if (sm100::ragged_unsupported_reason(p) != nullptr || p.m == 0 || p.n == 0) return 0;
   const RaggedPlan plan = ragged_plan(p);
   const int groups = static_cast<int>(plan.groups);
-  return plan.cutlass_ws + sm100::ragged_cutlass_workspace_bytes(groups, sm100::current_sm_count());
+  return plan.cutlass_ws + sm100::ragged_cutlass_workspace_bytes(groups, sm_count);
 }
 
 cudaError_t ragged_sm100(const GemmProblem& p, cudaStream_t stream) {
   if (sm100::ragged_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
   if (p.m == 0 || p.n == 0) return cudaSuccess;  // nothing to write
-  if (p.workspace_bytes < ragged_sm100_workspace_bytes(p)) return cudaErrorInvalidValue;
+  const int sm_count = sm100::current_sm_count();
+  if (p.workspace_bytes < ragged_sm100_workspace_bytes(p, sm_count)) return cudaErrorInvalidValue;
   const RaggedPlan plan = ragged_plan(p);
   void* ws = p.workspace;
   const int64_t k_blocks = p.k / kBlockSize;
@@ -199,7 +200,7 @@ cudaError_t ragged_sm100(const GemmProblem& p, cudaStream_t stream) {
   regroup_scales_kernel<<<blocks_for(row_tiles * kTileRows * scale_k_tiles(k_blocks) * kTileKBlocks),
                           kThreads, 0, stream>>>(a_scales, k_blocks, plan.groups, row_tiles, rows, sfa);
   JAX_NVFP4_TRY(cudaGetLastError());
-  JAX_NVFP4_TRY(sm100::run_ragged_cutlass(args, sm100::current_sm_count(), stream));
+  JAX_NVFP4_TRY(sm100::run_ragged_cutlass(args, sm_count, stream));
 
   const int64_t out_elements = p.m * out_cols(p);
   ragged_output_kernel<<<blocks_for(out_elements), kThreads, 0, stream>>>(

@@ -13,6 +13,8 @@
 #include <tuple>
 #include <vector>
 
+#include "common/library_failure.h"
+
 namespace jax_nvfp4 {
 namespace sm90 {
 namespace {
@@ -228,6 +230,16 @@ cublasLtMatmulAlgo_t fastest(const Api& lt, cublasLtHandle_t h, const Descriptor
   return candidates[ok ? best : 0];
 }
 
+// The CUDA error that says why cublasLtMatmul refused the GEMM.
+cudaError_t cuda_error_of(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_NOT_SUPPORTED: return cudaErrorNotSupported;
+    case CUBLAS_STATUS_INVALID_VALUE: return cudaErrorInvalidValue;
+    case CUBLAS_STATUS_ALLOC_FAILED: return cudaErrorMemoryAllocation;
+    default: return library_failure();
+  }
+}
+
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   return cudaStreamIsCapturing(stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone;
@@ -260,7 +272,9 @@ cudaError_t cublaslt_gemm(const CublasLtGemmArgs& g, cudaStream_t stream,
     }
     algo = c.algo;
   }
-  if (run_algo(*lt, h, desc, g, algo, stream) != CUBLAS_STATUS_SUCCESS) return cudaErrorLaunchFailure;
+  if (const cublasStatus_t status = run_algo(*lt, h, desc, g, algo, stream); status != CUBLAS_STATUS_SUCCESS) {
+    return cuda_error_of(status);
+  }
   state().calls.fetch_add(1, std::memory_order_relaxed);
   return cudaSuccess;
 }

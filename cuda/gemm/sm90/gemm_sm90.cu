@@ -184,6 +184,17 @@ GemmSm90Path gemm_sm90_path(const GemmProblem& p) {
   return prefill ? GemmSm90Path::kPrefill : GemmSm90Path::kFused;
 }
 
+GemmPath gemm_sm90_settled_path(const GemmProblem& p) {
+  switch (gemm_sm90_path(p)) {
+    case GemmSm90Path::kDecode: return GemmPath::kDecode;
+    case GemmSm90Path::kFused: return GemmPath::kFused;
+    case GemmSm90Path::kFusedWs: return GemmPath::kFusedWs;
+    case GemmSm90Path::kFusedWsWide: return GemmPath::kFusedWsWide;
+    case GemmSm90Path::kFusedWsNarrow: return GemmPath::kFusedWsNarrow;
+    default: return p.path == GemmPath::kPrefillCutlass ? GemmPath::kPrefillCutlass : GemmPath::kPrefill;
+  }
+}
+
 size_t gemm_sm90_workspace_bytes(const GemmProblem& p) {
   if (!p.nvfp4_out()) return float_workspace(p);
   const size_t y_bytes = align_up(static_cast<size_t>(p.m * out_cols(p)) * sizeof(float));

@@ -106,6 +106,11 @@ constexpr int64_t kGemmSm90RaggedWideRowsPerGroup = 64;
 constexpr int64_t kGemmSm90Ragged256RowsPerGroup = 144;
 GemmSm90Path gemm_sm90_path(const GemmProblem& p);
 
+// The p.path that forces the kernel gemm_sm90_path picks for p. The pick depends on the SM count,
+// so a call is lowered with it (gemm_ffi.cc): lowered on one Hopper and run on another, the call
+// runs the kernel its workspace was sized for.
+GemmPath gemm_sm90_settled_path(const GemmProblem& p);
+
 // Device scratch gemm_sm90 needs for p (dequantized operands, the float32 result before NVFP4
 // output, the quantizer's and CUTLASS's scratch). p.workspace must hold this many bytes.
 size_t gemm_sm90_workspace_bytes(const GemmProblem& p);

@@ -14,7 +14,11 @@
 // stream-K scheduler of CUTLASS 4.2: `is_last_tile` binds a member to a non-const reference.)
 #pragma once
 
+#include <algorithm>
 #include <functional>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "cute/tensor.hpp"
@@ -26,6 +30,7 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
 #include "common/launch_config.cuh"
+#include "common/library_failure.h"
 #include "gemm/sm90/gemm_sm90_internal.h"
 
 namespace jax_nvfp4 {
@@ -49,6 +54,10 @@ gemm_after_prior_grids(CUTLASS_GRID_CONSTANT const typename Kernel::Params param
   Kernel op;
   op(params, smem);
 }
+
+// The most SMs a Hopper has (a full GH100; an H100 SXM or H200 enables 132, an H100 PCIe 114, a
+// MIG slice fewer).
+constexpr int kMaxSm90Sms = 144;
 
 // The order in which the persistent scheduler hands out output tiles: along M or N (or as
 // CUTLASS's heuristic picks from the tile counts), in groups of `swizzle` (1, 2, 4, 8) tiles
@@ -98,14 +107,14 @@ struct WgmmaGemm {
                                                       Scheduler>;
 
   static typename Kernel::Arguments arguments(int m, int n, int k, const void* a, const void* b,
-                                              void* d, const float* alpha, const float* bias,
+                                              void* d, const float* alpha, const float* bias, int sms,
                                               TileOrder order = {}) {
     using StrideA = typename Kernel::StrideA;
     using StrideB = typename Kernel::StrideB;
     using StrideC = typename Kernel::StrideC;
     using StrideD = typename Kernel::StrideD;
     cutlass::KernelHardwareInfo hw;
-    hw.sm_count = sm_count();
+    hw.sm_count = sms;
     typename Kernel::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
         {m, n, k, 1},
@@ -122,8 +131,22 @@ struct WgmmaGemm {
     return args;
   }
 
+  // Bytes of CUTLASS's workspace for an M x N x K GEMM on any Hopper. Stream-K's depends on the SM
+  // count (2048 x 4096 x 4096: none on 132 SMs, 18.6 MB on 114), and a call lowered on one GPU, its
+  // workspace sized then, may run on another (jax.export): the most over every SM count from a
+  // cluster's to kMaxSm90Sms (CUTLASS divides by zero below a cluster), once per shape.
   static size_t workspace_bytes(int m, int n, int k) {
-    return Kernel::get_workspace_size(arguments(m, n, k, nullptr, nullptr, nullptr, nullptr, nullptr));
+    static std::mutex mutex;
+    static std::map<std::tuple<int, int, int>, size_t> sizes;
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto [it, added] = sizes.try_emplace({m, n, k}, 0);
+    if (added) {
+      for (int sms = cute::size(ClusterShape{}); sms <= kMaxSm90Sms; ++sms) {
+        const auto args = arguments(m, n, k, nullptr, nullptr, nullptr, nullptr, nullptr, sms);
+        it->second = std::max(it->second, Kernel::get_workspace_size(args));
+      }
+    }
+    return it->second;
   }
 
   // Sets CUTLASS's workspace up (stream-K zeroes its barriers with a memset), enqueues
@@ -131,10 +154,10 @@ struct WgmmaGemm {
   // programmatic dependent launch of the last of them.
   static cudaError_t run(const WgmmaGemmArgs& g, cudaStream_t stream,
                          const std::function<cudaError_t()>& prepare, TileOrder order = {}) {
-    const auto args = arguments(g.m, g.n, g.k, g.a, g.b, g.d, g.alpha, g.bias, order);
+    const auto args = arguments(g.m, g.n, g.k, g.a, g.b, g.d, g.alpha, g.bias, sm_count(), order);
     if (!Kernel::can_implement(args)) return cudaErrorInvalidValue;
     if (Kernel::initialize_workspace(args, g.workspace, stream) != cutlass::Status::kSuccess) {
-      return cudaErrorLaunchFailure;
+      return library_failure();
     }
     if (prepare) {
       if (const cudaError_t err = prepare(); err != cudaSuccess) return err;
@@ -151,7 +174,7 @@ struct WgmmaGemm {
     if (cutlass::ClusterLauncher::launch(Kernel::get_grid_shape(params), cluster, Kernel::get_block_shape(), kSmem,
                                          stream, kernel, kernel_params, /*launch_with_pdl=*/true) !=
         cutlass::Status::kSuccess) {
-      return cudaErrorLaunchFailure;
+      return library_failure();
     }
     return cudaGetLastError();
   }

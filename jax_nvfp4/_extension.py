@@ -123,7 +123,8 @@ def _query(target: str, what: str, operands, results, attrs):
 def workspace_bytes(target: str, operands, results, attrs=None) -> int | None:
     """Bytes of the workspace result that FFI target `target` takes as its last result, for a
     call with these operands, (other) results and integer attributes, lowered on the visible GPU;
-    enough on any GPU of its compute capability. None when the target takes no workspace."""
+    with the attributes settled (settled_attrs), enough on any GPU of its compute capability.
+    None when the target takes no workspace."""
     if _ext is None or target not in _WORKSPACE_TARGETS:
         return None
     return int(_ext.workspace_bytes(*_query(target, "sizing the workspace", operands, results, attrs)))

@@ -129,15 +129,17 @@ def _spec(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _gemm_query(cc, m, n, k, *, out=None, x_dtype=jnp.bfloat16, path=0):
+def _gemm_query(cc, m, n, k, *, out=None, x_dtype=jnp.bfloat16, path=0, activation="none"):
     """The arguments of the extension's lowering-time queries about a GEMM call."""
+    from jax_nvfp4.primitives.matmul import ACTIVATION_CODES
     f4, f8, f32 = jnp.float4_e2m1fn, jnp.float8_e4m3fn, jnp.float32
     operands = [_spec((m, k), x_dtype), _spec((0,), f8), _spec((), f32), _spec((n, k), f4),
                 _spec((1,), f8), _spec((), f32), _spec((0,), f32), _spec((0,) if out is None else (), f32)]
-    results = [_spec((m, n), jnp.bfloat16)] if out is None else out
+    results = [_spec((m, jn.format.output_columns(n, activation)), jnp.bfloat16)] if out is None else out
     target = "jax_nvfp4_gemm" if out is None else "jax_nvfp4_gemm_nvfp4_out"
     return (target, cc, [(o.shape, np.dtype(o.dtype).name) for o in operands],
-            [(r.shape, np.dtype(r.dtype).name) for r in results], {"path": path, "activation": 0})
+            [(r.shape, np.dtype(r.dtype).name) for r in results],
+            {"path": path, "activation": ACTIVATION_CODES[activation]})
 
 
 def _gemm_workspace(cc, m, n, k, **kwargs):
@@ -332,8 +334,15 @@ def test_an_auto_sm90_gemm_is_lowered_with_the_path_it_picks(mnk, path):
     device = jax.devices()[0]
     if device.platform == "gpu" and device.core_count != 132:
         pytest.skip(f"the cases are for 132 SMs; this GPU has {device.core_count}")
-    query = _gemm_query(90, *mnk)
-    assert _extension._ext.settled_attrs(*query) == {"path": _PATHS[path]}
+    m, n, k = mnk
+    nvfp4_out = [_spec((m, n), jnp.float4_e2m1fn), _spec(jn.format.tiled_scales_shape((m, n)), jnp.float8_e4m3fn),
+                 _spec((), jnp.float32)]
+    for kwargs in ({}, {"activation": "swiglu"}, {"out": nvfp4_out}, {"x_dtype": jnp.float32}):
+        settled = _extension._ext.settled_attrs(*_gemm_query(90, m, n, k, **kwargs))
+        # (a float32 x is staged as a bf16 pair, which moves the bounds: the cases are bf16's)
+        assert settled == {"path": _PATHS[path]} or "x_dtype" in kwargs and settled["path"] > 0, kwargs
+        # ... with the workspace the auto path takes here
+        assert _gemm_workspace(90, m, n, k, path=settled["path"], **kwargs) == _gemm_workspace(90, m, n, k, **kwargs)
     forced = _gemm_query(90, *mnk, path=_PATHS["prefill_cutlass"])
     assert _extension._ext.settled_attrs(*forced) == {}  # a forced path stays
     assert _extension._ext.settled_attrs(*_gemm_query(100, *mnk)) == {}  # sm_100a: one kernel family
@@ -343,10 +352,28 @@ def test_an_auto_sm90_gemm_is_lowered_with_the_path_it_picks(mnk, path):
 @_built("gemm_sm90_path")
 def test_the_sm90_prefill_workspace_holds_cutlass_stream_k_on_any_hopper():
     """CUTLASS's stream-K scratch depends on the SM count: for 2048 x 4096 x 4096 it takes none on
-    132 SMs and 18.6 MB on an H100 PCIe's 114 (CUTLASS 4.2). The workspace holds the most any
-    Hopper needs, on top of the bf16 weights (cuBLASLt's 32 MiB, where it is built, hold it too)."""
-    ws = _gemm_workspace(90, 2048, 4096, 4096, path=2)
-    assert ws >= 4096 * 4096 * 2 + 18_613_376
+    132 SMs and 18.6 MB on an H100 PCIe's 114 (CUTLASS 4.2). The workspace of the prefill path
+    forced to CUTLASS (no cuBLASLt scratch) holds the most any Hopper needs after the bf16 weights."""
+    weights = 4096 * 4096 * 2
+    ws = _gemm_workspace(90, 2048, 4096, 4096, path=5)
+    assert weights + 18_613_376 <= ws < weights + 32 * 2**20
+
+
+@needs_extension
+@_built("gemm_sm90_path")
+def test_the_sm90_prefill_workspace_holds_cublaslt_scratch_only_where_it_may_run():
+    """cuBLASLt takes no f16 output, no odd N and no bias of another type than a bf16 output's."""
+    if _extension.cublaslt_gemm_calls() is None:
+        pytest.skip("built without cuBLASLt's header")
+    lt = 32 * 2**20
+    weights = 4096 * 4096 * 2
+    assert _gemm_workspace(90, 8192, 4096, 4096) >= weights + lt
+    assert _gemm_workspace(90, 8192, 4096, 4096, path=5) < weights + lt  # forced to CUTLASS
+    query = list(_gemm_query(90, 8192, 4096, 4096))
+    query[3] = [((8192, 4096), "float16")]
+    assert _extension._ext.workspace_bytes(*query) < weights + lt
+    odd = 4095
+    assert _gemm_workspace(90, 8192, odd, 4096) < odd * 4096 * 2 + 8192 * 4096 * 2 + lt
 
 
 # 3x3 'SAME' convs, (n, hw, c, k, stride) -> conv_sm90's choice on an H100 (132 SMs, 227 KB), one
@@ -460,6 +487,7 @@ def test_the_lowered_gemm_call_carries_its_workspace_as_a_result(monkeypatch):
 
 
 @needs_extension
+@_built("gemm_sm90_path")
 @pytest.mark.parametrize("forced, code", [("", 1), ("fused", 3)])
 def test_the_lowered_gemm_call_carries_the_settled_or_forced_path(monkeypatch, forced, code):
     monkeypatch.setattr(_extension, "kernel_available", lambda name: True)

@@ -6,9 +6,11 @@
 
 namespace jax_nvfp4 {
 
-// The launch's own error where CUDA recorded one (taking it, as cudaGetLastError does), else
-// cudaErrorUnknown. Not cudaErrorLaunchFailure: its text reads as the fault of a kernel that ran,
-// which would leave the context unusable; a refused launch does not.
+// The error CUDA still holds (taking it, as cudaGetLastError does): a sticky fault, or a launch
+// error the library did not take itself (CUTLASS's cluster launcher leaves it; its GEMM adapter
+// and workspace set-up take theirs), else cudaErrorUnknown. Not cudaErrorLaunchFailure: its text
+// reads as the fault of a kernel that ran, which leaves the context unusable; a refused launch
+// does not.
 inline cudaError_t library_failure() {
   const cudaError_t err = cudaGetLastError();
   return err != cudaSuccess ? err : cudaErrorUnknown;

@@ -13,7 +13,8 @@
 // then the workspace (uint8, common/workspace_registry.h). C = N, or N / 2 with a gated
 // activation (N even).
 // Attributes: path (GemmPath: 0 the launcher's choice, 1 decode, 2 prefill, 3 fused, 4 fused_ws,
-// 5 prefill_cutlass, 6 fused_ws_wide) and activation (Activation: 0 none, 1 relu, 2 gelu, 3 silu,
+// 5 prefill_cutlass, 6 fused_ws_wide; on sm_90a a call is lowered with the choice settled,
+// gemm_call_settled_attrs) and activation (Activation: 0 none, 1 relu, 2 gelu, 3 silu,
 // 4 swiglu, 5 geglu).
 //
 // "jax_nvfp4_gemm_stacked" and "jax_nvfp4_gemm_nvfp4_out_stacked" (stacked_matmul_p: vmap over a

@@ -70,10 +70,9 @@ def ffi_kernel_call(target, result_types, *operands, workspace=None, **attrs):
     the extension for these shapes and the visible GPU (unless the caller knows it: `workspace`
     bytes), and dropped from what this returns. Attributes whose choice depends on the GPU beyond
     its compute capability are settled first (_extension.settled_attrs)."""
-    nbytes = workspace
-    if nbytes is None:
-        attrs = _extension.settled_attrs(target, operands, result_types, attrs)
-        nbytes = _extension.workspace_bytes(target, operands, result_types, attrs)
+    attrs = _extension.settled_attrs(target, operands, result_types, attrs)
+    nbytes = workspace if workspace is not None else _extension.workspace_bytes(
+        target, operands, result_types, attrs)
     types = list(result_types)
     if nbytes is not None:
         types.append(jax.ShapeDtypeStruct((nbytes,), jnp.uint8))

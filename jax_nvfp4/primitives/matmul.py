@@ -16,7 +16,8 @@ FFI targets (cuda/gemm/): "jax_nvfp4_gemm" (float output) and "jax_nvfp4_gemm_nv
 output) both take 8 operands in this order, absent ones as placeholders:
     a, a_scales (e4m3; f8[0] for W4A16), a_s_dec (f32 scalar; 1.0 for W4A16),
     b_codes, b_scales, b_s_dec, bias (f32[0] if none), out_s_enc (f32[0] if float output)
-The kernel tells W4A16 from W4A4 by a's element type. Attributes: path (forced_path) and
+The kernel tells W4A16 from W4A4 by a's element type. Attributes: path (forced_path; on sm_90a an
+auto path is lowered as the kernel it picks on the lowering GPU, _extension.settled_attrs) and
 activation (ACTIVATION_CODES).
 
 stacked_matmul_p (vmap with the weight batched) takes the same operands and parameters plus

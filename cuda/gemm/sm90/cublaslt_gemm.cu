@@ -13,8 +13,6 @@
 #include <tuple>
 #include <vector>
 
-#include "common/library_failure.h"
-
 namespace jax_nvfp4 {
 namespace sm90 {
 namespace {
@@ -230,13 +228,14 @@ cublasLtMatmulAlgo_t fastest(const Api& lt, cublasLtHandle_t h, const Descriptor
   return candidates[ok ? best : 0];
 }
 
-// The CUDA error that says why cublasLtMatmul refused the GEMM.
+// The CUDA error reported when cublasLtMatmul refuses the GEMM once its operands are prepared:
+// never cudaErrorNotSupported, which tells the caller that nothing was enqueued (it would prepare
+// them again for CUTLASS). cuBLASLt keeps its own CUDA runtime: cudaGetLastError holds nothing of it.
 cudaError_t cuda_error_of(cublasStatus_t status) {
   switch (status) {
-    case CUBLAS_STATUS_NOT_SUPPORTED: return cudaErrorNotSupported;
     case CUBLAS_STATUS_INVALID_VALUE: return cudaErrorInvalidValue;
     case CUBLAS_STATUS_ALLOC_FAILED: return cudaErrorMemoryAllocation;
-    default: return library_failure();
+    default: return cudaErrorUnknown;
   }
 }
 

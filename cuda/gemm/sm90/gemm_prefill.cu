@@ -165,11 +165,22 @@ struct Plan {
   int64_t k_gemm = 0;  // K, or 2K when x is split into bf16 hi + lo
   int copies = 1;
   bool convert_x = false, crop = false;
-  // off_gemm: the GEMM library's own workspace, sized for either library.
+  // off_gemm: the GEMM library's own workspace, sized for CUTLASS and for cuBLASLt where it may run.
   size_t off_w = 0, off_x = 0, off_scalars = 0, off_bias = 0, off_d = 0, off_gemm = 0, total = 0;
 };
 
-size_t gemm_workspace(DType out, int m, int n, int k) {
+// Whether cuBLASLt may take p's GEMM (where it is built): not when forced to CUTLASS, nor for an
+// f16 output (cuBLASLt has no bf16 x bf16 -> f16 GEMM), nor for output rows that are not 16-byte
+// aligned (`crop`: its heuristic offers no bf16 algorithm for an odd N; CUTLASS writes padded rows
+// and crops them), nor for a bf16 output with a bias of another type (cuBLASLt reads the bias in
+// the output's type; a float32 output takes the workspace's float32 bias). cublaslt_gemm itself
+// declines a problem it has no algorithm for.
+bool cublaslt_may_run(const GemmProblem& p, bool crop) {
+  if (p.path == GemmPath::kPrefillCutlass || p.out_dtype == DType::kF16 || crop) return false;
+  return p.bias == nullptr || p.out_dtype == DType::kF32 || p.bias_dtype == p.out_dtype;
+}
+
+size_t gemm_workspace(DType out, int m, int n, int k, bool cublaslt) {
   size_t bytes;
   switch (out) {
     case DType::kF32: bytes = wgmma_gemm_workspace_f32(m, n, k); break;
@@ -177,7 +188,9 @@ size_t gemm_workspace(DType out, int m, int n, int k) {
     default: bytes = wgmma_gemm_workspace_f16(m, n, k); break;
   }
 #ifdef JAX_NVFP4_HAS_CUBLASLT
-  if (bytes < kCublasLtWorkspaceBytes) bytes = kCublasLtWorkspaceBytes;
+  if (cublaslt && bytes < kCublasLtWorkspaceBytes) bytes = kCublasLtWorkspaceBytes;
+#else
+  (void)cublaslt;
 #endif
   return bytes;
 }
@@ -203,8 +216,8 @@ Plan make_plan(const GemmProblem& p) {
   plan.off_d = off;
   if (plan.crop) off = align_up(off + static_cast<size_t>(p.m * plan.n_pad) * dtype_bytes(p.out_dtype));
   plan.off_gemm = off;
-  off = align_up(off + gemm_workspace(p.out_dtype, static_cast<int>(p.m),
-                                         static_cast<int>(plan.n_pad), static_cast<int>(plan.k_gemm)));
+  off = align_up(off + gemm_workspace(p.out_dtype, static_cast<int>(p.m), static_cast<int>(plan.n_pad),
+                                      static_cast<int>(plan.k_gemm), cublaslt_may_run(p, plan.crop)));
   plan.total = off;
   return plan;
 }
@@ -237,24 +250,10 @@ cudaError_t prepare(const GemmProblem& p, const Plan& plan, uint8_t* ws, cudaStr
 }
 
 #ifdef JAX_NVFP4_HAS_CUBLASLT
-// Fills `g` with cuBLASLt's GEMM of `p` and says whether cuBLASLt may take it: not when forced to
-// CUTLASS, nor for an f16 output (cuBLASLt has no bf16 x bf16 -> f16 GEMM), nor for output rows
-// that are not 16-byte aligned (its heuristic offers no bf16 algorithm for an odd N; CUTLASS
-// writes padded rows and crops them), nor for a bf16 output with a bias of another type
-// (cuBLASLt reads the bias in the output's type; a float32 output takes the workspace's float32
-// bias). cublaslt_gemm itself declines a problem it has no algorithm for.
+// Fills `g` with cuBLASLt's GEMM of `p` and says whether cuBLASLt may take it (cublaslt_may_run).
 bool use_cublaslt(const GemmProblem& p, const Plan& plan, uint8_t* ws, CublasLtGemmArgs* g) {
-  if (p.path == GemmPath::kPrefillCutlass || p.out_dtype == DType::kF16 || plan.crop) return false;
-  const void* bias = nullptr;
-  if (p.bias) {
-    if (p.out_dtype == DType::kF32) {
-      bias = ws + plan.off_bias;
-    } else if (p.bias_dtype == p.out_dtype) {
-      bias = p.bias;
-    } else {
-      return false;
-    }
-  }
+  if (!cublaslt_may_run(p, plan.crop)) return false;
+  const void* bias = p.bias != nullptr && p.out_dtype == DType::kF32 ? ws + plan.off_bias : p.bias;
   *g = CublasLtGemmArgs{p.m, p.n, plan.k_gemm, plan.convert_x ? ws + plan.off_x : p.a, ws + plan.off_w,
                         p.out, p.out_dtype, reinterpret_cast<const float*>(ws + plan.off_scalars), bias,
                         ws + plan.off_gemm};

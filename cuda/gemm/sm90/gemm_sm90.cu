@@ -190,8 +190,7 @@ GemmPath gemm_sm90_settled_path(const GemmProblem& p) {
     case GemmSm90Path::kFused: return GemmPath::kFused;
     case GemmSm90Path::kFusedWs: return GemmPath::kFusedWs;
     case GemmSm90Path::kFusedWsWide: return GemmPath::kFusedWsWide;
-    case GemmSm90Path::kFusedWsNarrow: return GemmPath::kFusedWsNarrow;
-    default: return p.path == GemmPath::kPrefillCutlass ? GemmPath::kPrefillCutlass : GemmPath::kPrefill;
+    default: return GemmPath::kPrefill;  // (kFusedWsNarrow runs ragged GEMMs only)
   }
 }
 

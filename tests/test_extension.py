@@ -369,9 +369,12 @@ def test_the_sm90_prefill_workspace_holds_cublaslt_scratch_only_where_it_may_run
     weights = 4096 * 4096 * 2
     assert _gemm_workspace(90, 8192, 4096, 4096) >= weights + lt
     assert _gemm_workspace(90, 8192, 4096, 4096, path=5) < weights + lt  # forced to CUTLASS
-    query = list(_gemm_query(90, 8192, 4096, 4096))
-    query[3] = [((8192, 4096), "float16")]
-    assert _extension._ext.workspace_bytes(*query) < weights + lt
+    f16_out = list(_gemm_query(90, 8192, 4096, 4096))
+    f16_out[3] = [((8192, 4096), "float16")]
+    assert _extension._ext.workspace_bytes(*f16_out) < weights + lt
+    f32_bias = list(_gemm_query(90, 8192, 4096, 4096))  # with a bf16 output
+    f32_bias[2] = [*f32_bias[2][:6], ((4096,), "float32"), f32_bias[2][7]]
+    assert _extension._ext.workspace_bytes(*f32_bias) < weights + lt
     odd = 4095
     assert _gemm_workspace(90, 8192, odd, 4096) < odd * 4096 * 2 + 8192 * 4096 * 2 + lt
 

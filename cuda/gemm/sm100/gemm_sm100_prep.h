@@ -29,8 +29,8 @@ inline int current_sm_count() {
   return count;
 }
 
-// A bound on the SMs of an sm_100a GPU: a B200 enables 148 of the 160 its two dies hold. CUTLASS's
-// grouped GEMM takes 640 bytes of workspace an SM (host-side probe of CUTLASS 4.2).
+// A bound above the SMs of an sm_100a GPU (a B200 enables 148). CUTLASS's grouped GEMM takes 640
+// bytes of workspace an SM (host-side probe of CUTLASS 4.2).
 constexpr int kMaxSm100Sms = 160;
 
 enum class Elem : int { kU8 = 0, kF32 = 1, kBF16 = 2, kF16 = 3 };

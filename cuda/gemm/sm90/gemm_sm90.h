@@ -107,9 +107,8 @@ constexpr int64_t kGemmSm90Ragged256RowsPerGroup = 144;
 GemmSm90Path gemm_sm90_path(const GemmProblem& p);
 
 // The p.path that forces the kernel gemm_sm90_path picks for p (a dense GEMM with p.path kAuto).
-// The pick depends on the SM count,
-// so a call is lowered with it (gemm_ffi.cc): lowered on one Hopper and run on another, the call
-// runs the kernel its workspace was sized for.
+// The pick depends on the SM count, so a call is lowered with it (gemm_ffi.cc): lowered on one
+// Hopper and run on another, the call runs the kernel its workspace was sized for.
 GemmPath gemm_sm90_settled_path(const GemmProblem& p);
 
 // Device scratch gemm_sm90 needs for p (dequantized operands, the float32 result before NVFP4

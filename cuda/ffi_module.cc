@@ -53,6 +53,28 @@ std::vector<jax_nvfp4::ArgShape> arg_shapes(const std::vector<Shape>& shapes) {
   return out;
 }
 
+// What the lowering-time functions of a target see (common/workspace_registry.h).
+jax_nvfp4::WorkspaceQuery query(int compute_capability, const std::vector<Shape>& args,
+                                const std::vector<Shape>& rets, const std::map<std::string, int64_t>& attrs) {
+  return {compute_capability, arg_shapes(args), arg_shapes(rets), attrs};
+}
+
+// The targets a registry holds a function for.
+template <class Fn>
+std::vector<std::string> targets_of(const std::map<std::string, Fn>& fns) {
+  std::vector<std::string> names;
+  for (const auto& [name, fn] : fns) names.push_back(name);
+  return names;
+}
+
+// The function a registry holds for `target`; ValueError "<target><missing>" where it holds none.
+template <class Fn>
+Fn registered(const std::map<std::string, Fn>& fns, const std::string& target, const char* missing) {
+  const auto it = fns.find(target);
+  if (it == fns.end()) throw std::invalid_argument("jax_nvfp4: " + target + missing);
+  return it->second;
+}
+
 #ifdef JAX_NVFP4_HAS_CONV_SM90
 // A conv problem with bf16 activations and output and unit dilation, for the host-side queries
 // of the sm_90a launcher (no operand is set).
@@ -190,38 +212,26 @@ NB_MODULE(_nvfp4_cuda, m) {
       nb::arg("target"),
       "How many times the handler of FFI target `target` has run on the host (a call replayed "
       "from a CUDA graph does not run it).");
-  m.def("workspace_targets", []() {
-    std::vector<std::string> names;
-    for (const auto& [name, fn] : jax_nvfp4::workspace_functions()) names.push_back(name);
-    return names;
-  });
+  m.def("workspace_targets", []() { return targets_of(jax_nvfp4::workspace_functions()); });
   m.def(
       "workspace_bytes",
       [](const std::string& target, int compute_capability, const std::vector<Shape>& args,
          const std::vector<Shape>& rets, const std::map<std::string, int64_t>& attrs) -> size_t {
-        const auto& fns = jax_nvfp4::workspace_functions();
-        const auto it = fns.find(target);
-        if (it == fns.end()) throw std::invalid_argument("jax_nvfp4: " + target + " takes no workspace");
-        return it->second({compute_capability, arg_shapes(args), arg_shapes(rets), attrs});
+        return registered(jax_nvfp4::workspace_functions(), target, " takes no workspace")(
+            query(compute_capability, args, rets, attrs));
       },
       nb::arg("target"), nb::arg("compute_capability"), nb::arg("args"), nb::arg("rets"),
       nb::arg("attrs") = std::map<std::string, int64_t>{},
       "Bytes of the workspace result of a call to FFI target `target` on a GPU of compute "
       "capability `compute_capability` (major*10+minor), given the (dims, dtype name) of its "
       "operands and other results and its integer attributes.");
-  m.def("settled_targets", []() {
-    std::vector<std::string> names;
-    for (const auto& [name, fn] : jax_nvfp4::settle_functions()) names.push_back(name);
-    return names;
-  });
+  m.def("settled_targets", []() { return targets_of(jax_nvfp4::settle_functions()); });
   m.def(
       "settled_attrs",
       [](const std::string& target, int compute_capability, const std::vector<Shape>& args,
          const std::vector<Shape>& rets, const std::map<std::string, int64_t>& attrs) {
-        const auto& fns = jax_nvfp4::settle_functions();
-        const auto it = fns.find(target);
-        if (it == fns.end()) throw std::invalid_argument("jax_nvfp4: " + target + " settles no attributes");
-        return it->second({compute_capability, arg_shapes(args), arg_shapes(rets), attrs});
+        return registered(jax_nvfp4::settle_functions(), target, " settles no attributes")(
+            query(compute_capability, args, rets, attrs));
       },
       nb::arg("target"), nb::arg("compute_capability"), nb::arg("args"), nb::arg("rets"),
       nb::arg("attrs") = std::map<std::string, int64_t>{},

@@ -1035,7 +1035,9 @@ def test_ragged_matmul_gathers_split_rows_of_x_not_the_weights(mesh, ragged_oper
     got = np.asarray(f(*args))
     assert np.linalg.norm(got - want) <= 1e-6 * np.linalg.norm(want)
     gathers = re.findall(r"all-gather[^\n]*", hlo(f, *args))
-    assert gathers and not [g for g in gathers if "f4e2m1fn" in g or "f8e4m3fn" in g], gathers
+    assert not [g for g in gathers if "f4e2m1fn" in g or "f8e4m3fn" in g], gathers
+    if mesh.shape["x"] > 1:  # on a 1 x n mesh (2 GPUs) x's rows are not split: nothing to gather
+        assert gathers
 
 
 @multidevice

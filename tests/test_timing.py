@@ -6,7 +6,7 @@ import time
 import jax.numpy as jnp
 import pytest
 
-from jax_nvfp4.timing import LoopTimer, interleaved_times, loop_time
+from jax_nvfp4.timing import ATTEMPTS, LoopTimer, interleaved_times, loop_time
 
 
 @pytest.mark.parametrize("rotate,chain", [(True, 1), (False, 3)])
@@ -49,3 +49,26 @@ def test_loop_timer_runs_the_loop_untimed_for_warm_s_first(warm_s):
     assert time.perf_counter() - t0 >= warm_s
     assert runs[-2:] == ["n", "2n"] and runs[:-2] == ["n"] * (len(runs) - 2)
     assert (len(runs) > 2) == (warm_s > 0)
+
+
+def _stalled_runs(timer, stalls):
+    """timer's two runs, each first sleeping the next of `stalls` seconds (a stalled host)."""
+    stalls = iter(stalls)
+    short, long = timer._runs
+    stall = lambda run: lambda s: time.sleep(next(stalls)) or run(s)  # noqa: E731
+    return stall(short), stall(long)
+
+
+def test_loop_timer_times_again_a_pair_that_a_stalled_host_spoiled():
+    """A stall in the n-run (as long as the whole 2n-run) would make the difference negative:
+    that pair is timed again."""
+    timer = LoopTimer(lambda a: a @ a, (jnp.ones((64, 64), jnp.float32),), rotate=False)
+    timer._runs = _stalled_runs(timer, [0.5, 0.0, 0.0, 0.0])
+    assert 0.0 < timer(0.0) < 0.1
+
+
+def test_loop_timer_gives_up_when_every_pair_is_spoiled():
+    timer = LoopTimer(lambda a: a @ a, (jnp.ones((64, 64), jnp.float32),), rotate=False)
+    timer._runs = _stalled_runs(timer, [0.5, 0.0] * ATTEMPTS)
+    with pytest.raises(RuntimeError, match=f"no longer than .* in {ATTEMPTS} tries"):
+        timer(0.0)

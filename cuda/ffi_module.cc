@@ -102,8 +102,11 @@ jax_nvfp4::ConvProblem bf16_conv_problem(int64_t n, int64_t h, int64_t w, int64_
 NB_MODULE(_nvfp4_cuda, m) {
   m.def("targets", []() {
     nb::dict out;
-    for (const auto& [name, handler] : jax_nvfp4::ffi_targets()) {
-      out[name.c_str()] = nb::capsule(reinterpret_cast<void*>(handler));
+    for (const auto& [name, stages] : jax_nvfp4::ffi_targets()) {
+      nb::dict bundle;
+      bundle["execute"] = nb::capsule(reinterpret_cast<void*>(stages.execute));
+      bundle["initialize"] = nb::capsule(reinterpret_cast<void*>(stages.initialize));
+      out[name.c_str()] = bundle;
     }
     return out;
   });

@@ -31,11 +31,14 @@ def _graph_safe_traits() -> dict:
 
 
 def _register_targets() -> dict:
+    """Registers each target's execute handler and its initialize stage, which loads the call's
+    kernels before XLA launches the program (cuda/common/initialize_stage.h: a kernel loaded
+    lazily at its first launch can deadlock a multi-GPU program)."""
     if _ext is None:
         return {}
     targets = dict(_ext.targets())
-    for name, capsule in targets.items():
-        jax.ffi.register_ffi_target(name, capsule, platform="CUDA", **_graph_safe_traits())
+    for name, stages in targets.items():
+        jax.ffi.register_ffi_target(name, dict(stages), platform="CUDA", **_graph_safe_traits())
     return targets
 
 

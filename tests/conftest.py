@@ -159,13 +159,14 @@ def _cuda_includes():
 
 @pytest.fixture(scope="session")
 def host_program(tmp_path_factory):
-    """host_program(source, *, cutlass=False, args=()) compiles a host C++17 program with
-    cuda/ (and the CUTLASS headers) on the include path, runs it and returns its stdout."""
+    """host_program(source, *, cutlass=False, ffi=False, args=()) compiles a host C++17 program
+    with cuda/ (and the CUTLASS headers, XLA's FFI headers) on the include path, runs it and
+    returns its stdout."""
     build = tmp_path_factory.mktemp("host_cxx")
     cxx = shutil.which("g++") or shutil.which("c++")
     cache = {}
 
-    def run(source, *, cutlass=False, args=()):
+    def run(source, *, cutlass=False, ffi=False, args=()):
         if cxx is None:
             _missing("no host C++ compiler")
         source = Path(source)
@@ -177,6 +178,10 @@ def host_program(tmp_path_factory):
                     _missing("CUTLASS headers not installed (pip install nvidia-cutlass)")
                 includes += ["-isystem", str(inc)]
                 includes += [f"-isystem{d}" for d in _cuda_includes()]
+            if ffi:
+                import jax.ffi
+
+                includes += ["-isystem", jax.ffi.include_dir()]
             exe = build / source.stem
             subprocess.run([cxx, "-std=c++17", "-O1", *includes, str(source), "-o", str(exe)],
                            check=True, capture_output=True, text=True)

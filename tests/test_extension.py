@@ -3,6 +3,7 @@ XLA reference with a warning. Lowered for the 'cuda' platform with jax.export, s
 
 import types
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,8 @@ import pytest
 
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
+
+CALL_KEY = Path(__file__).resolve().parent / "host" / "call_key.cc"
 
 
 @pytest.mark.parametrize("cc,arch", [("9.0", "sm_90a"), ("10.0", "sm_100a"), ("10.3", None),
@@ -445,6 +448,24 @@ def test_targets_without_workspace_are_not_sized():
     assert set(_extension._ext.workspace_targets()) == sized & set(_extension.ffi_targets())
     with pytest.raises(ValueError, match="takes no workspace"):
         _extension._ext.workspace_bytes("jax_nvfp4_conv", 90, [], [])
+
+
+@needs_extension
+def test_every_target_registers_its_initialize_stage():
+    """Each target hands XLA an execute handler and an initialize one, which loads the call's
+    kernels before the program launches (cuda/common/initialize_stage.h)."""
+    stages = _extension._ext.targets()
+    assert set(stages) == set(_extension.ffi_targets())
+    assert all(set(bundle) == {"execute", "initialize"} for bundle in stages.values()), stages
+
+
+def test_initialize_stage_warms_a_call_up_once_per_kernel_choice(host_program):
+    """The warm-up runs once per key (cuda/common/call_key.h): the key changes with the device,
+    an operand's dtype, shape or address alignment, and any attribute's name or value; it stays
+    for other addresses of the same alignment."""
+    got = dict(line.split() for line in host_program(CALL_KEY, ffi=True).splitlines())
+    assert got.pop("unchanged") == "same" and got.pop("other_addresses_same_alignment") == "same"
+    assert len(got) == 11 and set(got.values()) == {"differs"}, got
 
 
 @needs_extension

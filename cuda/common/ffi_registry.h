@@ -1,5 +1,6 @@
 // Each op's FFI handlers register themselves here at load time; ffi_module.cc hands the
-// whole table to Python as capsules. Adding an op means adding files, not editing a list.
+// whole table to Python as capsules, an execute and an initialize handler a target
+// (initialize_stage.h). Adding an op means adding files, not editing a list.
 #pragma once
 
 #include <atomic>
@@ -9,18 +10,25 @@
 #include <mutex>
 #include <string>
 
+#include "common/initialize_stage.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace jax_nvfp4 {
 
-inline std::map<std::string, XLA_FFI_Handler*>& ffi_targets() {
-  static std::map<std::string, XLA_FFI_Handler*> targets;
+struct FfiStages {
+  XLA_FFI_Handler* execute;
+  XLA_FFI_Handler* initialize;
+};
+
+inline std::map<std::string, FfiStages>& ffi_targets() {
+  static std::map<std::string, FfiStages> targets;
   return targets;
 }
 
-// How many times each handler has run on the host. XLA runs a handler once when it records the
-// call into a CUDA graph (command buffer) and not when it replays the graph, so tests read these
-// to see that a loop of calls was captured.
+// How many times each handler has run on the host for its execute stage. XLA runs a handler once
+// when it records the call into a CUDA graph (command buffer) and not when it replays the graph,
+// so tests read these to see that a loop of calls was captured. The initialize stage's warm-up
+// run is not counted.
 inline std::atomic<uint64_t>& host_calls(const std::string& target) {
   static std::mutex mu;
   static std::map<std::string, std::unique_ptr<std::atomic<uint64_t>>> counts;
@@ -31,18 +39,20 @@ inline std::atomic<uint64_t>& host_calls(const std::string& target) {
 }
 
 // Counts one host execution of handler `target` (a string literal).
-#define JAX_NVFP4_COUNT_HOST_CALL(target)                                   \
-  do {                                                                      \
-    static std::atomic<uint64_t>& calls_ = ::jax_nvfp4::host_calls(target); \
-    calls_.fetch_add(1, std::memory_order_relaxed);                         \
+#define JAX_NVFP4_COUNT_HOST_CALL(target)                                           \
+  do {                                                                              \
+    static std::atomic<uint64_t>& calls_ = ::jax_nvfp4::host_calls(target);         \
+    if (!::jax_nvfp4::warming_up()) calls_.fetch_add(1, std::memory_order_relaxed); \
   } while (0)
 
 struct FfiTargetRegistration {
-  FfiTargetRegistration(const char* name, XLA_FFI_Handler* handler) { ffi_targets()[name] = handler; }
+  FfiTargetRegistration(const char* name, FfiStages stages) { ffi_targets()[name] = stages; }
 };
 
 }  // namespace jax_nvfp4
 
-// Registers `handler` (a symbol made with XLA_FFI_DEFINE_HANDLER_SYMBOL) as FFI target `name`.
-#define JAX_NVFP4_REGISTER_FFI_TARGET(name, handler) \
-  static ::jax_nvfp4::FfiTargetRegistration handler##_registration{name, handler}
+// Registers `handler` (a symbol made with XLA_FFI_DEFINE_HANDLER_SYMBOL) as FFI target `name`,
+// with its warm-up as the initialize stage.
+#define JAX_NVFP4_REGISTER_FFI_TARGET(name, handler)                \
+  static ::jax_nvfp4::FfiTargetRegistration handler##_registration{ \
+      name, {handler, &::jax_nvfp4::initialize_handler<handler>}}

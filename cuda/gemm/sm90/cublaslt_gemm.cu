@@ -13,6 +13,8 @@
 #include <tuple>
 #include <vector>
 
+#include "common/initialize_stage.h"
+
 namespace jax_nvfp4 {
 namespace sm90 {
 namespace {
@@ -239,6 +241,18 @@ cudaError_t cuda_error_of(cublasStatus_t status) {
   }
 }
 
+// The initialize stage's warm-up capture (common/initialize_stage.h): every candidate recorded,
+// so each one's kernels are loaded before the execute stage times them; none is settled on.
+cudaError_t record_candidates(const Api& lt, cublasLtHandle_t h, const Descriptors& desc, const CublasLtGemmArgs& g,
+                              const std::vector<cublasLtMatmulAlgo_t>& candidates, cudaStream_t stream) {
+  for (const cublasLtMatmulAlgo_t& algo : candidates) {
+    if (const cublasStatus_t status = run_algo(lt, h, desc, g, algo, stream); status != CUBLAS_STATUS_SUCCESS) {
+      return cuda_error_of(status);
+    }
+  }
+  return cudaSuccess;
+}
+
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   return cudaStreamIsCapturing(stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone;
@@ -262,6 +276,7 @@ cudaError_t cublaslt_gemm(const CublasLtGemmArgs& g, cudaStream_t stream,
     Choice& c = choice_locked(*lt, h, device, g);
     if (c.candidates.empty()) return cudaErrorNotSupported;
     if (const cudaError_t err = prepare(); err != cudaSuccess) return err;
+    if (warming_up()) return record_candidates(*lt, h, desc, g, c.candidates, stream);
     if (!c.settled) {
       // Timing needs a host wait, which a stream being recorded into a CUDA graph cannot have:
       // a problem first met there keeps the heuristic's first choice.

@@ -37,12 +37,13 @@ struct CublasLtGemmArgs {
 // Enqueues `prepare` (the kernel that writes A, B, the scalars and the bias), then the GEMM, on
 // `stream`. Where cuBLASLt cannot run `g` on the current device (the library not opened, no
 // algorithm; both looked up once and cached) it enqueues nothing and returns
-// cudaErrorNotSupported, so the caller can run another GEMM.
+// cudaErrorNotSupported, so the caller can run another GEMM. In the initialize stage's warm-up
+// capture (common/initialize_stage.h) it records every candidate algorithm after `prepare`.
 cudaError_t cublaslt_gemm(const CublasLtGemmArgs& g, cudaStream_t stream,
                           const std::function<cudaError_t()>& prepare);
 
-// Prefill GEMMs enqueued through cuBLASLt since the process started (tests check that the path
-// they force runs the backend they mean).
+// Prefill GEMMs enqueued through cuBLASLt since the process started, warm-up captures not counted
+// (tests check that the path they force runs the backend they mean).
 int64_t cublaslt_gemm_calls();
 
 }  // namespace sm90

@@ -1,0 +1,109 @@
+// What decides which kernels an FFI call launches, as a byte string: the device, each operand's
+// and result's dtype, shape and address modulo 256 (paths and vector widths depend on alignment),
+// and every attribute's name and value. Two calls with equal keys launch the same kernels, so
+// the initialize stage (initialize_stage.h) loads them once per key. Host code only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "xla/ffi/api/c_api.h"
+
+namespace jax_nvfp4 {
+namespace call_key_detail {
+
+// Bytes of one element of an attribute's dtype; 0 for a dtype no attribute of ours has (its value
+// then stays out of the key, its dtype in).
+inline size_t attr_element_bytes(XLA_FFI_DataType dtype) {
+  switch (dtype) {
+    case XLA_FFI_DataType_PRED:
+    case XLA_FFI_DataType_S8:
+    case XLA_FFI_DataType_U8: return 1;
+    case XLA_FFI_DataType_S16:
+    case XLA_FFI_DataType_U16:
+    case XLA_FFI_DataType_F16:
+    case XLA_FFI_DataType_BF16: return 2;
+    case XLA_FFI_DataType_S32:
+    case XLA_FFI_DataType_U32:
+    case XLA_FFI_DataType_F32: return 4;
+    case XLA_FFI_DataType_S64:
+    case XLA_FFI_DataType_U64:
+    case XLA_FFI_DataType_F64: return 8;
+    default: return 0;
+  }
+}
+
+template <typename T>
+void put(std::string& key, const T& value) {
+  key.append(reinterpret_cast<const char*>(&value), sizeof(value));
+}
+
+inline void put_bytes(std::string& key, const void* data, size_t n) {
+  put(key, n);
+  if (n) key.append(static_cast<const char*>(data), n);
+}
+
+inline void put_buffer(std::string& key, const XLA_FFI_Buffer& b) {
+  put(key, b.dtype);
+  put(key, b.rank);
+  put_bytes(key, b.dims, static_cast<size_t>(b.rank) * sizeof(int64_t));
+  put(key, reinterpret_cast<uintptr_t>(b.data) % 256);
+}
+
+inline void put_attrs(std::string& key, const XLA_FFI_Attrs& attrs) {
+  put(key, attrs.size);
+  for (int64_t i = 0; i < attrs.size; ++i) {
+    put_bytes(key, attrs.names[i]->ptr, attrs.names[i]->len);
+    put(key, attrs.types[i]);
+    switch (attrs.types[i]) {
+      case XLA_FFI_AttrType_SCALAR: {
+        const auto* s = static_cast<const XLA_FFI_Scalar*>(attrs.attrs[i]);
+        put(key, s->dtype);
+        put_bytes(key, s->value, attr_element_bytes(s->dtype));
+        break;
+      }
+      case XLA_FFI_AttrType_ARRAY: {
+        const auto* a = static_cast<const XLA_FFI_Array*>(attrs.attrs[i]);
+        put(key, a->dtype);
+        put(key, a->size);
+        put_bytes(key, a->data, a->size * attr_element_bytes(a->dtype));
+        break;
+      }
+      case XLA_FFI_AttrType_STRING: {
+        const auto* s = static_cast<const XLA_FFI_ByteSpan*>(attrs.attrs[i]);
+        put_bytes(key, s->ptr, s->len);
+        break;
+      }
+      case XLA_FFI_AttrType_DICTIONARY:
+        put_attrs(key, *static_cast<const XLA_FFI_Attrs*>(attrs.attrs[i]));
+        break;
+    }
+  }
+}
+
+}  // namespace call_key_detail
+
+inline std::string call_key(int device, const XLA_FFI_CallFrame& frame) {
+  using namespace call_key_detail;
+  std::string key;
+  put(key, device);
+  put(key, frame.args.size);
+  for (int64_t i = 0; i < frame.args.size; ++i) {
+    put(key, frame.args.types[i]);
+    if (frame.args.types[i] == XLA_FFI_ArgType_BUFFER) {
+      put_buffer(key, *static_cast<const XLA_FFI_Buffer*>(frame.args.args[i]));
+    }
+  }
+  put(key, frame.rets.size);
+  for (int64_t i = 0; i < frame.rets.size; ++i) {
+    put(key, frame.rets.types[i]);
+    if (frame.rets.types[i] == XLA_FFI_RetType_BUFFER) {
+      put_buffer(key, *static_cast<const XLA_FFI_Buffer*>(frame.rets.rets[i]));
+    }
+  }
+  put_attrs(key, frame.attrs);
+  return key;
+}
+
+}  // namespace jax_nvfp4

@@ -159,16 +159,16 @@ def _cuda_includes():
 
 @pytest.fixture(scope="session")
 def host_program(tmp_path_factory):
-    """host_program(source, *, cutlass=False, ffi=False, args=()) compiles a host C++17 program
-    with cuda/ (and the CUTLASS headers, XLA's FFI headers) on the include path, runs it and
-    returns its stdout."""
+    """host_program(source, *, cutlass=False, ffi=False, cudart=False, args=()) compiles a host
+    C++17 program with cuda/ (and the CUTLASS headers, XLA's FFI headers) on the include path,
+    runs it and returns its stdout. With cudart, nvcc compiles it and links the CUDA runtime."""
     build = tmp_path_factory.mktemp("host_cxx")
-    cxx = shutil.which("g++") or shutil.which("c++")
     cache = {}
 
-    def run(source, *, cutlass=False, ffi=False, args=()):
+    def run(source, *, cutlass=False, ffi=False, cudart=False, args=()):
+        cxx = shutil.which("nvcc") if cudart else shutil.which("g++") or shutil.which("c++")
         if cxx is None:
-            _missing("no host C++ compiler")
+            _missing("no nvcc on PATH" if cudart else "no host C++ compiler")
         source = Path(source)
         if source not in cache:
             includes = ["-I", str(CUDA_SRC)]

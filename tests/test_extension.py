@@ -13,7 +13,7 @@ import pytest
 import jax_nvfp4 as jn
 from jax_nvfp4 import _extension
 
-CALL_KEY = Path(__file__).resolve().parent / "host" / "call_key.cc"
+HOST = Path(__file__).resolve().parent / "host"
 
 
 @pytest.mark.parametrize("cc,arch", [("9.0", "sm_90a"), ("10.0", "sm_100a"), ("10.3", None),
@@ -463,9 +463,26 @@ def test_initialize_stage_warms_a_call_up_once_per_kernel_choice(host_program):
     """The warm-up runs once per key (cuda/common/call_key.h): the key changes with the device,
     an operand's dtype, shape or address alignment, and any attribute's name or value; it stays
     for other addresses of the same alignment."""
-    got = dict(line.split() for line in host_program(CALL_KEY, ffi=True).splitlines())
+    got = dict(line.split() for line in host_program(HOST / "call_key.cc", ffi=True).splitlines())
     assert got.pop("unchanged") == "same" and got.pop("other_addresses_same_alignment") == "same"
     assert len(got) == 11 and set(got.values()) == {"differs"}, got
+
+
+def test_initialize_stage_runs_the_handler_captured_once_per_key(host_program):
+    """initialize_handler around a stub execute handler: metadata queries reach the stub, other
+    stages do nothing; on a GPU the first initialize of a key runs the stub as the execute stage,
+    flagged as a warm-up, inside a capture that is ended after, and a key seen before does not run
+    it again. Without a GPU nothing runs."""
+    lines = host_program(HOST / "initialize_stage.cc", ffi=True, cudart=True).splitlines()
+    got = dict(line.split(" ", 1) for line in lines)
+    assert got.pop("metadata") == "ok [metadata]"
+    assert got.pop("execute_stage") == "ok -"
+    if "no_device" in got:
+        assert got == {"no_device": "ok -"}
+        return
+    captured = "ok [3 warm capturing]"
+    assert got == {"first_initialize": captured, "same_call_again": "ok -", "other_shape": captured,
+                   "other_alignment": captured, "stream_left_capturing": "no"}
 
 
 @needs_extension

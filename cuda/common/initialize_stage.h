@@ -14,10 +14,10 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstring>
 #include <mutex>
-#include <set>
-#include <string>
+#include <unordered_set>
 
 #include "common/call_key.h"
 #include "xla/ffi/api/c_api.h"
@@ -93,12 +93,12 @@ XLA_FFI_Error* initialize_handler(XLA_FFI_CallFrame* frame) {
     return nullptr;
   }
   static std::mutex mutex;
-  static std::set<std::string> warmed;
-  std::string key = call_key(device, *frame);
+  static std::unordered_set<uint64_t> warmed;
+  const uint64_t key = call_key(device, *frame);
   std::lock_guard<std::mutex> lock(mutex);
   if (warmed.count(key)) return nullptr;
   const cudaStream_t stream = initialize_detail::stream_of(*frame);
-  if (stream && initialize_detail::capture_once(kExecute, *frame, stream)) warmed.insert(std::move(key));
+  if (stream && initialize_detail::capture_once(kExecute, *frame, stream)) warmed.insert(key);
   return nullptr;
 }
 

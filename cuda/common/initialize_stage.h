@@ -56,14 +56,14 @@ inline cudaStream_t stream_of(const XLA_FFI_CallFrame& frame) {
 }
 
 // Runs `execute` on a copy of the frame marked as the execute stage, captured on the call's
-// stream and discarded. True when the capture held: the kernels are loaded. Never leaves the
-// stream capturing, and clears any error the capture left, so the real launch reports its own.
-inline bool capture_once(XLA_FFI_Handler* execute, const XLA_FFI_CallFrame& frame, cudaStream_t stream) {
+// stream and discarded. Never leaves the stream capturing, and clears any error the capture
+// left, so the real launch reports its own.
+inline void capture_once(XLA_FFI_Handler* execute, const XLA_FFI_CallFrame& frame, cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone ||
       cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
     cudaGetLastError();
-    return false;  // already being recorded (that loads the kernels too), or not capturable
+    return;  // already being recorded (that loads the kernels too), or not capturable
   }
   XLA_FFI_CallFrame as_execute = frame;
   as_execute.stage = XLA_FFI_ExecutionStage_EXECUTE;
@@ -71,18 +71,19 @@ inline bool capture_once(XLA_FFI_Handler* execute, const XLA_FFI_CallFrame& fram
   XLA_FFI_Error* error = execute(&as_execute);
   warming_up() = false;
   cudaGraph_t graph = nullptr;
-  const bool captured = cudaStreamEndCapture(stream, &graph) == cudaSuccess && !error;
+  cudaStreamEndCapture(stream, &graph);
   if (graph) cudaGraphDestroy(graph);
   cudaGetLastError();
   // A handler that fails here fails again when it executes, and reports it there.
   destroy(frame.api, error);
-  return captured;
 }
 
 }  // namespace initialize_detail
 
 // The initialize-stage handler of target `kExecute`. Metadata queries are answered by the execute
-// handler; any failure only skips the warm-up (the execute stage then loads lazily, as before).
+// handler. A key is tried once, whatever the capture gives: a failure only skips the warm-up (the
+// execute stage then loads lazily, as before), and trying again every execution would cost the
+// capture each time.
 template <XLA_FFI_Handler* kExecute>
 XLA_FFI_Error* initialize_handler(XLA_FFI_CallFrame* frame) {
   if (frame->extension_start && frame->extension_start->type == XLA_FFI_Extension_Metadata) {
@@ -98,7 +99,9 @@ XLA_FFI_Error* initialize_handler(XLA_FFI_CallFrame* frame) {
   std::lock_guard<std::mutex> lock(mutex);
   if (warmed.count(key)) return nullptr;
   const cudaStream_t stream = initialize_detail::stream_of(*frame);
-  if (stream && initialize_detail::capture_once(kExecute, *frame, stream)) warmed.insert(key);
+  if (!stream) return nullptr;
+  initialize_detail::capture_once(kExecute, *frame, stream);
+  warmed.insert(key);
   return nullptr;
 }
 

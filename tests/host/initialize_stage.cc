@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "common/initialize_stage.h"
 
@@ -57,7 +58,11 @@ int main() {
   frame.rets = {sizeof(XLA_FFI_Rets), nullptr, 0, nullptr, nullptr};
   frame.attrs = {sizeof(XLA_FFI_Attrs), nullptr, 0, nullptr, nullptr, nullptr};
 
-  XLA_FFI_InternalExtension metadata{sizeof(XLA_FFI_InternalExtension), XLA_FFI_Extension_Metadata, nullptr};
+  // XLA_FFI_InternalExtension, or XLA_FFI_Extension_Base in older jaxlibs.
+  std::remove_pointer_t<decltype(frame.extension_start)> metadata;
+  std::memset(&metadata, 0, sizeof(metadata));
+  metadata.struct_size = sizeof(metadata);
+  metadata.type = XLA_FFI_Extension_Metadata;
   frame.extension_start = &metadata;
   report("metadata", frame);
   frame.extension_start = nullptr;

@@ -152,10 +152,16 @@ def warn_reference_fallback(target: str) -> None:
         why = f"the extension has no '{target}' kernel (not built)"
     else:
         try:
-            kinds = sorted({getattr(d, "compute_capability", "?") for d in jax.devices("cuda")})
+            kinds = sorted({str(getattr(d, "compute_capability", "?")) for d in jax.devices("cuda")})
         except RuntimeError:
             kinds = []
-        why = (f"no kernel is compiled for this GPU (compute capability {', '.join(kinds)}; "
-               f"built for {', '.join(cuda_archs()) or 'nothing'})")
+        built = f"built for {', '.join(cuda_archs()) or 'nothing'}"
+        if not kinds:  # e.g. jax.export for "cuda" on a machine without a GPU
+            why = f"no CUDA GPU is visible while lowering, so no kernel can be chosen ({built})"
+        elif len(kinds) > 1:
+            why = f"GPUs of several kinds are visible (compute capabilities {', '.join(kinds)}; " \
+                  f"{built})"
+        else:
+            why = f"no kernel is compiled for this GPU (compute capability {kinds[0]}; {built})"
     warnings.warn(f"jax_nvfp4: {target} runs as XLA reference code on the GPU: {why}.",
                   RuntimeWarning, stacklevel=3)

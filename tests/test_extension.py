@@ -64,6 +64,28 @@ def test_without_a_kernel_for_the_gpu_the_reference_runs_with_a_warning(monkeypa
     assert f"@{target}" not in text
 
 
+@pytest.mark.parametrize("ccs,why", [
+    (None, "no CUDA GPU is visible while lowering, so no kernel can be chosen (built for sm_90a)"),
+    (["8.0"], "no kernel is compiled for this GPU (compute capability 8.0; built for sm_90a)"),
+    (["9.0", "8.0"], "GPUs of several kinds are visible (compute capabilities 8.0, 9.0; built for "
+                     "sm_90a)")])
+def test_the_fallback_warning_says_why_no_kernel_runs(monkeypatch, ccs, why):
+    def devices(backend=None):
+        if ccs is None:
+            raise RuntimeError("no cuda backend")  # as jax.devices("cuda") without a GPU
+        return [types.SimpleNamespace(compute_capability=cc) for cc in ccs]
+
+    monkeypatch.setattr(_extension, "_ext", types.SimpleNamespace(cuda_archs=lambda: ["sm_90a"]))
+    monkeypatch.setattr(_extension, "_TARGETS", {"jax_nvfp4_gemm": None})
+    monkeypatch.setattr(jax, "devices", devices)
+    _extension.warn_reference_fallback.cache_clear()
+    with pytest.warns(RuntimeWarning) as record:
+        _extension.warn_reference_fallback("jax_nvfp4_gemm")
+    _extension.warn_reference_fallback.cache_clear()
+    assert str(record[0].message) == (
+        f"jax_nvfp4: jax_nvfp4_gemm runs as XLA reference code on the GPU: {why}.")
+
+
 def _empty_ops():
     w = jn.quantize(jnp.ones((48, 128), jnp.float32))
     x0 = jnp.zeros((0, 128), jnp.bfloat16)

@@ -1,0 +1,64 @@
+"""Host cost of executing a jitted program of many small jax_nvfp4 GEMM calls.
+
+    python bench/bench_dispatch.py --label NAME [--calls 64] [--rounds 9]
+
+A chain of `--calls` dependent 1 x 256 x 256 W4A16 GEMMs (each a few microseconds of GPU work)
+and a program of one such GEMM, each executed back to back from Python; prints the median and the
+best time per execution over the rounds. With XLA's command buffers off
+(XLA_FLAGS=--xla_gpu_enable_command_buffer=) every call's FFI handlers run on the host in every
+execution, so the chain is bound by that host work: comparing builds of the extension in
+alternating processes (PYTHONPATH to each build) measures what a change to the handlers costs on
+the host. The readings move by up to 30% between processes: alternate, and compare medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+import jax_nvfp4 as nv
+
+
+def per_execution_us(fn, args, executions: int, rounds: int) -> tuple[float, float]:
+    """Median and best microseconds per execution of `fn(*args)`, `executions` a round."""
+    fn(*args).block_until_ready()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(executions):
+            out = fn(*args)
+        out.block_until_ready()
+        times.append((time.perf_counter() - start) / executions * 1e6)
+    return statistics.median(times), min(times)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--label", required=True, help="names the build in the printed line")
+    parser.add_argument("--calls", type=int, default=64, help="GEMM calls in the chain")
+    parser.add_argument("--rounds", type=int, default=9)
+    args = parser.parse_args(argv)
+
+    w = nv.quantize(jax.random.normal(jax.random.key(0), (256, 256), jnp.float32))
+    x = jax.random.normal(jax.random.key(1), (1, 256), jnp.bfloat16)
+
+    @jax.jit
+    def chain(x, w):
+        for _ in range(args.calls):
+            x = nv.matmul(x, w) * 0.05  # keeps the values in range over the chain
+        return x
+
+    chain_med, chain_best = per_execution_us(chain, (x, w), 400, args.rounds)
+    one_med, one_best = per_execution_us(jax.jit(nv.matmul), (x, w), 2000, args.rounds)
+    print(f"{args.label}: chain of {args.calls} GEMMs {chain_med:.1f} us/exec (best "
+          f"{chain_best:.1f}); one GEMM {one_med:.2f} us/exec (best {one_best:.2f}) on "
+          f"{jax.devices()[0].device_kind}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -152,7 +152,8 @@ def warn_reference_fallback(target: str) -> None:
         why = f"the extension has no '{target}' kernel (not built)"
     else:
         try:
-            kinds = sorted({str(getattr(d, "compute_capability", "?")) for d in jax.devices("cuda")})
+            devices = jax.devices("cuda")
+            kinds = sorted({str(getattr(d, "compute_capability", "?")) for d in devices})
         except RuntimeError:
             kinds = []
         built = f"built for {', '.join(cuda_archs()) or 'nothing'}"

@@ -105,11 +105,29 @@ NB_MODULE(_nvfp4_cuda, m) {
     for (const auto& [name, stages] : jax_nvfp4::ffi_targets()) {
       nb::dict bundle;
       bundle["execute"] = nb::capsule(reinterpret_cast<void*>(stages.execute));
+      bundle["instantiate"] = nb::capsule(reinterpret_cast<void*>(stages.instantiate));
       bundle["initialize"] = nb::capsule(reinterpret_cast<void*>(stages.initialize));
       out[name.c_str()] = bundle;
     }
     return out;
   });
+  m.def(
+      "warm_call_type",
+      []() {
+        nb::dict registration;
+        registration["type_id"] = nb::capsule(&jax_nvfp4::warm_call_type_id());
+        registration["type_info"] = nb::capsule(const_cast<XLA_FFI_TypeInfo*>(&jax_nvfp4::warm_call_type_info()));
+        return registration;
+      },
+      "The registration (jax.ffi.register_ffi_type) of the per-call state of the initialize "
+      "stage (cuda/common/initialize_stage.h).");
+  m.def(
+      "warm_call_type_id", []() { return jax_nvfp4::warm_call_type_id().type_id; },
+      "The id XLA assigned that type; 0 while it is not registered.");
+  m.def(
+      "keyed_initializations", []() { return jax_nvfp4::keyed_initializations().load(); },
+      "How many initialize stages hashed their call's key, having no per-call state that "
+      "matched: warm calls of a program with per-call state do not.");
   m.def("cuda_archs", []() {
     std::vector<std::string> archs;
 #ifdef JAX_NVFP4_HAS_SM90

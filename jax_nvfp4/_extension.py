@@ -30,12 +30,23 @@ def _graph_safe_traits() -> dict:
     return {} if traits is None else {"traits": traits.COMMAND_BUFFER_COMPATIBLE}
 
 
+def _register_warm_call_type() -> None:
+    """Registers the per-call state of the initialize stage, so that a warm call skips hashing its
+    key. jax releases without `jax.ffi.register_ffi_type` keep no state: every initialize then
+    hashes the key (cuda/common/call_key.h), which costs host time but nothing else."""
+    register = getattr(jax.ffi, "register_ffi_type", None)
+    if register is not None:
+        register("jax_nvfp4.warm_call", _ext.warm_call_type(), platform="CUDA")
+
+
 def _register_targets() -> dict:
-    """Registers each target's execute handler and its initialize stage, which loads the call's
-    kernels before XLA launches the program (cuda/common/initialize_stage.h: a kernel loaded
-    lazily at its first launch can deadlock a multi-GPU program)."""
+    """Registers each target's execute handler, its instantiate stage (the per-call state) and its
+    initialize stage, which loads the call's kernels before XLA launches the program
+    (cuda/common/initialize_stage.h: a kernel loaded lazily at its first launch can deadlock a
+    multi-GPU program)."""
     if _ext is None:
         return {}
+    _register_warm_call_type()
     targets = dict(_ext.targets())
     for name, stages in targets.items():
         jax.ffi.register_ffi_target(name, dict(stages), platform="CUDA", **_graph_safe_traits())

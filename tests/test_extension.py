@@ -474,11 +474,12 @@ def test_targets_without_workspace_are_not_sized():
 
 @needs_extension
 def test_every_target_registers_its_initialize_stage():
-    """Each target hands XLA an execute handler and an initialize one, which loads the call's
-    kernels before the program launches (cuda/common/initialize_stage.h)."""
+    """Each target hands XLA an execute handler, an initialize one, which loads the call's
+    kernels before the program launches (cuda/common/initialize_stage.h), and an instantiate one,
+    which gives each call the state that lets a warm initialize skip hashing its key."""
     stages = _extension._ext.targets()
     assert set(stages) == set(_extension.ffi_targets())
-    assert all(set(bundle) == {"execute", "initialize"} for bundle in stages.values()), stages
+    assert all(set(bundle) == {"execute", "instantiate", "initialize"} for bundle in stages.values()), stages
 
 
 def test_initialize_stage_warms_a_call_up_once_per_kernel_choice(host_program):
@@ -491,20 +492,57 @@ def test_initialize_stage_warms_a_call_up_once_per_kernel_choice(host_program):
 
 
 def test_initialize_stage_runs_the_handler_captured_once_per_key(host_program):
-    """initialize_handler around a stub execute handler: metadata queries reach the stub, other
-    stages do nothing; on a GPU the first initialize of a key runs the stub as the execute stage,
-    flagged as a warm-up, inside a capture that is ended after, and a key seen before does not run
-    it again. Without a GPU nothing runs."""
+    """instantiate_handler and initialize_handler around a stub execute handler: metadata queries
+    reach the stub, other stages do nothing; the instantiate stage gives a call its state once the
+    state's type is registered. On a GPU the first initialize of a key runs the stub as the execute
+    stage, flagged as a warm-up, inside a capture that is ended after, and a key seen before does
+    not run it again. A call without state hashes its key every time; a call with state only when
+    its buffers' alignment differs from the last one it was warmed with. Without a GPU nothing
+    runs."""
     lines = host_program(HOST / "initialize_stage.cc", ffi=True, cudart=True).splitlines()
     got = dict(line.split(" ", 1) for line in lines)
     assert got.pop("metadata") == "ok [metadata]"
+    assert got.pop("instantiate_metadata") == "ok [metadata]"
     assert got.pop("execute_stage") == "ok -"
+    assert got.pop("instantiate_unregistered") == "ok -"
+    assert got.pop("instantiate_registered") == "ok -"
+    assert got.pop("states") == "1 stateful"
     if "no_device" in got:
         assert got == {"no_device": "ok -"}
         return
-    captured = "ok [3 warm capturing]"
-    assert got == {"first_initialize": captured, "same_call_again": "ok -", "other_shape": captured,
-                   "other_alignment": captured, "stream_left_capturing": "no"}
+    captured = "ok [3 warm capturing] keyed"
+    assert got == {"first_initialize": captured, "same_call_again": "ok - keyed", "other_shape": captured,
+                   "other_alignment": captured, "stateful_first": "ok - keyed", "stateful_again": "ok -",
+                   "stateful_other_alignment": captured, "stateful_other_alignment_again": "ok -",
+                   "stateful_alignment_back": "ok - keyed", "stream_left_capturing": "no"}
+
+
+# XLA's default, and command buffers off: then every call is a thunk of its own, initialized
+# before each execution.
+@pytest.mark.parametrize("options", [{}, {"xla_gpu_enable_command_buffer": ""}], ids=["default", "no_command_buffers"])
+def test_warm_calls_of_a_compiled_program_do_not_hash_their_keys(gpu_kernels, options):
+    """XLA keeps each call's state from the instantiate stage and hands it to the initialize
+    stage: the program's first execution hashes its calls' keys (and warms them up), later
+    executions do not."""
+    from jax_nvfp4.primitives.matmul import GEMM_TARGET
+    from jax_nvfp4.primitives.quantize import QUANTIZE_TARGET
+
+    gpu_kernels(GEMM_TARGET, QUANTIZE_TARGET)
+    if not hasattr(jax.ffi, "register_ffi_type"):
+        pytest.skip(f"jax {jax.__version__} has no jax.ffi.register_ffi_type: no per-call state")
+    assert _extension._ext.warm_call_type_id() > 0
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((4, 256)), jnp.bfloat16)
+    w = jn.quantize(jnp.asarray(rng.standard_normal((384, 256)), jnp.float32))
+    program = jax.jit(lambda x, w: jn.quantize(jn.matmul(x, w, out_dtype=jnp.float32))).lower(x, w)
+    program = program.compile(options)
+    before = _extension._ext.keyed_initializations()
+    jax.block_until_ready(program(x, w))
+    first = _extension._ext.keyed_initializations()
+    for _ in range(5):
+        jax.block_until_ready(program(x, w))
+    assert first > before  # the initialize stage ran
+    assert _extension._ext.keyed_initializations() == first
 
 
 @needs_extension

@@ -3,10 +3,10 @@
 // alignment), and every attribute's name and value. Calls with equal keys launch the same kernels,
 // so the initialize stage (initialize_stage.h) loads them once per key. XLA runs that stage before
 // every execution, so the key is hashed without allocating: 0.3 us a call with its lookup (a
-// CPU of the CI machine), against 1.1 us as a byte string. On an H200's host, whole programs of
-// 64 tiny GEMMs took 0.6-2.7 us more host time a call with the stage than without it
-// (bench/bench_dispatch.py, command buffers off); skipping the key for a warm call would need
-// per-call state. Two calls whose keys collide would only share one warm-up. Host code only.
+// CPU of the CI machine), against 1.1 us as a byte string; 0.6-1 us on an H200's host
+// (bench/bench_dispatch.py, command buffers off). So a call XLA keeps per-call state for
+// (initialize_stage.h) hashes its key only when its alignment_key changes. Two calls whose keys
+// collide would only share one warm-up. Host code only.
 #pragma once
 
 #include <cstddef>
@@ -106,6 +106,24 @@ inline void put_attrs(Hasher& key, const XLA_FFI_Attrs& attrs) {
 }
 
 }  // namespace call_key_detail
+
+// What may change between two executions of one call (one XLA custom call instruction, whose
+// dtypes, shapes and attributes are fixed): its buffers' addresses modulo 256. Never 0.
+inline uint64_t alignment_key(const XLA_FFI_CallFrame& frame) {
+  using namespace call_key_detail;
+  Hasher key;
+  for (int64_t i = 0; i < frame.args.size; ++i) {
+    if (frame.args.types[i] == XLA_FFI_ArgType_BUFFER) {
+      put(key, reinterpret_cast<uintptr_t>(static_cast<const XLA_FFI_Buffer*>(frame.args.args[i])->data) % 256);
+    }
+  }
+  for (int64_t i = 0; i < frame.rets.size; ++i) {
+    if (frame.rets.types[i] == XLA_FFI_RetType_BUFFER) {
+      put(key, reinterpret_cast<uintptr_t>(static_cast<const XLA_FFI_Buffer*>(frame.rets.rets[i])->data) % 256);
+    }
+  }
+  return key.hash | 1;
+}
 
 inline uint64_t call_key(int device, const XLA_FFI_CallFrame& frame) {
   using namespace call_key_detail;

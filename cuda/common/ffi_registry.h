@@ -1,6 +1,6 @@
 // Each op's FFI handlers register themselves here at load time; ffi_module.cc hands the
-// whole table to Python as capsules, an execute and an initialize handler a target
-// (initialize_stage.h). Adding an op means adding files, not editing a list.
+// whole table to Python as capsules, an execute, an instantiate and an initialize handler a
+// target (initialize_stage.h). Adding an op means adding files, not editing a list.
 #pragma once
 
 #include <atomic>
@@ -17,6 +17,7 @@ namespace jax_nvfp4 {
 
 struct FfiStages {
   XLA_FFI_Handler* execute;
+  XLA_FFI_Handler* instantiate;
   XLA_FFI_Handler* initialize;
 };
 
@@ -52,7 +53,7 @@ struct FfiTargetRegistration {
 }  // namespace jax_nvfp4
 
 // Registers `handler` (a symbol made with XLA_FFI_DEFINE_HANDLER_SYMBOL) as FFI target `name`,
-// with its warm-up as the initialize stage.
-#define JAX_NVFP4_REGISTER_FFI_TARGET(name, handler)                \
-  static ::jax_nvfp4::FfiTargetRegistration handler##_registration{ \
-      name, {handler, &::jax_nvfp4::initialize_handler<handler>}}
+// with its warm-up as the initialize stage and the warm-up's per-call state made at instantiation.
+#define JAX_NVFP4_REGISTER_FFI_TARGET(name, handler)                                         \
+  static ::jax_nvfp4::FfiTargetRegistration handler##_registration{                          \
+      name, {handler, &::jax_nvfp4::instantiate_handler<handler>, &::jax_nvfp4::initialize_handler<handler>}}

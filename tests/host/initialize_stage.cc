@@ -1,11 +1,14 @@
-// initialize_handler (cuda/common/initialize_stage.h) around a stub execute handler that records
-// how it was called. Prints one line per case: the case, then the stub's calls and, for each, the
-// stage it saw, whether it ran as a warm-up and whether its stream was capturing. Without a GPU
+// instantiate_handler and initialize_handler (cuda/common/initialize_stage.h) around a stub
+// execute handler that records how it was called, with a fake XLA API that keeps per-call state
+// by the frame's context (one context a call). Prints one line per case: the case, then the
+// stub's calls and, for each, the stage it saw, whether it ran as a warm-up and whether its
+// stream was capturing, then "keyed" where the initialize hashed the call's key. Without a GPU
 // the initialize cases print "no_device" and must not call the stub.
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <type_traits>
 
@@ -32,11 +35,35 @@ XLA_FFI_Error* stream_get(XLA_FFI_Stream_Get_Args* args) {
   return nullptr;
 }
 
+// The fake's per-call states; its errors are never read, so any non-null pointer serves.
+std::map<XLA_FFI_ExecutionContext*, void*> states;
+XLA_FFI_Error* const kFakeError = reinterpret_cast<XLA_FFI_Error*>(&states);
+void error_destroy(XLA_FFI_Error_Destroy_Args*) {}
+
+XLA_FFI_Error* state_set(XLA_FFI_State_Set_Args* args) {
+  if (args->stage != XLA_FFI_ExecutionStage_INSTANTIATE || states.count(args->ctx)) return kFakeError;
+  states[args->ctx] = args->state;
+  return nullptr;
+}
+
+XLA_FFI_Error* state_get(XLA_FFI_State_Get_Args* args) {
+  const auto it = states.find(args->ctx);
+  if (args->stage != XLA_FFI_ExecutionStage_INSTANTIATE || it == states.end()) return kFakeError;
+  args->state = it->second;
+  return nullptr;
+}
+
+template <XLA_FFI_Handler* kHandler>
 void report(const char* name, XLA_FFI_CallFrame& frame) {
   calls.clear();
-  XLA_FFI_Error* error = jax_nvfp4::initialize_handler<stub_execute>(&frame);
-  std::printf("%s %s %s\n", name, error ? "error" : "ok", calls.empty() ? "-" : calls.c_str());
+  const uint64_t keyed = jax_nvfp4::keyed_initializations().load();
+  XLA_FFI_Error* error = kHandler(&frame);
+  std::printf("%s %s %s%s\n", name, error ? "error" : "ok", calls.empty() ? "-" : calls.c_str(),
+              jax_nvfp4::keyed_initializations().load() != keyed ? " keyed" : "");
 }
+
+constexpr XLA_FFI_Handler* initialize = jax_nvfp4::initialize_handler<stub_execute>;
+constexpr XLA_FFI_Handler* instantiate = jax_nvfp4::instantiate_handler<stub_execute>;
 
 }  // namespace
 
@@ -44,6 +71,9 @@ int main() {
   XLA_FFI_Api api;
   std::memset(&api, 0, sizeof(api));
   api.XLA_FFI_Stream_Get = stream_get;
+  api.XLA_FFI_State_Set = state_set;
+  api.XLA_FFI_State_Get = state_get;
+  api.XLA_FFI_Error_Destroy = error_destroy;
 
   alignas(256) static char memory[256];
   int64_t dims[1] = {64};
@@ -64,25 +94,52 @@ int main() {
   metadata.struct_size = sizeof(metadata);
   metadata.type = XLA_FFI_Extension_Metadata;
   frame.extension_start = &metadata;
-  report("metadata", frame);
+  report<initialize>("metadata", frame);
+  report<instantiate>("instantiate_metadata", frame);
   frame.extension_start = nullptr;
 
   frame.stage = XLA_FFI_ExecutionStage_EXECUTE;
-  report("execute_stage", frame);
+  report<initialize>("execute_stage", frame);
+
+  // Two calls, told apart by their contexts. The first is instantiated before the state's type is
+  // registered (it gets no state), the second after.
+  alignas(8) static char contexts[2];
+  auto* stateless = reinterpret_cast<XLA_FFI_ExecutionContext*>(&contexts[0]);
+  auto* stateful = reinterpret_cast<XLA_FFI_ExecutionContext*>(&contexts[1]);
+  frame.stage = XLA_FFI_ExecutionStage_INSTANTIATE;
+  frame.ctx = stateless;
+  report<instantiate>("instantiate_unregistered", frame);
+  jax_nvfp4::warm_call_type_id().type_id = 7;  // what registering the type would assign
+  frame.ctx = stateful;
+  report<instantiate>("instantiate_registered", frame);
+  std::printf("states %zu %s\n", states.size(), states.count(stateful) ? "stateful" : "-");
 
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || cudaStreamCreate(&stream) != cudaSuccess) {
     frame.stage = XLA_FFI_ExecutionStage_INITIALIZE;
-    report("no_device", frame);
+    report<initialize>("no_device", frame);
     return 0;
   }
   frame.stage = XLA_FFI_ExecutionStage_INITIALIZE;
-  report("first_initialize", frame);
-  report("same_call_again", frame);
+  frame.ctx = stateless;
+  report<initialize>("first_initialize", frame);
+  report<initialize>("same_call_again", frame);
   dims[0] = 128;
-  report("other_shape", frame);
+  report<initialize>("other_shape", frame);
   x.data = memory + 16;
-  report("other_alignment", frame);
+  report<initialize>("other_alignment", frame);
+
+  // The call with state: its first initialize hashes (the key is known: no warm-up), later ones of
+  // the same alignment do not; another alignment hashes again, and so does the way back.
+  frame.ctx = stateful;
+  report<initialize>("stateful_first", frame);
+  report<initialize>("stateful_again", frame);
+  x.data = memory + 32;
+  report<initialize>("stateful_other_alignment", frame);
+  report<initialize>("stateful_other_alignment_again", frame);
+  x.data = memory + 16;
+  report<initialize>("stateful_alignment_back", frame);
+
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   std::printf("stream_left_capturing %s\n",
               cudaStreamIsCapturing(stream, &status) == cudaSuccess && status == cudaStreamCaptureStatusNone ? "no"

@@ -8,7 +8,9 @@ best time per execution over the rounds. With XLA's command buffers off
 (XLA_FLAGS=--xla_gpu_enable_command_buffer=) every call's FFI handlers run on the host in every
 execution, so the chain is bound by that host work: comparing builds of the extension in
 alternating processes (PYTHONPATH to each build) measures what a change to the handlers costs on
-the host. The readings move by up to 30% between processes: alternate, and compare medians.
+the host. On an H200's host whole processes read bimodal (about 500 or 850 us for the chain,
+whatever the build, pinned to cores or not): alternate builds over many processes and compare
+each process's best (bench/results/initialize_state_h200_2026-11-29.md).
 """
 
 from __future__ import annotations

@@ -67,11 +67,16 @@ inline void put_bytes(Hasher& key, const void* data, size_t n) {
   if (n) key.bytes(data, n);
 }
 
+// The part of a buffer's address that kernel choices read.
+inline uintptr_t alignment_of(const void* buffer) {
+  return reinterpret_cast<uintptr_t>(static_cast<const XLA_FFI_Buffer*>(buffer)->data) % 256;
+}
+
 inline void put_buffer(Hasher& key, const XLA_FFI_Buffer& b) {
   put(key, b.dtype);
   put(key, b.rank);
   put_bytes(key, b.dims, static_cast<size_t>(b.rank) * sizeof(int64_t));
-  put(key, reinterpret_cast<uintptr_t>(b.data) % 256);
+  put(key, alignment_of(&b));
 }
 
 inline void put_attrs(Hasher& key, const XLA_FFI_Attrs& attrs) {
@@ -113,14 +118,10 @@ inline uint64_t alignment_key(const XLA_FFI_CallFrame& frame) {
   using namespace call_key_detail;
   Hasher key;
   for (int64_t i = 0; i < frame.args.size; ++i) {
-    if (frame.args.types[i] == XLA_FFI_ArgType_BUFFER) {
-      put(key, reinterpret_cast<uintptr_t>(static_cast<const XLA_FFI_Buffer*>(frame.args.args[i])->data) % 256);
-    }
+    if (frame.args.types[i] == XLA_FFI_ArgType_BUFFER) put(key, alignment_of(frame.args.args[i]));
   }
   for (int64_t i = 0; i < frame.rets.size; ++i) {
-    if (frame.rets.types[i] == XLA_FFI_RetType_BUFFER) {
-      put(key, reinterpret_cast<uintptr_t>(static_cast<const XLA_FFI_Buffer*>(frame.rets.rets[i])->data) % 256);
-    }
+    if (frame.rets.types[i] == XLA_FFI_RetType_BUFFER) put(key, alignment_of(frame.rets.rets[i]));
   }
   return key.hash | 1;
 }

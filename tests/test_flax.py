@@ -40,6 +40,21 @@ def _linen_params(kernel, bias):
     return {"params": {"kernel": kernel, "bias": bias}}
 
 
+# ---- public names --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("module, names", [
+    (nvnnx, {"Linear", "Conv", "NVFP4Kernel", "NVFP4Param"}),
+    (nvlinen, {"Dense", "DenseGeneral", "Conv"}),
+    (convert, {"quantize_params", "quantize_model", "save", "restore", "trainable_mask",
+               "quantize_all", "skip", "is_conv", "Predicate"}),
+])
+def test_star_import_gives_the_documented_names_only(module, names):
+    # A star import must not bring this module's own imports (jax, jnp, nn, ...) along.
+    scope = {}
+    exec(f"from {module.__name__} import *", scope)
+    assert set(scope) - {"__builtins__"} == names
+
+
 # ---- forward pass -------------------------------------------------------------------------------
 
 def test_nnx_linear_equals_reference_matmul(weights):

@@ -37,6 +37,9 @@ from jax_nvfp4.flax import linen as nvfp4_linen
 from jax_nvfp4.flax import nnx as nvfp4_nnx
 from jax_nvfp4.format import BLOCK, FIELDS, NVFP4Array
 
+__all__ = ["quantize_params", "quantize_model", "save", "restore", "trainable_mask",
+           "quantize_all", "skip", "is_conv", "Predicate"]
+
 Predicate = Callable[[tuple, Any], bool]
 
 

@@ -31,6 +31,8 @@ from flax.linen.linear import default_kernel_init
 from jax_nvfp4.flax import _core
 from jax_nvfp4.format import NVFP4Array
 
+__all__ = ["Dense", "DenseGeneral", "Conv"]
+
 
 def quantize_kernel(kernel, layer: str, *, in_ndim: int = 1, conv: bool = False) -> NVFP4Array:
     """A float kernel, possibly boxed in nn.Partitioned / nn.LogicallyPartitioned -> its

@@ -35,6 +35,8 @@ from jax_nvfp4.flax import _core
 from jax_nvfp4.format import FIELDS, TILE_ROWS, NVFP4Array, reduce_dtype_of
 from jax_nvfp4.sharding._specs import TILE_K, dim_axes, shard_count, whole_tiles
 
+__all__ = ["Linear", "Conv", "NVFP4Kernel", "NVFP4Param"]
+
 # The metadata key nnx reads a variable's sharding from (it has changed across Flax releases).
 SHARDING_KEYS = ("out_sharding", "sharding_names", "sharding")
 

@@ -1,6 +1,6 @@
 """Tensor-parallel NVFP4 inference of Llama-style decoder blocks over every local device.
 
-    python examples/sharded_llama.py [--small] [--layers 4] [--out result.md] [--profile DIR]
+    python examples/sharded_llama.py [--small] [--layers 4] [--out FILE|DIR] [--profile DIR]
                                      [--reduce-dtype bfloat16]
 
 A stack of decoder blocks with the dimensions of an 8B-class Llama (hidden 4096, MLP 14336, 32
@@ -418,13 +418,27 @@ def render(cfg: Config, devices, rows, memory, err, reduce_dtype) -> str:
     return "\n".join(lines) + "\n"
 
 
+def out_file(out: str, devices) -> pathlib.Path:
+    """--out: the table's file, or an existing directory, which gets
+    sharded_llama_<device kind>x<device count>_<date>.md (bench/'s scripts take a directory too).
+    Checked before the run, so a bad path fails at once rather than after the timing."""
+    path = pathlib.Path(out)
+    if path.is_dir():
+        kind = devices[0].device_kind.replace(" ", "_")
+        path = path / f"sharded_llama_{kind}x{len(devices)}_{datetime.date.today()}.md"
+    if not path.parent.is_dir():
+        raise SystemExit(f"--out {out}: the directory {path.parent} does not exist")
+    return path
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="small model (CPU smoke test)")
     parser.add_argument("--layers", type=int, default=None, help="decoder blocks")
     parser.add_argument("--steps", type=int, default=8, help="decode steps per timed program")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats (median)")
-    parser.add_argument("--out", default=None, help="write the markdown table here")
+    parser.add_argument("--out", default=None,
+                        help="write the markdown table to this file, or into this directory")
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="trace a batch-1 decode program per model into DIR and add its "
                              "GPU time per kernel to the table")
@@ -438,6 +452,7 @@ def main(argv=None):
         cfg = dataclasses.replace(cfg, layers=args.layers)
 
     devices = jax.devices()
+    out = out_file(args.out, devices) if args.out else None
     mesh = Mesh(np.array(devices), ("tp",))
     key = jax.random.key(0)
     bf16, nvfp4 = make_params(cfg, mesh, key)
@@ -458,9 +473,9 @@ def main(argv=None):
         profile = profile_decode(cfg, mesh, models, args.steps, args.profile)
         print(profile)
         table += "\n" + profile
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(table)
+    if out:
+        out.write_text(table)
+        print(f"wrote {out}")
     return 0 if matches else 1
 
 

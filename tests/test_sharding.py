@@ -587,6 +587,20 @@ def test_sharded_llama_profile_reads_kernels_of_the_first_gpu(example, tmp_path)
         example.kernel_times(tmp_path)
 
 
+def test_sharded_llama_out_names_a_file_or_a_directory_and_fails_early(example, tmp_path):
+    """--out: a file as given; an existing directory gets a file named after the devices and the
+    date; a path whose directory is missing stops the example before it builds the model."""
+    devices = jax.devices()
+    assert example.out_file(str(tmp_path / "t.md"), devices) == tmp_path / "t.md"
+    named = example.out_file(str(tmp_path), devices)
+    assert named.parent == tmp_path
+    kind = devices[0].device_kind.replace(" ", "_")
+    assert named.name.startswith(f"sharded_llama_{kind}x{len(devices)}_") and named.suffix == ".md"
+    missing = tmp_path / "missing" / "t.md"
+    with pytest.raises(SystemExit, match=f"directory {tmp_path / 'missing'} does not exist"):
+        example.main(["--small", "--out", str(missing)])
+
+
 @multidevice
 def test_sharded_llama_example_small(example, tmp_path, capsys):
     """The tensor-parallel Llama example (--small) runs and matches its one-device output."""

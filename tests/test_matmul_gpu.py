@@ -98,8 +98,11 @@ def test_w4a16_f32_and_f16_x(kernels, path, x_dtype, m, k):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("m", [1, 16, 129])
-def test_w4a4(kernels, path, m):
-    n, k = 264, 528
+@pytest.mark.parametrize("k", [528, 544])
+def test_w4a4(kernels, path, m, k):
+    """K % 32 == 16 (8-byte code rows) and 0 (16-byte), each with a last chunk of K in part: the
+    fused paths' staging reads x 32 elements a thread, a half or all of them past K."""
+    n = 264
     xq = jn.quantize(mc.random_float((m, k), jnp.float32, seed=m))
     w = mc.random_weight(n, k, seed=4)
     mc.assert_close(run(path, xq, w, out_dtype=jnp.float32), mc.oracle(xq, w), 1e-5)

@@ -718,6 +718,28 @@ def test_ops_under_a_mesh_with_explicit_axes(explicit_mesh, x_spec, w_spec):
 
 
 @multidevice
+@pytest.mark.parametrize("x_spec,w_spec,y_spec", [(P("x", None), P(None, None), P("x", None)),
+                                                  (P(None, None), P("x", None), P(None, "x")),
+                                                  (P(None, "x"), P(None, "x"), P(None, None))],
+                         ids=["data-parallel", "column-parallel", "row-parallel"])
+def test_explicit_axes_type_the_results_with_their_sharding(explicit_mesh, x_spec, w_spec, y_spec):
+    """On Explicit axes a result's type carries the sharding the op gives it, so the ops after it
+    (here a relu) keep the split: a data- or column-parallel output is not gathered (it was, while
+    the types said replicated); a row-parallel one is summed to replicated."""
+    mesh = explicit_mesh
+    x = row_scaled(jax.random.key(12), (16 * N_DEV, 128 * N_DEV))
+    w = nv.quantize(row_scaled(jax.random.key(13), (128 * N_DEV, 128 * N_DEV)))
+    f = jax.jit(lambda a, b: jax.nn.relu(nv.matmul(a, b, out_dtype=jnp.float32)))
+    want = np.asarray(f(x, w))
+    with jax.set_mesh(mesh):
+        a, b = put(x, mesh, x_spec), shard_nvfp4(w, mesh, w_spec)
+        y = f(a, b)
+        assert jax.typeof(y).sharding.spec == y_spec
+        assert "all-gather" not in f.lower(a, b).compile().as_text()
+    assert np.linalg.norm(np.asarray(y) - want) <= 1e-6 * np.linalg.norm(want)
+
+
+@multidevice
 @pytest.mark.parametrize("op", ["matmul", "matmul_w4a4", "vmap_matmul", "vmap_conv", "vmap_ragged"])
 def test_explicit_axes_split_of_a_dimension_merged_into_rows(explicit_mesh, op):
     """x split on a leading dimension that is not the first of those merged into rows (x [B, S, K]

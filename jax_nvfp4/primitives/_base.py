@@ -112,8 +112,7 @@ def map_batcher(prim):
 
 
 def on_auto_axes(fn):
-    """`fn`, run with a mesh's Explicit axes made Auto (results typed replicated, as the outer
-    primitives' are). On Explicit axes `vmap` wants every mapped operand split alike along the
+    """`fn`, run with a mesh's Explicit axes made Auto (its results typed replicated). On Explicit axes `vmap` wants every mapped operand split alike along the
     mapped dimension, and `lax.map` (the vmap of a primitive with no stacked form, conv, over a
     stacked weight) refuses to loop over a split one: a stacked twin's unpartitioned trace and
     its per-element tangents run through this (a partitioned stack runs per shard, on its local

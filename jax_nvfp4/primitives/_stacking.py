@@ -27,8 +27,8 @@ def element_aval(aval):
 
 
 def stacked_aval(aval, size):
-    """A stack of `size` elements of `aval`; like the other outer primitives' results, its
-    type does not carry the sharding the partitioner gives it."""
+    """A stack of `size` elements of `aval`, the stacked dim unsplit in its type (a stacked twin
+    then types its results by its plan, jax_nvfp4.sharding._stacked)."""
     spec = PartitionSpec(None, *aval.sharding.spec)
     return aval.update(shape=(size, *aval.shape), sharding=aval.sharding.update(spec=spec))
 

@@ -124,6 +124,23 @@ def _partitioned(inner, op, avals_key, params_key):
 _NO_MESH = jax.sharding.AbstractMesh((), ())
 
 
+def typed_by_plan(outs, avals, op, params, multiple_results: bool):
+    """`outs` (the results' avals) typed, on a mesh with Explicit axes, with the shardings `op`'s
+    plan gives them (a column-parallel output [M, N@tp], a row-parallel one replicated after its
+    sum), so the ops after them keep the split instead of gathering a value typed replicated.
+    Without Explicit axes in the operands' types, `outs` as they are."""
+    meshes = [getattr(getattr(a, "sharding", None), "mesh", None) for a in avals]
+    mesh = next((m for m in meshes if m is not None and m.explicit_axes), None)
+    if mesh is None:
+        return outs
+    inner_params, options = _split_params(op, params)
+    plan = op.plan(mesh, [spec_axes(a.sharding, a.ndim, mesh) for a in avals], avals, inner_params,
+                   **options)
+    typed = [o.update(sharding=named(mesh, d))
+             for o, d in zip(outs if multiple_results else [outs], plan.results)]
+    return typed if multiple_results else typed[0]
+
+
 def _per_device(body):
     """`body` traced without the caller's mesh. It runs on one device's shard, after SPMD
     partitioning; under a mesh with Explicit axes (`jax.set_mesh`) its values would otherwise be
@@ -149,8 +166,12 @@ def define_partitioned_primitive(name, inner, op):
     prim = jax.extend.core.Primitive(name)
     prim.multiple_results = inner.multiple_results
     prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
-    prim.def_abstract_eval(
-        lambda *avals, **params: inner.abstract_eval(*avals, **_split_params(op, params)[0])[0])
+
+    def abstract_eval(*avals, **params):
+        outs = inner.abstract_eval(*avals, **_split_params(op, params)[0])[0]
+        return typed_by_plan(outs, avals, op, params, prim.multiple_results)
+
+    prim.def_abstract_eval(abstract_eval)
 
     def lowering(ctx, *args, **params):
         fn = _partitioned_cached(inner, op, _avals_key(ctx.avals_in),

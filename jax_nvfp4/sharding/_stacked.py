@@ -25,7 +25,8 @@ from jax.interpreters import mlir
 
 from jax_nvfp4.primitives._base import on_auto_axes
 from jax_nvfp4.primitives._stacking import register_stacked_rules, stacked_abstract_eval
-from jax_nvfp4.sharding._partitioned import Plan, _avals_key, _partitioned_cached, local_body
+from jax_nvfp4.sharding._partitioned import (Plan, _avals_key, _partitioned_cached, local_body,
+                                              typed_by_plan)
 from jax_nvfp4.sharding._specs import even_split, without
 
 STACK = "stack"  # the Shardy factor of the stacked dimension
@@ -106,7 +107,15 @@ def define_stacked_primitive(name, outer, inner, op):
         return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
 
     prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
-    prim.def_abstract_eval(stacked_abstract_eval(outer, outer_params))
+    by_element = stacked_abstract_eval(outer, outer_params)
+
+    def abstract_eval(*avals, stacked, **params):
+        # Typed by the stacked plan (the stack split as the weight is), which replaces the type
+        # the element's own plan gave (it sees the operands without their stacked dim).
+        outs = by_element(*avals, stacked=stacked, **params)
+        return typed_by_plan(outs, avals, _Stacked(op, stacked), params, prim.multiple_results)
+
+    prim.def_abstract_eval(abstract_eval)
     mlir.register_lowering(prim, lowering)
     dispatch.prim_requires_devices_during_lowering.add(prim)
     register_stacked_rules(prim, outer, outer_params)

@@ -260,6 +260,8 @@ def test_conv_rejects_bad_arguments(conv_weights):
         nvnnx.Conv(32, 16, (3, 3, 3), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="CIRCULAR"):
         nvnnx.Conv(32, 16, (3, 3), padding="CIRCULAR", rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="negative padding -1 is not supported"):
+        nvnnx.Conv(32, 16, (3, 3), padding=-1, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"\[\.\.\., H, W, C\]"):
         nvlinen.Conv(16, (3, 3)).init(jax.random.key(0), jnp.ones((5, 32)))
     for padding in (None, ((1, "x"), (1, 1)), (1, 1, 1)):
@@ -326,6 +328,23 @@ def test_linen_qat_training_reduces_loss():
     q = convert.quantize_params(params)
     np.testing.assert_array_equal(nvlinen.Dense(16, act_quant=True).apply(q, x),
                                   model.apply(params, x))
+
+
+@pytest.mark.parametrize("layer,x", [
+    (lambda qat: nvlinen.Dense(32, qat=qat), jnp.ones((2, 32))),  # square: float and NVFP4 fit
+    (lambda qat: nvlinen.Conv(16, (3, 3), qat=qat), jnp.ones((1, 5, 5, 16))),
+], ids=["dense", "conv"])
+def test_linen_layer_refuses_params_of_the_other_mode(layer, x):
+    """A linen layer's mode is its `qat` flag: float params given to an inference layer, or
+    converted (NVFP4) params given to a QAT layer, raise instead of running the other mode
+    (whose shapes can coincide: a square Dense, a conv with as many outputs as inputs)."""
+    float_params = layer(True).init(jax.random.key(0), x)
+    nvfp4_params = convert.quantize_params(float_params)
+    np.testing.assert_array_equal(layer(False).apply(nvfp4_params, x), layer(True).apply(float_params, x))
+    with pytest.raises(TypeError, match=r"inference layer \(qat=False\) takes an NVFP4Array 'kernel'"):
+        layer(False).apply(float_params, x)
+    with pytest.raises(TypeError, match="qat=True trains a float 'kernel'"):
+        layer(True).apply(nvfp4_params, x)
 
 
 # ---- conversion -------------------------------------------------------------------------------
@@ -538,7 +557,8 @@ def test_quantize_model_converts_a_stack_of_layers_made_by_nnx_vmap():
     assert convert.quantize_model(qat_convs).qat  # a stack of convs stays as it is
     nested = nnx.vmap(nnx.vmap(lambda r: nnx.Linear(32, 16, rngs=r)))(nnx.Rngs(11).split((2, 3)))
     assert convert.quantize_model(nested).weight.s_dec.shape == (2, 3)
-    for e, use_bias in ((16, False), (16, True), (4, True)):  # stacked on axis 1: [in, E, out]
+    # Stacked on axis 1: [in, E, out]. With E == in (64) only the bias ([out, E]) tells.
+    for e, use_bias in ((16, False), (16, True), (4, True), (64, True)):
         for cls in (nnx.Linear, functools.partial(nvnnx.Linear, qat=True)):
             odd = nnx.vmap(lambda r: cls(64, 96, use_bias=use_bias, rngs=r), out_axes=1)(
                 nnx.Rngs(13).split(e))
@@ -571,12 +591,12 @@ def test_quantize_model_leaves_the_model_unchanged_when_a_layer_fails(monkeypatc
         return convert_layer(module, *args)
 
     monkeypatch.setattr(convert, "_to_nvfp4", failing_on_second)
-    with pytest.raises(ValueError, match="second layer"):
+    with pytest.raises(ValueError, match="quantize_model: layer second: cannot convert the second layer"):
         convert.quantize_model(model)
     assert type(model.first) is nnx.Linear and type(model.second) is nnx.Linear
 
 
-@pytest.mark.parametrize("padding", ["CIRCULAR", "REFLECT", "CAUSAL"])
+@pytest.mark.parametrize("padding", ["CIRCULAR", "REFLECT", "CAUSAL", -1, ((1, 1), (0, -1))])
 def test_quantize_model_leaves_convs_with_other_paddings_float(padding):
     conv = nnx.Conv(16, 8, (3, 3), padding=padding, rngs=nnx.Rngs(0))
     assert convert.quantize_model(conv) is conv
@@ -726,6 +746,35 @@ for m in (mesh, explicit):
                 raise AssertionError(f"a split of {(n_out, n_in)} into parts of tiles was accepted")
             except ValueError as e:
                 assert f"({n_out}, {n_in})" in str(e) and "whole 128-row scale tiles" in str(e), e
+# The same 400-row split named logically (the variable's sharding_rules, or nnx.logical_axis_rules)
+# or with the mesh in the metadata instead of the context: refused too; 512 rows are whole tiles.
+import contextlib
+rules = (("embed", None), ("mlp", "model"))
+for context, kernel_init in (
+        (contextlib.nullcontext(), nnx.with_partitioning(init, ("embed", "mlp"), sharding_rules=rules)),
+        (nnx.logical_axis_rules(rules), nnx.with_partitioning(init, ("embed", "mlp")))):
+    with jax.set_mesh(mesh), context:
+        nvnnx.Linear(64, 512, kernel_init=kernel_init, rngs=nnx.Rngs(0))
+        try:
+            nvnnx.Linear(64, 400, kernel_init=kernel_init, rngs=nnx.Rngs(0))
+            raise AssertionError("a logically named split into parts of tiles was accepted")
+        except ValueError as e:
+            assert "(400, 64)" in str(e) and "whole 128-row scale tiles" in str(e), e
+try:
+    nvnnx.Linear(64, 400, kernel_init=nnx.with_partitioning(init, (None, "model"), mesh=mesh), rngs=nnx.Rngs(0))
+    raise AssertionError("a split into parts of tiles on the metadata's mesh was accepted")
+except ValueError as e:
+    assert "(400, 64)" in str(e), e
+# Explicit axes: a column-parallel layer's output stays split through the relu (its type says
+# so), and a row-parallel one takes nnx.Linear's out_sharding.
+with jax.set_mesh(explicit):
+    up = nvnnx.Linear(256, 512, kernel_init=nnx.with_partitioning(init, (None, "model")), rngs=nnx.Rngs(0))
+    down = nvnnx.Linear(512, 256, kernel_init=nnx.with_partitioning(init, ("model", None)), rngs=nnx.Rngs(1))
+    xs = jax.device_put(x, NamedSharding(explicit, P("data", None)))
+    mlp = nnx.jit(lambda up, down, x: down(nnx.relu(up(x)), out_sharding=P("data", None)))
+    y = mlp(up, down, xs)
+    assert y.sharding.spec == P("data", None), y.sharding
+    assert "all-gather" not in mlp.lower(up, down, xs).compile().as_text()
 print("SHARDED_FLAX_OK")
 """
 

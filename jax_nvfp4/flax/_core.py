@@ -146,15 +146,16 @@ def conv_padding(padding, layer: str):
             raise ValueError(f"{layer}: padding={padding!r} is not supported (use 'SAME', "
                              "'SAME_LOWER', 'VALID', an int or explicit pairs)")
         return padding.upper()
-    if _is_int(padding):
-        return ((padding, padding), (padding, padding))
     try:
-        pads = tuple((p, p) if _is_int(p) else tuple(p) for p in padding)
+        pads = ((padding, padding),) * 2 if _is_int(padding) else tuple(
+            (p, p) if _is_int(p) else tuple(p) for p in padding)
     except TypeError:  # not a sequence of ints and pairs (None, say)
         pads = ()
     if len(pads) != 2 or any(len(p) != 2 or not all(_is_int(v) for v in p) for p in pads):
         raise ValueError(f"{layer}: padding={padding!r} must be 'SAME', 'SAME_LOWER', 'VALID', an "
                          "int, or ints or (lo, hi) pairs of ints for the 2 spatial dims")
+    if any(v < 0 for p in pads for v in p):  # Flax crops there; jax_nvfp4.conv does not
+        raise ValueError(f"{layer}: negative padding {padding!r} is not supported")
     return pads
 
 

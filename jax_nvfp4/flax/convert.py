@@ -193,10 +193,15 @@ def _layer_metadata(variable, depth: int) -> tuple[dict, tuple]:
 def _layer_axes_last(module) -> bool:
     """Whether a Linear's kernel ends with one layer's [in, out] axes: always for one layer, and
     for a stack where nnx.vmap put the stack axes first (out_axes=0, its default). A stack on
-    other axes is left as it is: read as leading stack axes, its kernel would be misquantized."""
+    other axes is left as it is: read as leading stack axes, its kernel would be misquantized.
+    The kernel's shape alone cannot tell a stack of in_features layers on axis 1 from one on
+    axis 0; its bias, stacked on the same axis, can ([out, E] against [E, out])."""
     columns = _core.kernel_outputs(module.out_features, getattr(module, "activation", None),
                                    type(module).__name__)
-    return module.kernel[...].shape[-2:] == (module.in_features, columns)
+    shape = module.kernel[...].shape
+    if module.bias is not None and module.bias[...].shape != (*shape[:-2], columns):
+        return False
+    return shape[-2:] == (module.in_features, columns)
 
 
 def _stack_depth(module) -> int:
@@ -264,13 +269,23 @@ def quantize_model(model, *, predicate: Predicate = quantize_all, act_quant: boo
     quantized on its own, one s_dec a layer; sharding names carried over, the stack axes'
     included); its stack axes must lead (nnx.vmap's default out_axes=0), a stack on other axes
     is left as it is. Convolutions NVFP4 cannot represent (feature groups, input dilation, masks,
-    circular padding) stay float. `act_quant`/`act_s_enc` set W4A4 and `reduce_dtype` the
-    row-parallel sum's dtype on the converted float layers.
+    circular or negative padding) stay float. An error names the layer's path.
+    `act_quant`/`act_s_enc` set W4A4 and `reduce_dtype` the row-parallel sum's dtype on the
+    converted float layers.
     Keep the float model with `nnx.clone(model)` first if you still need it."""
     modules = list(nnx.iter_modules(model))
     # Every replacement is built before the model changes, so an error leaves it as it was.
-    new_of = {id(m): _to_nvfp4(m, act_quant, act_s_enc, reduce_dtype) for path, m in modules
-              if _convertible(m) and predicate(path, m.kernel[...])}
+    new_of = {}
+    for path, m in modules:
+        if not (_convertible(m) and predicate(path, m.kernel[...])):
+            continue
+        try:
+            new_of[id(m)] = _to_nvfp4(m, act_quant, act_s_enc, reduce_dtype)
+        except (ValueError, TypeError) as e:
+            if type(e) not in (ValueError, TypeError):  # a subclass may take other arguments
+                raise
+            where = "/".join(map(str, path)) or "(the model itself)"
+            raise type(e)(f"quantize_model: layer {where}: {e}") from e
     if id(model) in new_of:
         return new_of[id(model)]
     # Each module once (iter_modules visits a shared one once): every attribute that refers to

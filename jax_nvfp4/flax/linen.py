@@ -86,6 +86,17 @@ def _params(module, layer: str, kernel_shape, bias_shape, *, in_ndim: int = 1, c
     else:
         kernel = module.param("kernel", lambda rng: quantize_kernel(
             kernel_init(rng, kernel_shape, module.param_dtype), layer, in_ndim=in_ndim, conv=conv))
+    # The layer's mode is `qat`, not the kind of params it is given: a float kernel in an inference
+    # layer would be quantized on every call, an NVFP4 one in a QAT layer never trained.
+    if module.qat and isinstance(kernel, NVFP4Array):
+        raise TypeError(f"{layer}: qat=True trains a float 'kernel', but the params hold an "
+                        "NVFP4Array (converted for inference); give it the float params, or "
+                        "use qat=False")
+    if not module.qat and not isinstance(kernel, NVFP4Array):
+        raise TypeError(f"{layer}: an inference layer (qat=False) takes an NVFP4Array 'kernel', "
+                        f"but the params hold a float array of shape {tuple(jnp.shape(kernel))}; "
+                        "convert them with jax_nvfp4.flax.convert.quantize_params, or use "
+                        "qat=True to train float weights")
     bias = None
     if module.use_bias:
         bias = module.param("bias", module.bias_init, bias_shape, module.param_dtype)

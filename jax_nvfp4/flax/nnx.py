@@ -29,6 +29,7 @@ from types import MappingProxyType
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.core import spmd as core_spmd
 from flax.nnx.nn.linear import default_bias_init, default_kernel_init
 
 from jax_nvfp4.flax import _core
@@ -84,10 +85,19 @@ def _check_whole_tiles(weight: NVFP4Array, fields, layer: str) -> None:
     parts that are not whole scale tiles: the scales could not split with the codes (JAX itself
     only refuses splits that do not divide the tile count, and a misaligned one would gather the
     weight on every call)."""
+    codes = fields["codes"]
     mesh = jax.sharding.get_abstract_mesh()
-    names = next((fields["codes"][k] for k in SHARDING_KEYS if fields["codes"].get(k)), None)
+    if mesh.empty and codes.get("mesh") is not None:  # nnx.with_partitioning(..., mesh=mesh)
+        mesh = codes["mesh"]
+    names = next((codes[k] for k in SHARDING_KEYS if codes.get(k)), None)
     if mesh.empty or not names:
         return
+    # Logical names reach the mesh through the rules, as Flax resolves them when it places the
+    # variables: the context's (nnx.logical_axis_rules) and the variable's own (sharding_rules).
+    context_rules = core_spmd.get_logical_axis_rules()
+    if context_rules or codes.get("sharding_rules"):
+        rules = core_spmd.composite_rules(context_rules, codes.get("sharding_rules", ()))
+        names = core_spmd.from_sharding_rules(names, rules)
     for entry, size, tile in ((names[-2], weight.shape[-2], TILE_ROWS),
                               (names[-1], weight.shape[-1], TILE_K)):
         axes = tuple(a for a in dim_axes(entry) if a in mesh.axis_names)  # others: not mesh axes
@@ -246,12 +256,15 @@ class Linear(_NVFP4Layer):
         return cls._from_float(kernel, bias, "[in, out]", 2, shape_args, kernel_metadata,
                                bias_metadata, kwargs)
 
-    def __call__(self, x):
-        return _core.dense(x, self.weight, self._bias(), in_features=self.in_features,
-                           dtype=self.dtype, param_dtype=self.param_dtype,
-                           act_quant=self.act_quant, act_s_enc=self.act_s_enc,
-                           reduce_dtype=self.reduce_dtype, layer=type(self).__name__,
-                           activation=self.activation)
+    def __call__(self, x, out_sharding=None):
+        """`out_sharding`, as nnx.Linear's: the output's PartitionSpec on Explicit mesh axes (a
+        row-parallel layer's output is otherwise replicated after its sum)."""
+        y = _core.dense(x, self.weight, self._bias(), in_features=self.in_features,
+                        dtype=self.dtype, param_dtype=self.param_dtype,
+                        act_quant=self.act_quant, act_s_enc=self.act_s_enc,
+                        reduce_dtype=self.reduce_dtype, layer=type(self).__name__,
+                        activation=self.activation)
+        return y if out_sharding is None else jax.sharding.reshard(y, out_sharding)
 
 
 class Conv(_NVFP4Layer):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 
 import jax.numpy as jnp
-from jax import lax
+from jax import export, lax
 
 from jax_nvfp4.format import (BLOCK, NVFP4Array, check_float_dtype, check_not_nvfp4,
                               checked_activation, checked_bias, checked_weight, output_dtype,
@@ -57,6 +57,10 @@ def _resolve_padding(padding, in_hw, filter_rs, window_strides, rhs_dilation):
                             f"{padding!r}") from None
         if len(pads) != 2 or any(len(p) != 2 for p in pads):
             raise ValueError(f"conv: explicit padding must be ((lo, hi), (lo, hi)), got {padding!r}")
+    if any(export.is_symbolic_dim(v) for pair in pads for v in pair):
+        raise ValueError(f"conv: padding={padding!r} with window_strides={tuple(window_strides)} "
+                         f"depends on the symbolic input size {tuple(in_hw)} (jax.export); the "
+                         "kernels take constant pads: give them explicitly")
     pads = tuple((int(lo), int(hi)) for lo, hi in pads)
     if any(v < 0 for pair in pads for v in pair):
         raise ValueError(f"conv: negative padding {pads} is not supported")
@@ -89,6 +93,9 @@ def conv(x, w: NVFP4Array, *, window_strides=(1, 1), padding="SAME", rhs_dilatio
     if len(x.shape) != 4:
         raise ValueError(f"conv: x must be NHWC [N, H, W, C], got shape {tuple(x.shape)}")
     r, s, k, c = w.shape
+    if r < 1 or s < 1:
+        raise ValueError(f"conv: the filter's spatial size R x S = {r} x {s} (w shape {w.shape}) "
+                         "must be positive")
     if x.shape[3] != c:
         raise ValueError(f"conv: input channels differ: x has shape {tuple(x.shape)} (C="
                          f"{x.shape[3]}), w has shape {w.shape} (C={c})")
@@ -98,7 +105,7 @@ def conv(x, w: NVFP4Array, *, window_strides=(1, 1), padding="SAME", rhs_dilatio
     rhs_dilation = _pair(rhs_dilation, "rhs_dilation")
     padding = _resolve_padding(padding, x.shape[1:3], (r, s), window_strides, rhs_dilation)
     p, q = output_spatial(x.shape[1:3], (r, s), window_strides, padding, rhs_dilation)
-    if p < 1 or q < 1:
+    if not any(map(export.is_symbolic_dim, (p, q))) and (p < 1 or q < 1):  # symbolic: not decidable here
         raise ValueError(f"conv: empty output ({p}x{q}) for input {tuple(x.shape)}, filter "
                          f"{r}x{s}, padding {padding}, dilation {rhs_dilation}")
     out_dtype = output_dtype(out_dtype, "conv")

@@ -1,4 +1,4 @@
-"""The NVFP4 storage format: `NVFP4Array` and its scale layouts (DESIGN.md §3).
+"""The NVFP4 storage format: `NVFP4Array` and its scale layouts (docs/quantize.md).
 
 An NVFP4 tensor of logical shape [..., R, K] (contracting axis last, K a multiple of 16) is
   codes   float4_e2m1fn [..., R, K]      (XLA packs two per byte, element 2i in the low nibble)
@@ -154,6 +154,8 @@ class NVFP4Array:
         s_dec."""
         xp = np if isinstance(scales, np.ndarray) else jnp
         name = "NVFP4Array.from_plain_scales"
+        _check_is_array(codes, f"{name}: codes", "float4_e2m1fn")
+        _check_is_array(scales, f"{name}: scales", "float8_e4m3fn")
         check_logical_shape(codes.shape, f"{name}: codes")
         if scales.dtype != SCALE_DTYPE:  # converting by value would misread raw scale bytes
             raise TypeError(
@@ -184,6 +186,7 @@ class NVFP4Array:
         """Inverse of `packed_codes`: packed uint8 codes [..., K/2], plain scales [..., K/16]
         (float8_e4m3fn)."""
         xp = np if isinstance(packed, np.ndarray) else jnp
+        _check_is_array(packed, "NVFP4Array.from_packed: packed codes", "uint8")
         if packed.dtype != np.uint8:  # a signed byte's shift would carry its sign into the codes
             raise TypeError(f"NVFP4Array.from_packed: packed codes must be uint8, got {packed.dtype}")
         nibbles = xp.stack([packed & 0xF, packed >> 4], axis=-1).reshape(
@@ -206,6 +209,12 @@ export.register_pytree_node_serialization(
     serialize_auxdata=lambda aux: b"", deserialize_auxdata=lambda data: ())
 
 
+def _check_is_array(value, name: str, dtype: str) -> None:
+    """The byte-level constructors read fields by dtype: a list has none to read."""
+    if not (hasattr(value, "dtype") and hasattr(value, "shape")):
+        raise TypeError(f"{name} must be a NumPy or JAX array of {dtype}, got {type(value).__name__}")
+
+
 def check_logical_shape(shape, name: str) -> None:
     """Trace-time check that `shape` can be NVFP4: rank >= 1, K a positive multiple of 16."""
     shape = tuple(shape)
@@ -221,21 +230,30 @@ def _dtype_named(dtype, name: str, allowed: str):
     try:
         if dtype is None:
             raise TypeError
-        return jnp.dtype(dtype)
+        return jax.dtypes.canonicalize_dtype(dtype)  # as jnp does: `float` is float32 without x64
     except TypeError:
         raise TypeError(f"{name} must be {allowed}, got {dtype!r}") from None
 
 
-def check_float_dtype(dtype, name: str) -> None:
-    if _dtype_named(dtype, name, "float32, bfloat16 or float16") not in [jnp.dtype(d) for d in FLOAT_DTYPES]:
-        raise TypeError(f"{name} must be float32, bfloat16 or float16, got {jnp.dtype(dtype)}")
+def check_float_dtype(dtype, name: str):
+    """`dtype` as JAX canonicalizes it, if it is float32, bfloat16 or float16; else TypeError."""
+    dtype = _dtype_named(dtype, name, "float32, bfloat16 or float16")
+    if dtype not in [jnp.dtype(d) for d in FLOAT_DTYPES]:
+        raise TypeError(f"{name} must be float32, bfloat16 or float16, got {dtype}")
+    return dtype
+
+
+def as_float_array(value):
+    """`value` as a JAX array; a (nested) list of Python numbers is float32, with or without x64
+    (as NumPy float64 arrays are without it)."""
+    if not hasattr(value, "dtype"):
+        return jnp.asarray(value, jnp.float32)
+    return jnp.asarray(value)
 
 
 def output_dtype(out_dtype, op: str):
     """The float dtype an op returns: `out_dtype`, bfloat16 by default."""
-    out_dtype = jnp.bfloat16 if out_dtype is None else out_dtype
-    check_float_dtype(out_dtype, f"{op}: out_dtype")
-    return jnp.dtype(out_dtype)
+    return check_float_dtype(jnp.bfloat16 if out_dtype is None else out_dtype, f"{op}: out_dtype")
 
 
 # Activations the GEMM epilogue applies after alpha and the bias (reference.activation). The
@@ -343,7 +361,7 @@ def checked_bias(bias, n: int, op: str):
     if bias is None:
         return None
     check_not_nvfp4(bias, f"{op}: bias", "biases stay float")
-    bias = jnp.asarray(bias)
+    bias = as_float_array(bias)
     check_float_dtype(bias.dtype, f"{op}: bias")
     if bias.shape != (n,):
         raise ValueError(f"{op}: bias must have shape ({n},), got {tuple(bias.shape)}")
@@ -370,7 +388,7 @@ def checked_activation(x, op: str):
         if x.s_dec.ndim:
             raise ValueError(f"{op}: an NVFP4 x needs a scalar s_dec, got shape {x.s_dec.shape}")
         return x, True
-    x = jnp.asarray(x)
+    x = as_float_array(x)
     check_float_dtype(x.dtype, f"{op}: x")
     if x.ndim < 1:
         raise ValueError(f"{op}: x must have rank >= 1 (contracting axis last), got a scalar")

@@ -3,28 +3,25 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 
-from jax_nvfp4.format import (NVFP4Array, check_float_dtype, check_logical_shape, check_not_nvfp4,
-                              checked_s_enc)
+from jax_nvfp4.format import (NVFP4Array, as_float_array, check_float_dtype, check_logical_shape,
+                              check_not_nvfp4, checked_s_enc)
 from jax_nvfp4.sharding.quantize import (partitioned_dequantize_p as dequantize_p,
                                          partitioned_quantize_p as quantize_p)
 
 
 def quantize(x, *, s_enc=None) -> NVFP4Array:
     """Quantizes `x` [..., R, K] (float32/bfloat16/float16, K a multiple of 16) to NVFP4 along
-    its last axis, with the TransformerEngine NVFP4 recipe (DESIGN.md §2).
+    its last axis, with the TransformerEngine NVFP4 recipe (docs/quantize.md, Numerics).
 
     s_enc: the float32 tensor encode scale (static calibration). None derives it from the amax
-    of the finite elements: S_enc = 6*448/amax. A float32 array whose shape is a prefix of x's
-    leading dims gives each group of rows its own scale. A host value (Python number, NumPy
-    array) that is not finite and positive raises ValueError.
+    of the finite elements: S_enc = 6*448/amax. A float32 array whose shape is a prefix of the
+    dims before [R, K] gives each matrix (or group of matrices) its own scale; rows inside one
+    matrix share its scale. A host value (Python number, NumPy array) that is not finite and
+    positive raises ValueError.
     Blocks holding NaN or +-Inf dequantize to NaN; other blocks are unaffected."""
     check_not_nvfp4(x, "quantize: x", "it is quantized already (dequantize it to requantize)")
-    if not hasattr(x, "dtype"):  # a (nested) list of Python numbers: float32, as jnp.asarray
-        x = jnp.asarray(x, jnp.float32)
-    elif isinstance(x, np.ndarray):  # as matmul takes it: float64 is float32 unless x64 is on
-        x = jnp.asarray(x)
+    x = as_float_array(x)
     check_float_dtype(x.dtype, "quantize: x")
     check_logical_shape(x.shape, "quantize: x")
     if s_enc is None:
@@ -48,5 +45,5 @@ def dequantize(q: NVFP4Array, dtype=jnp.bfloat16):
     if not isinstance(q, NVFP4Array):
         raise TypeError(f"dequantize expects an NVFP4Array, got {type(q).__name__}")
     q.validate("dequantize: q")
-    check_float_dtype(dtype, "dequantize: dtype")
-    return dequantize_p.bind(q.codes, q.scales, q.s_dec, dtype=jnp.dtype(dtype))
+    dtype = check_float_dtype(dtype, "dequantize: dtype")
+    return dequantize_p.bind(q.codes, q.scales, q.s_dec, dtype=dtype)

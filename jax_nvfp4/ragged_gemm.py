@@ -6,8 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_nvfp4.format import (GATED_ACTIVATIONS, NVFP4Array, activation_of, check_float_dtype,
-                              check_not_nvfp4, checked_activation, checked_output, reduce_dtype_of)
+from jax_nvfp4 import exact_division
+from jax_nvfp4.format import (CODE_DTYPE, GATED_ACTIVATIONS, SCALE_DTYPE, NVFP4Array, activation_of,
+                              check_float_dtype, check_not_nvfp4, checked_activation, checked_output,
+                              output_columns, reduce_dtype_of, tiled_scales_shape)
 from jax_nvfp4.quantization import quantize
 from jax_nvfp4.sharding.ragged import partitioned_ragged_matmul_p
 
@@ -113,6 +115,11 @@ def ragged_matmul(x, w: NVFP4Array, group_sizes, *, bias=None, activation=None, 
     if bias is not None:
         operands.append(bias)
     out_nvfp4 = out_s_enc is not None
+    cols = output_columns(n, activation)
+    if out_nvfp4 and cols == 0:  # no columns to quantize: an empty NVFP4Array, as matmul gives
+        shape = (x.shape[0], 0)
+        return NVFP4Array(jnp.zeros(shape, CODE_DTYPE), jnp.zeros(tiled_scales_shape(shape), SCALE_DTYPE),
+                          exact_division.divide(1.0, out_s_enc))
     (y,) = partitioned_ragged_matmul_p.bind(
         *operands, a_nvfp4=a_nvfp4, has_bias=bias is not None,
         out_dtype=jnp.dtype(jnp.float32) if out_nvfp4 else out_dtype, activation=activation,

@@ -165,6 +165,30 @@ def test_weight_errors():
         jn.quantize_conv_weight(jnp.ones((3, 3, 32, 8), jnp.int32))
     with pytest.raises(TypeError, match="conv: x must be float32, bfloat16 or float16, got int32"):
         jn.conv(jnp.ones((1, 8, 8, 32), jnp.int32), jn.quantize_conv_weight(jnp.ones((3, 3, 32, 8))))
+    for rs in ((0, 3), (3, 0)):  # not an XLA verifier error at lowering, nor a shape from eval_shape
+        w = jn.quantize_conv_weight(jnp.ones((*rs, 32, 8)))
+        with pytest.raises(ValueError, match=rf"spatial size R x S = {rs[0]} x {rs[1]} .* must be positive"):
+            jax.eval_shape(lambda x: jn.conv(x, w), x)
+
+
+@pytest.mark.parametrize("padding,strides,exports", [
+    ("VALID", (1, 1), True), ("SAME", (1, 1), True), (((1, 1), (1, 1)), (2, 2), True),
+    ("SAME", (2, 2), False),  # the pads depend on H and W modulo the stride
+])
+def test_export_with_symbolic_image_size(padding, strides, exports):
+    """jax.export with symbolic H and W: paddings that stay constant export and run like the
+    jitted call; a strided 'SAME', whose pads follow the size, is refused by name."""
+    from jax import export
+    w = jn.quantize_conv_weight(jax.random.normal(jax.random.key(0), (3, 3, 16, 8)))
+    f = jax.jit(lambda x: jn.conv(x, w, padding=padding, window_strides=strides, out_dtype=jnp.float32))
+    spec = jax.ShapeDtypeStruct((1, *export.symbolic_shape("h, w"), 16), jnp.float32)
+    if not exports:
+        with pytest.raises(ValueError, match=r"padding='SAME' with window_strides=\(2, 2\) depends on "
+                                             r"the symbolic input size"):
+            export.export(f)(spec)
+        return
+    x = jax.random.normal(jax.random.key(1), (1, 9, 7, 16))
+    np.testing.assert_array_equal(export.export(f)(spec).call(x), f(x))
 
 
 # The sm_90a tile loop, emulated on the host: (case, BN). Includes tiles that span several output

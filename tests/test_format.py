@@ -98,6 +98,13 @@ def test_from_plain_scales_and_from_packed_reject_other_dtypes():
     packed = NVFP4Array.from_plain_scales(codes, scales, s_dec).packed_codes()
     with pytest.raises(TypeError, match="packed codes must be uint8, got int8"):
         NVFP4Array.from_packed(packed.view(np.int8), scales, s_dec)
+    # lists have no dtype to check: refused by name, not an AttributeError
+    with pytest.raises(TypeError, match="scales must be a NumPy or JAX array of float8_e4m3fn, got list"):
+        NVFP4Array.from_plain_scales(codes, scales.tolist(), s_dec)
+    with pytest.raises(TypeError, match="codes must be a NumPy or JAX array of float4_e2m1fn, got list"):
+        NVFP4Array.from_plain_scales(codes.tolist(), scales, s_dec)
+    with pytest.raises(TypeError, match="packed codes must be a NumPy or JAX array of uint8, got list"):
+        NVFP4Array.from_packed(packed.tolist(), scales, s_dec)
 
 
 @pytest.mark.parametrize("to", [np.asarray, jnp.asarray], ids=["numpy", "jax"])

@@ -312,6 +312,22 @@ class TestValidation:
         with pytest.raises(ValueError, match=r"out_s_enc must be a scalar, got shape \(2,\)"):
             jn.matmul(jnp.zeros((2, 64)), self.w, out_s_enc=jnp.ones((2,)))
 
+    def test_dtypes_as_jax_canonicalizes_them(self):
+        """The builtin `float` is float32 without x64 (as jnp reads it), and lists of Python
+        numbers are float32 with or without it (as quantize takes them); float64 arrays under
+        x64 are refused."""
+        x = jnp.ones((2, 64))
+        assert jn.matmul(x, self.w, out_dtype=float).dtype == jnp.float32
+        assert jn.dequantize(self.w, float).dtype == jnp.float32
+        with jax.enable_x64(True):
+            y = jn.matmul([[1.0] * 64] * 2, self.w, bias=[0.5] * 32, out_dtype=jnp.float32)
+            np.testing.assert_array_equal(y, jn.matmul(x, self.w, bias=jnp.full((32,), 0.5, jnp.float32),
+                                                        out_dtype=jnp.float32))
+            with pytest.raises(TypeError, match="matmul: out_dtype must be .*got float64"):
+                jn.matmul(x.astype(jnp.float32), self.w, out_dtype=float)
+            with pytest.raises(TypeError, match="matmul: x must be .*got float64"):
+                jn.matmul(jnp.ones((2, 64), jnp.float64), self.w)
+
     def test_dtype_that_is_not_one(self):
         with pytest.raises(TypeError, match="matmul: out_dtype must be .*got 'flaot32'"):
             jn.matmul(jnp.zeros((2, 64)), self.w, out_dtype="flaot32")

@@ -192,6 +192,21 @@ def test_nvfp4_output_is_the_quantized_float32_result(activation):
     assert rel_err(got, oracle(x, w, sizes, bias, activation or "none")) <= 0.12  # 0.08-0.1
 
 
+@pytest.mark.parametrize("activation", [None, "swiglu"])
+def test_nvfp4_output_without_columns_is_empty_as_matmul_gives_it(activation):
+    """N = 0 (or N / 2 = 0 gated) with out_s_enc: an empty NVFP4Array with s_dec = 1 / s_enc,
+    field for field what matmul returns, not an error about quantizing an empty axis."""
+    w = jax.vmap(jn.quantize)(jnp.ones((2, 0, 64)))
+    x = jnp.ones((5, 64), jnp.bfloat16)
+    q = jax.jit(lambda x: jn.ragged_matmul(x, w, jnp.asarray([2, 3]), activation=activation,
+                                           out_s_enc=2.0))(x)
+    want = jn.matmul(x, jn.quantize(jnp.ones((0, 64))), activation=activation, out_s_enc=2.0)
+    assert isinstance(q, jn.NVFP4Array) and q.shape == want.shape == (5, 0)
+    for got, ref in zip(jax.tree.leaves(q), jax.tree.leaves(want)):
+        assert got.shape == ref.shape and got.dtype == ref.dtype
+    np.testing.assert_array_equal(np.asarray(q.s_dec), np.asarray(want.s_dec))
+
+
 def test_nvfp4_output_feeds_the_next_expert_layer():
     """An MoE block run W4A4 after its first layer: the gate/up layer's NVFP4 output (swiglu) is
     the down projection's x, as the float64 oracle computes it from that NVFP4 x."""

@@ -1,4 +1,4 @@
-"""Differentiation of the NVFP4 GEMM and convolution (DESIGN.md §6).
+"""Differentiation of the NVFP4 GEMM and convolution (docs/flax.md, Numerics).
 
 Importing this module registers JVP and transpose rules for `matmul_p` and `conv_p` and for
 their partitioned outer primitives (jax_nvfp4.sharding), which the public functions bind, so
@@ -8,8 +8,10 @@ their partitioned outer primitives (jax_nvfp4.sharding), which the public functi
 - Both are linear in their float activation (W4A16) and in `bias`. The JVP applies the same
   NVFP4 op to the activation's tangent and adds the tangent of `bias`.
 - The transpose (the backward pass) runs against the dequantized weight in bfloat16 with float32
-  accumulation (`ct @ w_hat`, or the transposed convolution): the weight is 4-bit, so nothing is
-  lost against a float32 backward, and the kernels' K-major layouts do not fit a product over N.
+  accumulation (`ct @ w_hat`, or the transposed convolution; the kernels' K-major layouts do not
+  fit a product over N). The cotangent and w_hat (the tensor scale s_dec included) are rounded to
+  bfloat16 first, so gradients agree with a float32 backward to ~1e-2 relative, not to float32
+  precision: `jax.test_util.check_grads` at its float32 tolerances fails in reverse mode.
 - NVFP4 operands (the weight, or an NVFP4 activation) are constants: codes and block scales are
   rounded values with no useful derivative, so their tangents are ignored and they get no
   cotangent; `dequantize` gives them a zero tangent the same way. Train NVFP4 weights through

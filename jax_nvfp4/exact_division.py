@@ -28,7 +28,7 @@ def divide(numerator: float, den):
     Exact for every normal positive `den` whose quotient is a normal float or overflows (then
     +inf). Zero, subnormal, infinite or NaN divisors, and quotients in the subnormal range, fall
     back to XLA's division: the recipe only meets those in corners (an all-zero block, an amax
-    below ~3e-35) that DESIGN.md §2 settles after the division."""
+    below ~3e-35) that the recipe (docs/quantize.md, Numerics) settles after the division."""
     frac, exp = math.frexp(numerator)  # numerator = num_mant * 2**num_exp, num_mant 24 bits
     num_mant, num_exp = int(frac * (1 << 24)), exp - 24
     if num_mant * 2.0 ** num_exp != numerator or not 1 << 23 <= num_mant < 1 << 24:

@@ -1,9 +1,10 @@
 """Pure-JAX reference of every op: the CPU path and the oracle for every kernel.
 
-Quantization follows DESIGN.md §2 operation by operation in float32 (the CUDA kernels produce the
-same bytes). Its divisions are correctly rounded on every backend (jax_nvfp4.exact_division:
-XLA:GPU's float32 division is not). XLA may fold a float32 -> e4m3 -> float32 round trip away (TransformerEngine hit
-this), so the E4M3 scale passes through an optimization barrier before it is widened.
+Quantization follows the recipe of docs/quantize.md (Numerics) operation by operation in float32
+(the CUDA kernels produce the same bytes). Its divisions are correctly rounded on every backend
+(jax_nvfp4.exact_division: XLA:GPU's float32 division is not). XLA may fold a float32 -> e4m3 ->
+float32 round trip away (TransformerEngine hit this), so the E4M3 scale passes through an
+optimization barrier before it is widened.
 """
 
 from __future__ import annotations

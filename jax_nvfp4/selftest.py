@@ -5,7 +5,7 @@ On a GPU whose kernels were never run before (sm_100a here), this is the first c
 compute what the reference computes. Each op registers one check:
 
     from jax_nvfp4.selftest import register_check
-    register_check("matmul", "jax_nvfp4_matmul", my_check)
+    register_check("matmul", "jax_nvfp4_gemm", my_check)
 
 where my_check(device) runs the op on `device`, raises AssertionError on a mismatch and returns
 a one-line summary of what it compared.
@@ -144,8 +144,8 @@ def _matmul_operands(m, n, k, seed):
 
 def _matmul_error(device, a, w, bias, activation=None) -> float:
     """Relative Frobenius error of matmul(a, w, bias, activation) on `device` (float32 out)
-    against the reference on the CPU. Blackwell runs W4A16 on quantize(x) (DESIGN.md §4), so
-    there the reference takes quantize(x) too."""
+    against the reference on the CPU. Blackwell runs W4A16 on quantize(x)
+    (docs/gemm_blackwell.md), so there the reference takes quantize(x) too."""
     from jax_nvfp4.gemm import matmul
     from jax_nvfp4.quantization import quantize
 

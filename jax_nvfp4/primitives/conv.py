@@ -1,4 +1,4 @@
-"""The NVFP4-weight convolution primitive (DESIGN.md §4).
+"""The NVFP4-weight convolution primitive (docs/conv.md, docs/conv_blackwell.md).
 
 conv_p.bind(x, [x_scales, x_s_dec,] w_codes, w_scales, w_s_dec, [bias,]
             x_nvfp4=..., has_bias=..., window_strides=(sh, sw), padding=((lo, hi), (lo, hi)),

@@ -1,4 +1,4 @@
-"""The NVFP4 GEMM primitive (DESIGN.md §2, §4).
+"""The NVFP4 GEMM primitive (docs/gemm_hopper.md, docs/gemm_blackwell.md).
 
 matmul_p.bind(a, [a_scales, a_s_dec,] b_codes, b_scales, b_s_dec, [bias,] [out_s_enc,]
               a_nvfp4=..., has_bias=..., out_nvfp4=..., out_dtype=..., activation=...)

@@ -1,4 +1,4 @@
-"""quantize / dequantize primitives (DESIGN.md §2, §4).
+"""quantize / dequantize primitives (docs/quantize.md).
 
 quantize_p.bind(x[, s_enc]) -> (codes, tiled scales, s_dec)
     x: float [..., R, K]; s_enc: float32 of shape x.shape[:g] (g >= 0), omitted to derive it from

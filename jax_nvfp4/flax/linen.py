@@ -34,6 +34,13 @@ from jax_nvfp4.format import NVFP4Array
 __all__ = ["Dense", "DenseGeneral", "Conv"]
 
 
+def _layer_name(module) -> str:
+    """How errors name a layer: its class, and its name where it has one (a top-level module
+    applied on its own has none)."""
+    kind = type(module).__name__
+    return kind if module.name is None else f"{kind} {module.name!r}"
+
+
 def quantize_kernel(kernel, layer: str, *, in_ndim: int = 1, conv: bool = False) -> NVFP4Array:
     """A float kernel, possibly boxed in nn.Partitioned / nn.LogicallyPartitioned -> its
     NVFP4Array, the codes and scales boxed with the mapped names:
@@ -107,7 +114,7 @@ def _apply(module, x, in_shape: tuple[int, ...], out_shape: tuple[int, ...], act
     """The parameters and forward pass of Dense/DenseGeneral: x [..., *in_shape] ->
     act(...) [..., *out_shape] (a gated activation: the kernel's and bias's last axis is twice
     out_shape's)."""
-    layer = f"{type(module).__name__} {module.name!r}"
+    layer = _layer_name(module)
     columns = _core.kernel_outputs(out_shape[-1], activation, layer)
     kernel_out = (*out_shape[:-1], columns)
     k, n = math.prod(in_shape), math.prod(kernel_out)
@@ -145,10 +152,10 @@ class Dense(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        _core.check_out_features(self.features, f"Dense {self.name!r}: features")
+        _core.check_out_features(self.features, f"{_layer_name(self)}: features")
         x = jnp.asarray(x)
         if x.ndim < 1:
-            raise ValueError(f"Dense {self.name!r}: input must have rank >= 1, got a scalar")
+            raise ValueError(f"{_layer_name(self)}: input must have rank >= 1, got a scalar")
         return _apply(self, x, (x.shape[-1],), (self.features,), self.activation)
 
 
@@ -172,7 +179,7 @@ class DenseGeneral(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        layer = f"DenseGeneral {self.name!r}"
+        layer = _layer_name(self)
         x = jnp.asarray(x)
         features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
         if not features:
@@ -213,7 +220,7 @@ class Conv(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        layer = f"Conv {self.name!r}"
+        layer = _layer_name(self)
         _core.check_out_features(self.features, f"{layer}: features")
         _core.check_act_quant(self.act_quant, self.act_s_enc, layer)
         kernel_size = _core.kernel_pair(self.kernel_size, layer)

@@ -382,6 +382,19 @@ def test_quantize_params_keeps_structure_and_honours_predicate():
     assert cos > 0.99
 
 
+def test_quantize_params_of_an_abstract_tree_is_the_abstract_nvfp4_tree():
+    """jax.eval_shape of init (the tree a checkpoint is restored into) converts to the shapes
+    and dtypes the concrete conversion has, the predicate honoured."""
+    tokens = jnp.arange(12).reshape(3, 4)
+    abstract = jax.eval_shape(_LinenLM().init, jax.random.key(0), tokens)
+    q = convert.quantize_params(abstract, predicate=convert.skip("lm_head"))
+    want = convert.quantize_params(_LinenLM().init(jax.random.key(0), tokens),
+                                   predicate=convert.skip("lm_head"))
+    assert isinstance(q["params"]["fc1"]["kernel"], jn.NVFP4Array)
+    assert jax.tree.map(lambda a: (a.shape, a.dtype), q) == jax.tree.map(lambda a: (a.shape, a.dtype), want)
+    assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(q))
+
+
 def test_quantize_params_keeps_kernels_nvfp4_cannot_hold():
     params = {"a": {"kernel": jnp.ones((24, 8))}, "b": {"kernel": jnp.ones((32, 8))}}
     q = convert.quantize_params(params)

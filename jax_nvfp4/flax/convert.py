@@ -21,6 +21,7 @@ float whatever the predicate says.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Mapping
@@ -91,7 +92,12 @@ def quantize_params(params, *, predicate: Predicate = quantize_all, conv: Predic
     on its own (one s_dec a layer, as the stacked NVFP4 layers hold it); `conv` and `in_ndim`
     then see one layer's kernel. A stacked kernel's box names the stack axes first (nn.vmap /
     nn.scan `metadata_params={nn.PARTITION_NAME: ...}`); the NVFP4 codes and scales keep those
-    names, s_dec [E] is not boxed (replicated). The input tree is not modified."""
+    names, s_dec [E] is not boxed (replicated). The input tree is not modified. An abstract tree
+    (jax.ShapeDtypeStruct leaves, e.g. `jax.eval_shape` of `init`, to restore a checkpoint into)
+    gives the abstract NVFP4 tree."""
+    if any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(params)):
+        return jax.eval_shape(functools.partial(quantize_params, predicate=predicate, conv=conv,
+                                                in_ndim=in_ndim, stack_ndim=stack_ndim), params)
 
     def quantized(kernel, path):
         where = "/".join(map(str, path))

@@ -790,6 +790,11 @@ with jax.set_mesh(explicit):
     y = mlp(up, down, xs)
     assert y.sharding.spec == P("data", None), y.sharding
     assert "all-gather" not in mlp.lower(up, down, xs).compile().as_text()
+    conv = nvnnx.Conv(256, 16, (3, 3), kernel_init=nnx.with_partitioning(init, (None, None, "model", None)),
+                      rngs=nnx.Rngs(2))  # 64 input channels a device: the sums all-reduced
+    images = jax.device_put(jnp.ones((2, 6, 6, 256)), NamedSharding(explicit, P("data", None, None, "model")))
+    y = nnx.jit(lambda c, a: c(a, out_sharding=P("data", None, None, None)))(conv, images)
+    assert y.sharding.spec == P("data", None, None, None), y.sharding
 print("SHARDED_FLAX_OK")
 """
 

@@ -307,10 +307,12 @@ class Conv(_NVFP4Layer):
                                lambda shape: (shape[2], shape[3], shape[:2]), kernel_metadata,
                                bias_metadata, kwargs)
 
-    def __call__(self, x):
-        return _core.conv(x, self.weight, self._bias(), in_features=self.in_features,
-                          strides=self.strides, padding=self.padding,
-                          dilation=self.kernel_dilation, dtype=self.dtype,
-                          param_dtype=self.param_dtype, act_quant=self.act_quant,
-                          act_s_enc=self.act_s_enc, reduce_dtype=self.reduce_dtype,
-                          layer=type(self).__name__)
+    def __call__(self, x, out_sharding=None):
+        """`out_sharding`: as nnx.Conv's (see `Linear`)."""
+        y = _core.conv(x, self.weight, self._bias(), in_features=self.in_features,
+                       strides=self.strides, padding=self.padding,
+                       dilation=self.kernel_dilation, dtype=self.dtype,
+                       param_dtype=self.param_dtype, act_quant=self.act_quant,
+                       act_s_enc=self.act_s_enc, reduce_dtype=self.reduce_dtype,
+                       layer=type(self).__name__)
+        return y if out_sharding is None else jax.sharding.reshard(y, out_sharding)

@@ -31,13 +31,8 @@ constexpr int staged_rows_per_row() {
   return x_split<XK>() ? 2 : 1;
 }
 
-// Words (8 elements each) a thread stages from its 32-element segment of a chunk row: NVFP4 all
-// four (one 16-byte code load, or two 8-byte ones where rows are 8-byte aligned), the other kinds
-// one (a 16-byte load for bf16).
-template <XKind XK>
-constexpr int staged_words_per_thread() {
-  return XK == XKind::kNvfp4 ? 4 : 1;
-}
+constexpr int kSegmentsPerChunk = kChunk / 32;  // a thread stages one 32-element segment of a chunk row
+static_assert(kSegmentsPerChunk == 4, "transpose_4x4 exchanges the four segments of a chunk row");
 
 // Words 0-3 (elements e0 + 8q .. e0 + 8q + 7) of NVFP4 row m as their bf16x2 pairs (elements
 // 8q + j and 8q + j + 4 in pair[q][j]), dequantized exactly; zero past M or K.
@@ -69,19 +64,18 @@ __device__ __forceinline__ void nvfp4_segment_pairs(const GemmProblem& p, int64_
   for (int q = 0; q < 4; ++q) dequant_word(words[q], q < 2 ? s0 : s1, pair[q]);
 }
 
-// Four lanes t = 0..3, kStride lanes apart, hold a[j] = A[t][j]; afterwards lane t holds
-// a[r] = A[r][t]. Two exchanges: with lane t ^ 1, then with lane t ^ 2.
-template <int kStride>
+// Four adjacent lanes t = 0..3 hold a[j] = A[t][j]; afterwards lane t holds a[r] = A[r][t]. Two
+// exchanges: with lane t ^ 1, then with lane t ^ 2.
 __device__ __forceinline__ void transpose_4x4(uint32_t (&a)[4], int t) {
   const bool odd = t & 1, high = t & 2;
 #pragma unroll
   for (int c = 0; c < 4; c += 2) {
-    const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? a[c] : a[c + 1], kStride);
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? a[c] : a[c + 1], 1);
     if (odd) a[c] = got; else a[c + 1] = got;
   }
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
-    const uint32_t got = __shfl_xor_sync(0xffffffffu, high ? a[c] : a[c + 2], 2 * kStride);
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, high ? a[c] : a[c + 2], 2);
     if (high) a[c] = got; else a[c + 2] = got;
   }
 }
@@ -127,28 +121,35 @@ __device__ __forceinline__ void activation_pairs(const GemmProblem& p, int64_t r
   }
 }
 
-// One thread per (staged row, chunk, t, q): 8 activations in; for NVFP4 one per (staged row,
-// chunk, t): words q = 0-3. Pair j of word q of the chunk row's 32-element segment t is word t
-// of the row's 16-byte k-group 4q + j: the four lanes of segments t = 0..3 exchange their pairs
-// (transpose_4x4), and each stores a k-group whole, the four together 64 contiguous bytes.
+// Words 0-3 of effective row r's 32-element segment e0 .. e0 + 31 as activation_pairs gives them.
+// Their 16-byte loads (four; eight for f32) are issued before any is used: a thread's loads are
+// all its bytes in flight, and one a thread left the pass well short of HBM bandwidth where x
+// outgrows the L2.
+template <XKind XK>
+__device__ __forceinline__ void activation_segment_pairs(const GemmProblem& p, int64_t r, int64_t e0,
+                                                         uint32_t (&pair)[4][4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) activation_pairs<XK>(p, r, e0 + 8 * q, pair[q]);
+}
+
+// One thread per (staged row, chunk, t): the 32-element segment t of the chunk row, words q = 0-3.
+// Pair j of word q is word t of the row's 16-byte k-group 4q + j: the four lanes of segments
+// t = 0..3 exchange their pairs (transpose_4x4), and each stores a k-group whole, the four
+// together 64 contiguous bytes.
 // Whole warps step together: a ragged GEMM's warp finds the rows of its (at most two) tiles
 // with warp-wide scans, and the lanes past the end run along (the exchanges need every lane).
 template <XKind XK, int MT>
 __global__ void stage_kernel(const GemmProblem p, int64_t staged_rows, int64_t chunks, uint32_t* xs) {
   constexpr int kTileWords = MT * kChunk / 2;
   constexpr int kRowsPerRow = staged_rows_per_row<XK>();
-  constexpr int kWords = staged_words_per_thread<XK>();
-  constexpr int kThreadsPerChunk = 16 / kWords;
-  constexpr int kSegmentLanes = 4 / kWords;  // lanes between segments t and t + 1
-  const int64_t total = staged_rows * chunks * kThreadsPerChunk;
+  const int64_t total = staged_rows * chunks * kSegmentsPerChunk;
   const int lane = threadIdx.x % 32;
   wait_for_prior_grids();  // programmatic dependent launch: the grid before may be writing x
   for (int64_t warp0 = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x - lane; warp0 < total;
        warp0 += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t id = min(warp0 + lane, total - 1);
-    const int tq = static_cast<int>(id % kThreadsPerChunk) * kWords;  // consecutive threads, consecutive words
-    const int t = tq / 4, q0 = tq % 4;
-    const int64_t c = (id / kThreadsPerChunk) % chunks, r = id / kThreadsPerChunk / chunks;
+    const int t = static_cast<int>(id % kSegmentsPerChunk);  // consecutive threads, consecutive segments
+    const int64_t c = (id / kSegmentsPerChunk) % chunks, r = id / kSegmentsPerChunk / chunks;
     GemmProblem src = p;
     int64_t src_row = r;  // in staged rows (kRowsPerRow a row of x)
     if (p.ragged()) {
@@ -160,21 +161,21 @@ __global__ void stage_kernel(const GemmProblem p, int64_t staged_rows, int64_t c
       src.m = rows.end;
       src_row = rows.begin * kRowsPerRow + r % MT;
     }
-    const int64_t e0 = c * kChunk + 32 * t + 8 * q0;
-    uint32_t pair[kWords][4];
+    const int64_t e0 = c * kChunk + 32 * t;
+    uint32_t pair[4][4];
     if constexpr (XK == XKind::kNvfp4) {
       nvfp4_segment_pairs(src, src_row, e0, pair);
     } else {
-      activation_pairs<XK>(src, src_row, e0, pair[0]);
+      activation_segment_pairs<XK>(src, src_row, e0, pair);
     }
     uint32_t* tile = xs + ((r / MT) * chunks + c) * kTileWords;
     const int row = static_cast<int>(r % MT);
 #pragma unroll
-    for (int q = 0; q < kWords; ++q) {
-      transpose_4x4<kSegmentLanes>(pair[q], t);
-      // A group of 4 lanes lies wholly before or past the end: total is a multiple of 16 / kWords.
+    for (int q = 0; q < 4; ++q) {
+      transpose_4x4(pair[q], t);
+      // A group of 4 lanes lies wholly before or past the end: total is a multiple of 4.
       if (warp0 + lane < total) {
-        *reinterpret_cast<uint4*>(tile + staged_word<MT>(staged_k_group(8 * (q0 + q) + t), row, 0)) =
+        *reinterpret_cast<uint4*>(tile + staged_word<MT>(staged_k_group(8 * q + t), row, 0)) =
             make_uint4(pair[q][0], pair[q][1], pair[q][2], pair[q][3]);
       }
     }
@@ -184,7 +185,7 @@ __global__ void stage_kernel(const GemmProblem p, int64_t staged_rows, int64_t c
 template <XKind XK, int MT>
 cudaError_t launch(const GemmProblem& p, const StagedActivations& s, cudaStream_t stream) {
   const int64_t staged_rows = s.m_tiles * MT;
-  const int64_t threads = staged_rows * s.chunks * (16 / staged_words_per_thread<XK>());
+  const int64_t threads = staged_rows * s.chunks * kSegmentsPerChunk;
   const int64_t blocks = std::min<int64_t>(ceil_div(threads, 256), 8LL * sm_count());
   const LaunchConfig config(dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream, /*cluster_z=*/0, /*pdl=*/true);
   return cudaLaunchKernelEx(&config.cfg, stage_kernel<XK, MT>, p, staged_rows, s.chunks,

@@ -78,7 +78,7 @@ _NOT_AN_ARRAY = ("an NVFP4Array is not {what}: read its values with q.dequantize
 
 
 @jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class NVFP4Array:
     """An NVFP4-quantized tensor (a pytree: jit, vmap, device_put and sharding see its fields).
 
@@ -135,6 +135,22 @@ class NVFP4Array:
 
     def __jax_array__(self):
         raise TypeError(_NOT_AN_ARRAY.format(what="a JAX array"))
+
+    def __eq__(self, other):
+        # Field-wise, as the dataclass's own: trees of shapes (jax.tree.map(jnp.shape, params))
+        # compare by value. Between arrays that would ask an array for its truth value and fail
+        # with "ambiguous", far from the cause: refused here by name.
+        if not isinstance(other, NVFP4Array):
+            return NotImplemented
+        mine, theirs = (tuple(getattr(a, f) for f in FIELDS) for a in (self, other))
+        if any(isinstance(v, (jax.Array, np.ndarray)) for v in mine + theirs):
+            raise TypeError("NVFP4Array == NVFP4Array is not defined for arrays: compare the "
+                            "fields (q.codes, q.scales, q.s_dec, e.g. with jnp.array_equal) or "
+                            "the dequantized values")
+        return mine == theirs
+
+    def __hash__(self):
+        return hash(tuple(getattr(self, f) for f in FIELDS))
 
     def dequantize(self, dtype=jnp.bfloat16) -> jax.Array:
         """The tensor's values in `dtype` (see `jax_nvfp4.dequantize`)."""

@@ -169,6 +169,19 @@ def test_trees_of_shapes_compare_by_value():
     # compare as users expect; between arrays, as for jax arrays, there is no single truth value.
     q = NVFP4Array.from_plain_scales(*[jnp.asarray(a) for a in _example()])
     assert jax.tree.map(jnp.shape, q) == jax.tree.map(jnp.shape, NVFP4Array(q.codes, q.scales, q.s_dec))
+    assert jax.tree.map(jnp.shape, q) != jax.tree.map(jnp.shape, NVFP4Array(q.codes, q.scales,
+                                                                           q.s_dec[None]))
+    assert hash(jax.tree.map(jnp.shape, q)) == hash(jax.tree.map(jnp.shape, q))
+
+
+@pytest.mark.parametrize("host", [False, True], ids=["jax", "numpy"])
+def test_comparing_nvfp4_arrays_of_arrays_names_what_to_compare(host):
+    q = NVFP4Array.from_plain_scales(*[jnp.asarray(a) for a in _example()])
+    q = q.to_numpy() if host else q
+    with pytest.raises(TypeError, match=r"NVFP4Array == NVFP4Array is not defined for arrays: "
+                                        r"compare the fields"):
+        q == NVFP4Array(q.codes, q.scales, q.s_dec)  # noqa: B015
+    assert (q == "q") is False
 
 
 def test_export_serializes_functions_taking_and_returning_nvfp4_arrays():

@@ -7,14 +7,15 @@ idle GPU, as a short profile sees it).
     python bench/bench_clocks.py --shapes 2048x6144x4096,2048x4096x4096 --out DIR
 
 The ops are bench_matmul.py's (default: ours W4A16, ours W4A4, bf16 dot), timed round-robin.
-Needs nvidia-smi on PATH (it reads GPU 0, the one JAX uses first) and a jax with its CUDA
-profiler (CUPTI). Writes DIR/clocks_<device>.md."""
+Needs nvidia-smi on PATH (it reads the first GPU of CUDA_VISIBLE_DEVICES, else GPU 0: the one
+JAX uses first) and a jax with its CUDA profiler (CUPTI). Writes DIR/clocks_<device>.md."""
 
 from __future__ import annotations
 
 import datetime
 import gzip
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -37,17 +38,19 @@ SMI_PERIOD_MS = 20
 # application-clock setting are not slowdowns and are left out.
 EVENT_REASONS = {0x4: "sw power cap", 0x8: "hw slowdown", 0x10: "sync boost",
                  0x20: "sw thermal", 0x40: "hw thermal", 0x80: "hw power brake"}
+# nvidia-smi's name for the GPU JAX uses first (an index or a UUID, as -i takes either)
+SMI_GPU = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() or "0"
 BURST_CALLS = 20
 IDLE_S = 1.0  # pause before a burst, so the GPU starts it idle
 
 
 class SmiSampler:
-    """Samples GPU 0's SM clock (MHz), power (W), temperature (C) and clock-event reasons every
-    SMI_PERIOD_MS while the `with` block runs."""
+    """Samples SMI_GPU's SM clock (MHz), power (W), temperature (C) and clock-event reasons
+    every SMI_PERIOD_MS while the `with` block runs."""
 
     def __enter__(self):
         self._proc = subprocess.Popen(
-            ["nvidia-smi", "-i", "0", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits",
+            ["nvidia-smi", "-i", SMI_GPU, f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits",
              "-lms", str(SMI_PERIOD_MS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(0.05)  # nvidia-smi's first sample comes after its start-up
         return self
@@ -57,10 +60,10 @@ class SmiSampler:
         out, err = self._proc.communicate()
         self.samples = []
         for line in out.splitlines():
-            clock, power, temp, reasons = (v.strip() for v in line.split(","))
             try:
+                clock, power, temp, reasons = (v.strip() for v in line.split(","))
                 self.samples.append((float(clock), float(power), float(temp), int(reasons, 16)))
-            except ValueError:  # a field this GPU or driver does not report ("[N/A]")
+            except ValueError:  # a field this GPU or driver does not report ("[N/A]"), a cut line
                 continue
         if not self.samples:
             raise RuntimeError(f"nvidia-smi gave no samples: {err.strip() or out[:200]}")
@@ -143,8 +146,11 @@ def main():
     parser.add_argument("--ops", default="ours_w4a16,ours_w4a4,bf16_dot",
                         help="comma-separated op names of bench_matmul.variants")
     args = parser.parse_args()
+    wanted = args.ops.split(",")
+    if unknown := set(wanted) - set(variants(1, 16, 16, jax.random.key(0))):
+        parser.error(f"--ops: no op named {', '.join(sorted(unknown))}")
     device = jax.devices()[0].device_kind
-    smi = subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=name,driver_version,power.limit,"
+    smi = subprocess.run(["nvidia-smi", "-i", SMI_GPU, "--query-gpu=name,driver_version,power.limit,"
                           "clocks.max.sm", "--format=csv,noheader"], capture_output=True, text=True)
     date = datetime.date.today().isoformat()
     lines = [f"# Loop time, clocks and kernel times of matmul ops on {device} ({date}, "
@@ -161,7 +167,7 @@ def main():
     for shape in args.shapes.split(","):
         m, n, k = (int(v) for v in shape.split("x"))
         ops = {name: v for name, v in variants(m, n, k, jax.random.key(m + n + k)).items()
-               if name in args.ops.split(",")}
+               if name in wanted}
         timers = {name: LoopTimer(fn, a) for name, (fn, a) in ops.items()}
         times = {name: [] for name in ops}
         samples = {name: [] for name in ops}

@@ -38,9 +38,9 @@ def test_a_kernel_missing_from_the_loop_reads_none():
         bench_clocks.per_call([("other", 1.0)], {"gemm_fusion_dot"})
 
 
-def test_smi_samples_skip_unreported_fields_and_name_the_slowdowns(monkeypatch):
+def test_smi_samples_skip_unreported_fields_and_cut_lines_and_name_the_slowdowns(monkeypatch):
     lines = ["1980, 650.10, 55, 0x0000000000000004", "1755, 699.90, 57, 0x0000000000000000",
-             "[N/A], 10.0, 50, 0x0", "1500, 640.0, 56, 0x0000000000000008"]
+             "[N/A], 10.0, 50, 0x0", "1500, 640.0, 56, 0x0000000000000008", "1710, 6"]
 
     class FakeSmi:
         def __init__(self, *args, **kwargs):

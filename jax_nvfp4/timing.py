@@ -14,9 +14,25 @@ TARGET_S = 0.02  # wall time of the shorter of the two runs a reading takes (Loo
 WARM_S = 0.15  # untimed running of the loop before each reading (LoopTimer.__call__)
 ATTEMPTS = 5  # timed pairs of runs a reading may take before it gives up (LoopTimer.__call__)
 # Operand sets a rotating loop calls fn on per iteration: 8 x 9.4 MB (the smallest NVFP4 weight
-# benchmarked) exceed the L2 (H200 60 MB, H100 50 MB); fewer only where 8 would pass COPIES_BYTES.
+# benchmarked) exceed the L2 (H200 60 MB, H100 50 MB); fewer only where 8 would pass COPIES_BYTES
+# a device, more where the operands are split over devices (rotation_copies).
 COPIES = 8
 COPIES_BYTES = 4 * 2**30
+
+
+def bytes_a_device(leaf) -> int:
+    """The bytes of `leaf` one device holds: all of them unless it is split over devices."""
+    shards = getattr(leaf, "addressable_shards", None)
+    return shards[0].data.nbytes if shards else leaf.nbytes
+
+
+def rotation_copies(total_bytes: int, device_bytes: int) -> int:
+    """Operand sets a rotating LoopTimer makes, for operands of `total_bytes` of which one device
+    holds `device_bytes`: COPIES, times the split, so that a device rotates through as many bytes
+    as one device holding them whole would (8 copies of a 4096 x 4096 NVFP4 weight split over 4
+    GPUs are 19 MB a GPU, inside its L2); at most COPIES_BYTES a device."""
+    split = -(-total_bytes // max(device_bytes, 1))
+    return int(min(COPIES * split, max(1, COPIES_BYTES // max(device_bytes, 1))))
 
 
 class LoopTimer:
@@ -29,7 +45,9 @@ class LoopTimer:
     it, one operand set stays warm in L2 (as PyTorch's timing loop leaves cuDNN's). The copy
     count does not depend on the operands' size (unless they are huge), so the loop's own
     per-iteration cost is spread over as many calls for a bf16 GEMV as for ours: sized by the L2
-    alone, the bf16 dot's 117 MB weights got 2 copies and NVFP4's 33 MB 6. With `chain`,
+    alone, the bf16 dot's 117 MB weights got 2 copies and NVFP4's 33 MB 6. Operands split over
+    devices get as many more copies as they are split (rotation_copies): each device then rotates
+    through the bytes one device would. fn returns one array. With `chain`,
     each iteration calls fn that many times in a row on each operand set, each call's operands
     passed through an optimization barrier together with the previous call's output: the calls
     stay distinct (XLA cannot merge them) and run back to back, as PyTorch's are, and the loop's
@@ -51,8 +69,9 @@ class LoopTimer:
 
     def __init__(self, fn, args, rotate: bool = True, chain: int = 1):
         y0 = jax.eval_shape(fn, *args)
-        nbytes = sum(leaf.nbytes for leaf in jax.tree.leaves(args))
-        copies = int(min(COPIES, max(1, COPIES_BYTES // nbytes))) if rotate else 1
+        leaves = jax.tree.leaves(args)
+        copies = rotation_copies(sum(leaf.nbytes for leaf in leaves),
+                                 sum(bytes_a_device(leaf) for leaf in leaves)) if rotate else 1
         self._sets = [args] + [jax.tree.map(lambda a: jnp.array(a, copy=True), args) for _ in range(copies - 1)]
         corner = (slice(0, 1),) * len(y0.shape)
 

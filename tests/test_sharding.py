@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec as P
 import jax_nvfp4 as nv
 from jax_nvfp4.primitives.autodiff import qat_conv, qat_matmul
 from jax_nvfp4.sharding import nvfp4_sharding, shard_nvfp4
+from jax_nvfp4.timing import COPIES, LoopTimer, bytes_a_device
 
 REPO = Path(__file__).resolve().parents[1]
 CHILD_FLAG = "JAX_NVFP4_SHARDING_CHILD"
@@ -1129,3 +1130,12 @@ def test_ragged_matmul_expert_parallel_grad(mesh, ragged_operands):
     for a, b in zip(got, want):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
         assert np.linalg.norm(a - b) <= 1e-2 * np.linalg.norm(b)
+
+
+@multidevice
+def test_a_loop_timer_rotates_a_split_operand_through_as_many_bytes_a_device_as_one_would(mesh):
+    # The benchmarks' timer rotates operands past the L2; split over n devices, COPIES sets would
+    # leave each device 1/n of the bytes (a 4096 x 4096 NVFP4 weight on 4 GPUs: 19 MB, in L2).
+    x = put(jnp.ones((8 * N_DEV, 64), jnp.float32), mesh, P(ALL))
+    assert bytes_a_device(x) == x.nbytes // N_DEV
+    assert len(LoopTimer(lambda a: a * 2.0, (x,))._sets) == COPIES * N_DEV

@@ -6,7 +6,8 @@ import time
 import jax.numpy as jnp
 import pytest
 
-from jax_nvfp4.timing import ATTEMPTS, LoopTimer, interleaved_times, loop_time
+from jax_nvfp4.timing import (ATTEMPTS, COPIES, COPIES_BYTES, LoopTimer, bytes_a_device,
+                               interleaved_times, loop_time, rotation_copies)
 
 
 @pytest.mark.parametrize("rotate,chain", [(True, 1), (False, 3)])
@@ -74,3 +75,18 @@ def test_loop_timer_gives_up_when_every_pair_is_spoiled():
     timer._runs = _stalled_runs(timer, [0.5, 0.0] * ATTEMPTS)
     with pytest.raises(RuntimeError, match=f"no longer than .* in {ATTEMPTS} tries"):
         timer(0.0)
+
+
+def test_rotation_copies_grow_with_the_split_and_stop_at_the_memory_bound():
+    mb = 10**6
+    assert rotation_copies(9_400_000, 9_400_000) == COPIES  # one device: always COPIES
+    assert rotation_copies(10 * mb, 10 * mb // 4) == 4 * COPIES  # split over 4: 4x the sets
+    assert rotation_copies(10 * mb + 1, 10 * mb // 4) == 5 * COPIES  # a partly split set: rounded up
+    assert rotation_copies(COPIES_BYTES // 2, COPIES_BYTES // 2) == 2  # huge: what fits a device
+    assert rotation_copies(8 * COPIES_BYTES, COPIES_BYTES) == 1
+
+
+def test_a_rotating_timer_on_one_device_makes_copies_sets():
+    x = jnp.ones((64, 64), jnp.float32)
+    assert bytes_a_device(x) == x.nbytes
+    assert len(LoopTimer(lambda a: a + 1.0, (x,))._sets) == COPIES

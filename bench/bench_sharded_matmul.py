@@ -13,7 +13,8 @@ Decode calls rotate through weight copies larger than the L2 (as in bench_matmul
 medians of LoopTimer readings taken round-robin (jax_nvfp4/timing.py), us per call. The
 bf16 dot accumulates in float32 and casts after the sum, like the matmul, so both sum float32
 partials. The communication floor is what the collective must move per device over the
-GPU-to-GPU links: all-reduce 2 (n-1)/n and reduce-scatter (n-1)/n of y's float32 bytes.
+GPU-to-GPU links: all-reduce 2 (n-1)/n and reduce-scatter (n-1)/n of y's float32 bytes (half
+that for the partial sums in bfloat16).
 Results: DIR/sharded_matmul_<device>.md.
 """
 
@@ -104,7 +105,8 @@ def run(out_dir: Path, rounds: int):
                 f"{us['bf16, reduce-scatter'] / us['nvfp4, reduce-scatter']:.2f}x |")
             print(lines[-1], flush=True)
     floor = ["", "Collective floor per device, MB of float32 partial sums moved over the links "
-             "(both ops): all-reduce 2 (n-1)/n, reduce-scatter (n-1)/n of y."]
+             "(both ops): all-reduce 2 (n-1)/n, reduce-scatter (n-1)/n of y; the bfloat16 "
+             "all-reduce columns move half the all-reduce's."]
     for m in (m for m in MS if m > DECODE_MAX_M):
         y32 = m * SHAPES[0][0] * 4 / 1e6
         floor.append(f"- M = {m}, N = {SHAPES[0][0]}: all-reduce "

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import jax
 
-from jax_nvfp4.timing import LoopTimer
+from jax_nvfp4.timing import LoopTimer, interleaved_times
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_matmul import variants  # noqa: E402
@@ -41,7 +41,7 @@ EVENT_REASONS = {0x4: "sw power cap", 0x8: "hw slowdown", 0x10: "sync boost",
 # nvidia-smi's name for the GPU JAX uses first (an index or a UUID, as -i takes either)
 SMI_GPU = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() or "0"
 BURST_CALLS = 20
-IDLE_S = 1.0  # pause before a burst, so the GPU starts it idle
+BURST_IDLE_S = 1.0  # pause before a burst, so the GPU starts it idle
 
 
 class SmiSampler:
@@ -128,7 +128,7 @@ def measure(name, fn, args, timer) -> dict:
         for _ in range(BURST_CALLS):
             jax.block_until_ready(jitted(*args))
 
-    time.sleep(IDLE_S)
+    time.sleep(BURST_IDLE_S)
     burst_kernels = gpu_kernels(burst)
     names = {base_name(k) for k, _ in burst_kernels}
     if not names:
@@ -160,7 +160,7 @@ def main():
              "turn); clock, power (median) and temperature (max) sampled by nvidia-smi every "
              f"{SMI_PERIOD_MS} ms during the readings, with every slowdown reason seen. Kernels "
              "per call: the op's kernels summed, from a profiler trace of one loop reading "
-             f"(loop) and of {BURST_CALLS} single jitted calls after {IDLE_S:.0f} s idle (burst).",
+             f"(loop) and of {BURST_CALLS} single jitted calls after {BURST_IDLE_S:.0f} s idle (burst).",
              "", "| M x N x K | op | loop us | kernels in loop | kernels in burst | SM MHz (min) "
              "| power W | temp C | slowdown reasons |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     details = []
@@ -169,19 +169,24 @@ def main():
         ops = {name: v for name, v in variants(m, n, k, jax.random.key(m + n + k)).items()
                if name in wanted}
         timers = {name: LoopTimer(fn, a) for name, (fn, a) in ops.items()}
-        times = {name: [] for name in ops}
         samples = {name: [] for name in ops}
-        for _ in range(args.rounds):
-            for name, timer in timers.items():
+
+        def sampled(name, timer):
+            """The timer's reading, with nvidia-smi's samples during it kept under its name."""
+            def read():
                 with SmiSampler() as s:
-                    times[name].append(timer())
+                    seconds = timer()
                 samples[name] += s.samples
+                return seconds
+            return read
+
+        loop = interleaved_times({name: sampled(name, t) for name, t in timers.items()}, args.rounds)
         for name, (fn, a) in ops.items():
             got = measure(name, fn, a, timers[name])
             s = SmiSampler()
             s.samples = samples[name]
             clk = s.summary()
-            lines.append(f"| {shape} | {name} | {statistics.median(times[name]) * 1e6:.1f} | "
+            lines.append(f"| {shape} | {name} | {loop[name] * 1e6:.1f} | "
                          f"{got['loop_sum']:.1f} | {got['burst_sum']:.1f} | {clk['clock']:.0f} "
                          f"({clk['clock_min']:.0f}) | {clk['power']:.0f} | {clk['temp']:.0f} | "
                          f"{clk['reasons']} |")

@@ -12,6 +12,7 @@ from jax import lax
 
 TARGET_S = 0.02  # wall time of the shorter of the two runs a reading takes (LoopTimer)
 WARM_S = 0.15  # untimed running of the loop before each reading (LoopTimer.__call__)
+IDLE_S = 0.1  # idle GPU before each reading of a round-robin (interleaved_times)
 ATTEMPTS = 5  # timed pairs of runs a reading may take before it gives up (LoopTimer.__call__)
 # Operand sets a rotating loop calls fn on per iteration: 8 x 9.4 MB (the smallest NVFP4 weight
 # benchmarked) exceed the L2 (H200 60 MB, H100 50 MB); fewer only where 8 would pass COPIES_BYTES
@@ -149,9 +150,15 @@ def interleaved_times(timers: dict, rounds: int = 7) -> dict:
     Timed one after the other instead, candidates see different GPU clocks (the clock falls as
     the GPU heats under back-to-back GEMMs), which biased same-run comparisons by up to 15%
     (bench/results/prefill_gemm_h200_2026-11-21.md). A LoopTimer's reading starts with WARM_S of
-    its own loop untimed, so the timer read before it does not bias it (LoopTimer.__call__)."""
+    its own loop untimed, so the timer read before it does not bias it (LoopTimer.__call__).
+
+    Each reading also follows IDLE_S of an idle GPU. Without it, whichever GEMM was read right
+    after bench_matmul's dequantize + dot peers read 5-10% slow on an H200 at its power cap,
+    with 0.15, 0.5 or 1 s of warm-up alike; 0.1 s idle before each reading removed it
+    (bench/results/matmul_h200_2026-11-30_v29.md)."""
     samples = {name: [] for name in timers}
     for _ in range(rounds):
         for name, timer in timers.items():
+            time.sleep(IDLE_S)
             samples[name].append(timer())
     return {name: statistics.median(ts) for name, ts in samples.items()}

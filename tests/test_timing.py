@@ -6,7 +6,7 @@ import time
 import jax.numpy as jnp
 import pytest
 
-from jax_nvfp4.timing import (ATTEMPTS, COPIES, COPIES_BYTES, LoopTimer, bytes_a_device,
+from jax_nvfp4.timing import (ATTEMPTS, COPIES, COPIES_BYTES, IDLE_S, LoopTimer, bytes_a_device,
                                interleaved_times, loop_time, rotation_copies)
 
 
@@ -34,6 +34,15 @@ def test_interleaved_times_takes_each_timers_median_round_robin():
     got = interleaved_times({"a": fake("a", [3.0, 1.0, 2.0]), "b": fake("b", [5.0])}, rounds=3)
     assert got == {"a": 2.0, "b": 5.0}
     assert calls == ["a", "b"] * 3
+
+
+def test_interleaved_times_idles_before_every_reading(monkeypatch):
+    events = []
+    monkeypatch.setattr(time, "sleep", lambda s: events.append(("idle", s)))
+    timers = {name: (lambda name=name: events.append(("read", name)) or 1.0) for name in "ab"}
+    interleaved_times(timers, rounds=2)
+    assert events == [("idle", IDLE_S), ("read", "a"), ("idle", IDLE_S), ("read", "b")] * 2
+    assert IDLE_S > 0
 
 
 @pytest.mark.parametrize("warm_s", [0.0, 0.05])

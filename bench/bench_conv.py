@@ -16,19 +16,19 @@ output dropped at once (the graph's pool then gives every call the same buffer, 
 with every output kept ("fresh outputs": a buffer each, as every call of our chain writes; XLA
 keeps them all live to the end of the iteration). --also-chain N also
 times ours with N calls an iteration, in the same rounds: what the loop adds to a call. All are
-timed round-robin (each once per round, 7 rounds, median), so they see the same GPU clock, and
-each reading, cuDNN's too, follows WARM_S of its own work run untimed. Also
+timed round-robin (each once per round after 0.1 s idle, 7 rounds, median), so they see the same
+GPU clock, and each reading, cuDNN's too, follows WARM_S of its own work run untimed. Also
 reports the activation bytes the sm_90a kernel loads from global memory into shared memory with
 and without the shifted-operand reuse, counted from its schedule (cuda/conv/sm90/conv_sm90_schedule.h).
 --forced also times ours with each named sm_90a kernel forced (JAX_NVFP4_CONV_SM90_KERNEL), in
 the same rounds (nan where the kernel does not take a shape); --only keeps the shapes whose name
-contains one of the given words. Writes DIR/bench_conv.md."""
+contains one of the given words. Writes DIR/conv_<device>.md."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import os
+import sys
 import time
 from pathlib import Path
 
@@ -41,6 +41,9 @@ from jax_nvfp4._extension import _ext, cublaslt_gemm_calls, visible_cuda_arch
 from jax_nvfp4.primitives import conv as conv_primitive
 from jax_nvfp4.primitives.conv import pointwise_as_gemm
 from jax_nvfp4.timing import TARGET_S, WARM_S, LoopTimer, interleaved_times
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import timer_forcing, write_table  # noqa: E402
 
 # name: (N, H, W, C, K, R, S, stride, padding)
 SHAPES = [
@@ -243,17 +246,13 @@ def main():
                   "dequant": LoopTimer(lambda xc, wq, st=stride: xla_dequantized(xc, wq, st, padding),
                                        (x, wq), rotate=False, chain=chain)}
         failed = {}
-        for kernel in args.forced:  # the variable is read when the timer compiles its loop
-            os.environ["JAX_NVFP4_CONV_SM90_KERNEL"] = kernel
-            jax.clear_caches()
-            try:
-                timers[kernel] = LoopTimer(ours, (x, wq), rotate=False, chain=chain)
-            except Exception as e:  # a forced kernel that does not take this shape: nan, not the run
-                print(f"  {name}: {kernel} forced: {type(e).__name__}: {str(e)[:200]}")
+        for kernel in args.forced:
+            timer = timer_forcing("JAX_NVFP4_CONV_SM90_KERNEL", kernel, ours, (x, wq),
+                                  rotate=False, chain=chain)
+            if timer is None:  # a forced kernel that does not take this shape: nan, not the run
                 failed[kernel] = float("nan")
-            finally:
-                del os.environ["JAX_NVFP4_CONV_SM90_KERNEL"]
-                jax.clear_caches()
+            else:
+                timers[kernel] = timer
         if args.also_chain:
             timers["also_chain"] = LoopTimer(ours, (x, wq), rotate=False, chain=args.also_chain)
         timers.update(torch_timers(n, h, w, c, k, r, s, stride, chain))
@@ -300,10 +299,7 @@ def main():
                      f"{vs(t_f)} | "
                      f"{reuse/1e6:.2f} / {plain/1e6:.2f} | {bn} |"
                      + "".join(f" {v*1e6:.1f} |" for v in forced.values()))
-    table = "\n".join(lines) + "\n"
-    print(table)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_conv.md").write_text(table)
+    write_table(lines, args.out, "conv", dev.device_kind)
 
 
 if __name__ == "__main__":

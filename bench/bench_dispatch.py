@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
+import sys
 from pathlib import Path
 
 import jax
@@ -27,17 +27,13 @@ import jax.numpy as jnp
 
 import jax_nvfp4 as nv
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import host_loop_times, table_path  # noqa: E402
+
 
 def per_execution_us(fn, args, executions: int, rounds: int) -> tuple[float, float]:
     """Median and best microseconds per execution of `fn(*args)`, `executions` a round."""
-    fn(*args).block_until_ready()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(executions):
-            out = fn(*args)
-        out.block_until_ready()
-        times.append((time.perf_counter() - start) / executions * 1e6)
+    times = [t * 1e6 for t in host_loop_times(fn, args, executions, rounds)]
     return statistics.median(times), min(times)
 
 
@@ -66,8 +62,7 @@ def main(argv=None) -> int:
     line = (f"{label}: chain of {args.calls} GEMMs {chain_med:.1f} us/exec (best "
             f"{chain_best:.1f}); one GEMM {one_med:.2f} us/exec (best {one_best:.2f}) on {device}")
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"dispatch_{device.replace(' ', '_')}.md"
+        path = table_path(args.out, "dispatch", device)
         with path.open("a") as f:
             f.write(f"- {line}\n")
         print(f"appended to {path}")

@@ -33,11 +33,10 @@ from jax_nvfp4.timing import LoopTimer, interleaved_times
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_matmul import hbm_bandwidth  # noqa: E402
-from report import table_parser, write_table  # noqa: E402
+from report import NVFP4_BYTES_PER_ELEMENT, table_parser, write_table  # noqa: E402
 
 EXPERTS, N, K = 8, 14336, 4096
 TOKENS = [1, 4, 16, 64, 256]
-NVFP4_BYTES_PER_ELEMENT = 0.5 + 1 / 16  # codes, plus one e4m3 scale a 16-element block
 
 
 def _stacked(x, w):

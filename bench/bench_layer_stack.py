@@ -26,11 +26,10 @@ from jax_nvfp4.timing import LoopTimer, interleaved_times
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_matmul import hbm_bandwidth  # noqa: E402
-from report import table_parser, write_table  # noqa: E402
+from report import NVFP4_BYTES_PER_ELEMENT, table_parser, write_table  # noqa: E402
 
 LAYERS = 8
 SIZES = [4096, 8192]  # square layers [N, N]: each output feeds the next layer
-NVFP4_BYTES_PER_ELEMENT = 0.5 + 1 / 16
 
 
 def _bf16_dot(h, w):

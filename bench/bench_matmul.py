@@ -13,15 +13,17 @@ Each op runs many times inside one jitted lax.fori_loop (its operands pass throu
 optimization barrier every iteration, so XLA can neither hoist nor merge the calls), rotating
 through copies of its operands larger than the L2 cache; the time per call is the loop's time
 divided by its call count, free of host dispatch. The ops of one shape are timed round-robin
-(each loop once per round, 7 rounds, median), so they all see the same GPU clock.
-Writes DIR/matmul_bench.md (table), DIR/matmul_bench.csv and DIR/matmul_speedup.png."""
+(each loop once per round, 7 rounds, median), so they all see the same GPU clock; each reading
+follows 0.1 s of an idle GPU (jax_nvfp4.timing.interleaved_times says why).
+Writes DIR/matmul_<device>.md (table), DIR/matmul_<device>.csv and DIR/matmul_speedup_<device>.png,
+rewritten after every shape."""
 
 from __future__ import annotations
 
 import argparse
 import csv
 import datetime
-import os
+import sys
 from pathlib import Path
 
 import jax
@@ -32,6 +34,9 @@ from jax import lax
 import jax_nvfp4 as jn
 from jax_nvfp4 import reference
 from jax_nvfp4.timing import LoopTimer, interleaved_times, loop_time
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import NVFP4_BYTES_PER_ELEMENT, table_path, timer_forcing  # noqa: E402
 
 SHAPES_NK = [(14336, 4096), (4096, 4096), (6144, 4096), (4096, 14336)]
 MS = [1, 4, 16, 64, 256, 1024, 4096, 8192]
@@ -69,7 +74,7 @@ def variants(m, n, k, key):
         "ours_w4a16": (lambda a, w: jn.matmul(a, w), (x, wq)),
         "ours_w4a4": (lambda a, w: jn.matmul(a, w), (xq, wq)),
         "bf16_dot": (lambda a, w: lax.dot_general(a, w, dims), (x, wb)),
-        "fp8_dot": (lambda a, w: lax.dot_general(a, w, dims, preferred_element_type=jnp.float32),
+        "fp8_dot": (lambda a, w: lax.dot_general(a, w, dims, preferred_element_type=jnp.bfloat16),
                     (x8, w8)),
         "scaled_matmul_nvfp4": (scaled, (xq.codes, xq.plain_scales(), wq.codes, wq.plain_scales())),
         "xla_dequant_dot": (lambda a, w: lax.dot_general(
@@ -113,13 +118,14 @@ def write_report(rows, out, device, bw):
                f"{mma_peak / 1e12:.0f} TFLOP/s" if mma_peak else
                f"no MMA ceiling (no M >= {MMA_CEILING_MIN_M} in this run)")
 
-    with open(out / "matmul_bench.csv", "w", newline="") as f:
+    with open(table_path(out, "matmul", device, ".csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(max(rows, key=len)), restval="")
         w.writeheader()
         w.writerows(rows)
     date = datetime.date.today().isoformat()
     lines = [f"# jax_nvfp4.matmul on {device} ({date}, jax {jax.__version__})", "",
-             "Times in us per call (median of 7 rounds, every op of a shape timed once per round, in turn; "
+             "Times in us per call (median of 7 rounds, every op of a shape timed once per round, in turn, "
+             "each reading after 0.1 s idle; "
              f"jitted fori_loop, the steady time of a call: runs of n and 2n iterations, their difference). HBM read+write {bw / 1e12:.2f} TB/s; "
              f"{ceiling}. "
              "%HBM: (NVFP4 weight + bf16 x/out bytes) / time / HBM; %MMA: flops / time / MMA ceiling.",
@@ -146,7 +152,7 @@ def write_report(rows, out, device, bw):
             cells = [f"{r[f'forced_{p}']:.1f}" if f"forced_{p}" in r else "-" for p in FORCED_PATHS]
             lines.append(f"| {r['M']} | {r['N']} | {r['K']} | " + " | ".join(cells) +
                          f" | {r['ours_w4a16']:.1f} |")
-    (out / "matmul_bench.md").write_text("\n".join(lines) + "\n")
+    table_path(out, "matmul", device).write_text("\n".join(lines) + "\n")
     return lines
 
 
@@ -165,7 +171,6 @@ def main():
     ap.add_argument("--forced", type=lambda v: tuple(v.split(",")), default=FORCED_PATHS,
                     help="with --paths: the paths forced (default: all of " + ",".join(FORCED_PATHS) + ")")
     args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
     device = jax.devices()[0].device_kind
     bw = hbm_bandwidth()
     print(f"{device}: HBM read+write {bw / 1e12:.2f} TB/s", flush=True)
@@ -186,17 +191,9 @@ def main():
                 for path in args.forced:
                     if path == "decode" and m > DECODE_MAX_FORCED_M:
                         continue
-                    # The path is read when the call is lowered: clear JAX's caches so that the
-                    # timer lowers it afresh (the timers built already keep their executables).
-                    os.environ["JAX_NVFP4_GEMM_SM90_PATH"] = path
-                    jax.clear_caches()
-                    try:
-                        timers[f"forced_{path}"] = LoopTimer(fn, ops)
-                    except Exception as e:  # a path that does not take this shape: "-", not the run
-                        print(f"  forced {path} M={m} N={n} K={k}: {type(e).__name__}: {str(e)[:200]}")
-                    finally:
-                        os.environ.pop("JAX_NVFP4_GEMM_SM90_PATH")
-                        jax.clear_caches()
+                    timer = timer_forcing("JAX_NVFP4_GEMM_SM90_PATH", path, fn, ops)
+                    if timer is not None:  # a path that does not take this shape reads "-"
+                        timers[f"forced_{path}"] = timer
             row.update({name: t * 1e6 for name, t in interleaved_times(timers).items()})
             del timers
             if args.paths and m in args.path_ms:
@@ -204,7 +201,7 @@ def main():
                     f"{path} {row[f'forced_{path}']:.1f}us" for path in args.forced
                     if f"forced_{path}" in row), flush=True)
             flops = 2.0 * m * n * k
-            weight_bytes = n * k * 0.5625 + m * k * 2 + m * n * 2
+            weight_bytes = n * k * NVFP4_BYTES_PER_ELEMENT + m * k * 2 + m * n * 2
             t = row["ours_w4a16"] * 1e-6
             row["ours_tflops"] = flops / t / 1e12
             row["ours_hbm_pct"] = 100 * weight_bytes / t / bw
@@ -212,7 +209,7 @@ def main():
             print(f"M={m:5d} N={n:5d} K={k:5d} " + " ".join(f"{nm}={row[nm]:.1f}us" for nm in names),
                   flush=True)
             write_report(rows, args.out, device, bw)
-            plot(rows, args.out / "matmul_speedup.png", device)
+            plot(rows, table_path(args.out, "matmul_speedup", device, ".png"), device)
     lines = write_report(rows, args.out, device, bw)
     print("\n".join(lines))
 

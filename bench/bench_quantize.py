@@ -16,7 +16,7 @@ import argparse
 import datetime
 import functools
 import statistics
-import time
+import sys
 from pathlib import Path
 
 import jax
@@ -25,22 +25,16 @@ import jax.numpy as jnp
 import jax_nvfp4
 from jax_nvfp4 import reference
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import NVFP4_BYTES_PER_ELEMENT, host_loop_times, write_table  # noqa: E402
+
 SHAPES = [(16384, 16384), (8192, 32768)]
 
 
 def _timed(op, x, iters):
     """Median seconds per call of jit(op)(x): `iters` calls enqueued back to back (host dispatch,
     ~30 us, overlaps the device work of these >= 100 us ops), 5 repeats."""
-    run = jax.jit(op)
-    jax.block_until_ready(run(x))  # compile + warm up
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(iters):
-            out = run(x)
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - start) / iters)
-    return statistics.median(times)
+    return statistics.median(host_loop_times(jax.jit(op), (x,), iters, rounds=5))
 
 
 def _variants(s_enc):
@@ -57,14 +51,15 @@ def _variants(s_enc):
 
 def _bytes(kind, m, k, itemsize):
     read = m * k * itemsize
+    nvfp4 = m * k * NVFP4_BYTES_PER_ELEMENT + 4  # codes, block scales and s_dec
     if kind == "copy":
         return 2 * read
     if kind == "q":
-        return read + m * k // 2 + m * k // 16 + 4
-    return m * k // 2 + m * k // 16 + 4 + m * k * itemsize  # "dq": codes+scales in, x out
+        return read + nvfp4
+    return nvfp4 + read  # "dq": codes + scales in, x out
 
 
-def run(out_dir: Path, iters: int) -> str:
+def run(out_dir: Path, iters: int):
     device = jax.devices()[0]
     rows = []
     for m, k in SHAPES:
@@ -99,11 +94,7 @@ def run(out_dir: Path, iters: int) -> str:
         "| shape | variant | us | GB/s | of copy | vs XLA |",
         "|---|---|---|---|---|---|",
     ]
-    table = "\n".join(header + rows) + "\n"
-    name = device.device_kind.replace(" ", "_")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"quantize_{name}.md").write_text(table)
-    return table
+    write_table(header + rows, out_dir, "quantize", device.device_kind)
 
 
 def main():
@@ -111,7 +102,7 @@ def main():
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--iters", type=int, default=50)
     args = parser.parse_args()
-    print(run(args.out, args.iters))
+    run(args.out, args.iters)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ experts' gate/up (64 x 2816 x 2048, top 6). Ours is timed on the path it picks (
 each path forced (JAX_NVFP4_RAGGED_PATH; --paths picks them, --layers the layers): the decode
 kernel (8-row tiles), the fused_ws kernel (64-, 128- and 256-row tiles on wgmma) and XLA's path,
 which is the dequantize + ragged_dot peer (the weights' e2m1 x e4m3 values in bf16, then
-lax.ragged_dot). bf16 lax.ragged_dot holds its weights as [G, K, N]. Calls rotate through weight copies larger than the L2; times are medians of LoopTimer
+lax.ragged_dot). A path the GPU or shape refuses (the sm_90a kernels on sm_100a) reads nan. bf16 lax.ragged_dot holds its weights as [G, K, N]. Calls rotate through weight copies larger than the L2; times are medians of LoopTimer
 readings taken round-robin (jax_nvfp4/timing.py), us per call. The roofline of a shape is the
 longer of two times: the NVFP4 bytes of the experts that hold rows (4.5 bits an element) over the
 HBM read + write rate, and its 2 M N K flops over the MMA ceiling (a bf16 jnp.dot of 8192 x 4096
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import os
 import sys
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from jax_nvfp4.timing import LoopTimer, interleaved_times
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_matmul import hbm_bandwidth  # noqa: E402
-from report import table_parser, write_table  # noqa: E402
+from report import NVFP4_BYTES_PER_ELEMENT, table_parser, timer_forcing, write_table  # noqa: E402
 
 # (name, G, N, K, activation, top_k)
 LAYERS = [("Mixtral-8x7B w1+w3", 8, 28672, 4096, "swiglu", 2),
@@ -46,7 +45,6 @@ TOKENS = [1, 4, 16, 64]
 PATHS = ("decode", "fused_ws_64", "fused_ws", "fused_ws_256", "xla")
 PATH_COLUMNS = {"decode": "decode", "fused_ws_64": "fused_ws 64",
                 "fused_ws": "fused_ws 128", "fused_ws_256": "fused_ws 256", "xla": "XLA path"}
-NVFP4_BYTES_PER_ELEMENT = 0.5 + 1 / 16  # codes, plus one e4m3 scale a 16-element block
 
 
 def routing(tokens: int, groups: int, top_k: int, seed: int) -> np.ndarray:
@@ -68,17 +66,6 @@ def bf16_ragged_dot(x, w_kn, sizes, activation=None):
     if activation == "swiglu":
         y = jax.nn.silu(y[:, 0::2]) * y[:, 1::2]
     return y.astype(jnp.bfloat16)
-
-
-def timer_on_path(path: str, fn, args) -> LoopTimer:
-    """A LoopTimer of fn compiled with the ragged path forced (read when the call is lowered)."""
-    os.environ[RAGGED_PATH_ENV] = path
-    jax.clear_caches()
-    try:
-        return LoopTimer(fn, args)
-    finally:
-        os.environ.pop(RAGGED_PATH_ENV, None)
-        jax.clear_caches()
 
 
 def mma_ceiling(rounds: int) -> float:
@@ -122,9 +109,11 @@ def run(out_dir: Path, rounds: int, tokens: list[int], paths: list[str], layers:
             used = int((sizes > 0).sum())
             x = jax.random.normal(keys[1], (m, k), jnp.bfloat16)
             s = jnp.asarray(sizes)
-            timers = {p: timer_on_path(p, ours, (x, wq, s)) for p in ("auto", *paths)}
+            timers = {p: timer_forcing(RAGGED_PATH_ENV, p, ours, (x, wq, s)) for p in ("auto", *paths)}
             timers["bf16"] = LoopTimer(bf16, (x, w_kn, s))
-            us = {key: v * 1e6 for key, v in interleaved_times(timers, rounds).items()}
+            refused = {p: float("nan") for p, timer in timers.items() if timer is None}
+            timed = {p: timer for p, timer in timers.items() if timer is not None}
+            us = {key: v * 1e6 for key, v in interleaved_times(timed, rounds).items()} | refused
             flops = 2.0 * m * n * k
             roofline_us = max(used * n * k * NVFP4_BYTES_PER_ELEMENT / bw, flops / peak) * 1e6
             vs_xla = f"{us['xla'] / us['auto']:.2f}x | " if "xla" in paths else ""

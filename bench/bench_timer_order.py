@@ -31,11 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_nvfp4 as nv
+from jax_nvfp4.primitives.ragged import RAGGED_PATH_ENV
 from jax_nvfp4.timing import WARM_S, LoopTimer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_ragged import expert_weights, routing, timer_on_path  # noqa: E402
-from report import write_table  # noqa: E402
+from bench_ragged import expert_weights, routing  # noqa: E402
+from report import timer_forcing, write_table  # noqa: E402
 
 
 def cases():
@@ -69,7 +70,7 @@ def made_between(count: int):
     between jax_nvfp4.dequantize (the kernel) + a bf16 dot of the same shape, and the ragged
     layer (auto path) between XLA's path (dequantize + ragged_dot, which allocates 1.9 GB
     temporaries), every ragged timer made with JAX's caches cleared around it
-    (bench_ragged.timer_on_path)."""
+    (report.timer_forcing)."""
     keys = jax.random.split(jax.random.key(2), 2)
     w = (jax.random.normal(keys[0], (14336, 4096), jnp.float32) / 64).astype(jnp.bfloat16)
     dense = (nv.matmul, (jax.random.normal(keys[1], (1, 4096), jnp.bfloat16), nv.quantize(w)))
@@ -79,7 +80,8 @@ def made_between(count: int):
             ("ours W4A16 1 x 14336 x 4096, made between dequantize + dot timers",
              lambda: LoopTimer(*dense), lambda: LoopTimer(dequant_dot, dense[1])),
             ("ours ragged Mixtral-8x7B w1+w3, 384 tokens, made between XLA-path timers",
-             lambda: timer_on_path("auto", fn, ops), lambda: timer_on_path("xla", fn, ops))]:
+             lambda: timer_forcing(RAGGED_PATH_ENV, "auto", fn, ops),
+             lambda: timer_forcing(RAGGED_PATH_ENV, "xla", fn, ops))]:
         timers, identical = [], []
         for i in range(count):
             if i:

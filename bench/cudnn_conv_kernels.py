@@ -3,7 +3,7 @@ bench_conv.py times it (channels_last bf16, 'SAME' padding, benchmark mode), und
 profiler. Prints, per stage, each kernel's name, grid, block and median duration over 10 calls
 (the tile size and the K split are in cuDNN's kernel names).
 
-    python bench/cudnn_conv_kernels.py [--out DIR]   (writes DIR/cudnn_conv_kernels.md)
+    python bench/cudnn_conv_kernels.py [--out DIR]   (writes DIR/cudnn_conv_kernels_<device>.md)
 
 Needs PyTorch with CUDA (the GPU machine has it). Durations are the profiler's per-kernel ones,
 not back-to-back timings: compare kernels with them, not with bench_conv.py's figures.
@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import write_table  # noqa: E402
 
 # (batch, H = W, C = K) of the 3x3 stages
 STAGES = [(32, 56, 64), (32, 28, 128), (32, 14, 256), (32, 7, 512)]
@@ -57,10 +61,10 @@ def main():
         for (name, grid, block), durs in kernels_of(b, h, c).items():
             median = sorted(durs)[len(durs) // 2]  # the upper one of an even count
             lines.append(f"| {h}x{h}x{c} b{b} | `{name}` | {grid} | {block} | {median:.1f} |")
-    print("\n".join(lines))
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "cudnn_conv_kernels.md").write_text("\n".join(lines) + "\n")
+        write_table(lines, args.out, "cudnn_conv_kernels", torch.cuda.get_device_name())
+    else:
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":

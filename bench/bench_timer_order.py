@@ -15,6 +15,8 @@ the method's.
   bench_ragged make theirs), each reading after 0-300 ms of untimed running of its own loop
   (LoopTimer's warm-up, jax_nvfp4.timing.WARM_S), and, as the control, read among themselves
   only.
+Its readings follow one another without the idle gap the benchmarks now leave before each
+(jax_nvfp4.timing.IDLE_S, bench/results/matmul_h200_2026-11-30_v29.md): it reads the bare method.
 Results: DIR/timer_order_<device>.md.
 """
 

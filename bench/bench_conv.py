@@ -43,7 +43,7 @@ from jax_nvfp4.primitives.conv import pointwise_as_gemm
 from jax_nvfp4.timing import TARGET_S, WARM_S, LoopTimer, interleaved_times
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import timer_forcing, write_table  # noqa: E402
+from report import DEFAULT_OUT, timer_forcing, write_table  # noqa: E402
 
 # name: (N, H, W, C, K, R, S, stride, padding)
 SHAPES = [
@@ -219,7 +219,7 @@ def torch_timers(n, h, w, c, k, r, s, stride, graph_calls):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--chain", type=int, default=CHAIN, help="calls back to back per loop iteration")
     ap.add_argument("--also-chain", type=int, default=None,
                     help="also time ours with this many calls per loop iteration, in the same rounds")

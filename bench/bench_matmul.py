@@ -36,7 +36,7 @@ from jax_nvfp4 import reference
 from jax_nvfp4.timing import LoopTimer, interleaved_times, loop_time
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import NVFP4_BYTES_PER_ELEMENT, table_path, timer_forcing  # noqa: E402
+from report import DEFAULT_OUT, NVFP4_BYTES_PER_ELEMENT, table_path, timer_forcing  # noqa: E402
 
 SHAPES_NK = [(14336, 4096), (4096, 4096), (6144, 4096), (4096, 14336)]
 MS = [1, 4, 16, 64, 256, 1024, 4096, 8192]
@@ -158,7 +158,7 @@ def write_report(rows, out, device, bw):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("bench_out"))
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--nk", type=lambda v: [tuple(int(d) for d in s.split("x")) for s in v.split(",")],
                     default=None, help="the (N, K) shapes, e.g. 6144x4096,4096x4096 (default: the Llama ones)")

@@ -26,7 +26,7 @@ import jax_nvfp4
 from jax_nvfp4 import reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import NVFP4_BYTES_PER_ELEMENT, host_loop_times, write_table  # noqa: E402
+from report import DEFAULT_OUT, NVFP4_BYTES_PER_ELEMENT, host_loop_times, write_table  # noqa: E402
 
 SHAPES = [(16384, 16384), (8192, 32768)]
 
@@ -99,7 +99,7 @@ def run(out_dir: Path, iters: int):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--iters", type=int, default=50)
     args = parser.parse_args()
     run(args.out, args.iters)

@@ -38,7 +38,7 @@ from jax_nvfp4.timing import WARM_S, LoopTimer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_ragged import expert_weights, routing  # noqa: E402
-from report import timer_forcing, write_table  # noqa: E402
+from report import DEFAULT_OUT, timer_forcing, write_table  # noqa: E402
 
 
 def cases():
@@ -108,7 +108,7 @@ def read(timers: list, rounds: int, rotate: bool, warm_s: float) -> list[float]:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("bench_out"))
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--count", type=int, default=4, help="identical timers a case")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--only-between", action="store_true",

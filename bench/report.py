@@ -14,12 +14,15 @@ import jax
 from jax_nvfp4.timing import LoopTimer
 
 NVFP4_BYTES_PER_ELEMENT = 0.5 + 1 / 16  # codes, plus one e4m3 scale a 16-element block
+# Where tables go without --out: ignored by git. Results kept in bench/results/ carry a date in
+# their name, so a run cannot overwrite them.
+DEFAULT_OUT = Path("bench_out")
 
 
 def table_parser(doc: str) -> argparse.ArgumentParser:
     """A parser described by the first paragraph of `doc`, with --out and --rounds."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--rounds", type=int, default=5)
     return parser
 

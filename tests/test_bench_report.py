@@ -57,6 +57,13 @@ def test_tables_are_named_by_stem_and_device_kind(tmp_path, capsys):
     assert report.table_path(tmp_path, "matmul", "NVIDIA H200", ".csv").name == "matmul_NVIDIA_H200.csv"
 
 
+def test_tables_go_outside_the_kept_results_unless_told(tmp_path):
+    """bench/results/ holds dated files cited by the docs: a run without --out must not write there."""
+    assert report.table_parser("doc").parse_args([]).out == report.DEFAULT_OUT
+    assert "results" not in report.DEFAULT_OUT.parts
+    assert report.table_parser("doc").parse_args(["--out", str(tmp_path)]).out == tmp_path
+
+
 def test_nvfp4_bytes_per_element_is_the_arrays_own():
     from jax_nvfp4 import quantize
     q = quantize(jnp.ones((256, 1024), jnp.float32))  # whole scale tiles: no padding

@@ -99,8 +99,6 @@ def conv(x, w: NVFP4Array, *, window_strides=(1, 1), padding="SAME", rhs_dilatio
     if x.shape[3] != c:
         raise ValueError(f"conv: input channels differ: x has shape {tuple(x.shape)} (C="
                          f"{x.shape[3]}), w has shape {w.shape} (C={c})")
-    if c % BLOCK:
-        raise ValueError(f"conv: input channels C={c} must be a multiple of {BLOCK}")
     window_strides = _pair(window_strides, "window_strides")
     rhs_dilation = _pair(rhs_dilation, "rhs_dilation")
     padding = _resolve_padding(padding, x.shape[1:3], (r, s), window_strides, rhs_dilation)

@@ -364,11 +364,11 @@ def checked_s_enc(s_enc, name: str):
     return jnp.asarray(f32)
 
 
-def check_not_nvfp4(value, name: str, hint: str) -> None:
-    """TypeError naming `name` when a float array is expected and an NVFP4Array is given (JAX
-    would otherwise fail deep inside on its repr)."""
+def check_not_nvfp4(value, name: str, hint: str, expected: str = "a float array") -> None:
+    """TypeError naming `name` when `expected` (a plain array) is wanted and an NVFP4Array is
+    given (JAX would otherwise fail deep inside on its repr)."""
     if isinstance(value, NVFP4Array):
-        raise TypeError(f"{name} must be a float array, got an NVFP4Array of shape {value.shape}; "
+        raise TypeError(f"{name} must be {expected}, got an NVFP4Array of shape {value.shape}; "
                         f"{hint}")
 
 

@@ -29,7 +29,7 @@ def _checked_weight(w):
 
 
 def _checked_group_sizes(group_sizes, groups: int):
-    check_not_nvfp4(group_sizes, "ragged_matmul: group_sizes", "it counts rows")
+    check_not_nvfp4(group_sizes, "ragged_matmul: group_sizes", "it counts rows", "an integer array")
     if not isinstance(group_sizes, jax.Array):  # NumPy or a list: kept as is (int64) until clipped
         group_sizes = np.asarray(group_sizes)
     if not jnp.issubdtype(group_sizes.dtype, jnp.integer):

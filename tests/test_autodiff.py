@@ -230,20 +230,27 @@ def test_conv_grad_and_jvp_match_dequantized_reference(conv_problem):
     np.testing.assert_allclose(y_dot, _float_conv(t, w_hat, **CONV_KW), rtol=1e-4, atol=1e-4)
 
 
-def test_qat_conv_forward_and_straight_through_gradients(conv_problem):
+@pytest.mark.parametrize("padding", ["SAME", ((1, 0), (2, 1))], ids=["same", "pairs"])
+@pytest.mark.parametrize("act", ["w4a16", "w4a4_dynamic", "w4a4_static"])
+def test_qat_conv_forward_and_straight_through_gradients(conv_problem, act, padding):
     x, w, b = conv_problem
-    y = qat_conv(x, w, b, out_dtype=jnp.float32, **CONV_KW)
-    np.testing.assert_array_equal(y, jn.conv(x, jn.quantize_conv_weight(w), bias=b,
-                                             out_dtype=jnp.float32, **CONV_KW))
+    kw = CONV_KW | dict(padding=padding)
+    s_enc = 2000.0 if act == "w4a4_static" else None
+    quant_act = act != "w4a16"
+    qat = dict(quantize_activations=quant_act, act_s_enc=s_enc, out_dtype=jnp.float32, **kw)
+    x_in = jn.quantize(x, s_enc=s_enc) if quant_act else x
+    y = qat_conv(x, w, b, **qat)
+    np.testing.assert_array_equal(y, jn.conv(x_in, jn.quantize_conv_weight(w), bias=b,
+                                             out_dtype=jnp.float32, **kw))
     sg = jax.lax.stop_gradient
 
     def ste_reference(x, w, b):
+        x_hat = jn.dequantize(jn.quantize(sg(x), s_enc=s_enc), jnp.float32) if quant_act else x
         w_hat = jnp.transpose(jn.dequantize(jn.quantize_conv_weight(sg(w)), jnp.float32),
                               (0, 1, 3, 2))
-        return _float_conv(x, w + sg(w_hat - w), **CONV_KW) + b
+        return _float_conv(x + sg(x_hat - x), w + sg(w_hat - w), **kw) + b
 
-    got = jax.grad(lambda *a: _loss(qat_conv(*a, out_dtype=jnp.float32, **CONV_KW)),
-                   (0, 1, 2))(x, w, b)
+    got = jax.grad(lambda *a: _loss(qat_conv(*a, **qat)), (0, 1, 2))(x, w, b)
     ref = jax.grad(lambda *a: _loss(ste_reference(*a)), (0, 1, 2))(x, w, b)
     for g, r in zip(got, ref):
         assert g.dtype == r.dtype and g.shape == r.shape

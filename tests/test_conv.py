@@ -123,6 +123,19 @@ def test_vmap_with_an_empty_batch():
     assert jax.vmap(f)(jnp.zeros((2, 0, 4, 4, 32))).shape == (2, 0, 4, 4, 24)
 
 
+def test_quantize_conv_weight_with_a_given_scale_and_its_errors():
+    w_hwio = jax.random.normal(jax.random.key(8), (3, 3, 16, 8))
+    q = jn.quantize_conv_weight(w_hwio, s_enc=300.0)
+    want = jn.quantize(jnp.transpose(w_hwio, (0, 1, 3, 2)), s_enc=300.0)
+    for field in ("codes", "scales", "s_dec"):
+        assert np.asarray(getattr(q, field)).tobytes() == np.asarray(getattr(want, field)).tobytes()
+    assert float(q.s_dec) == pytest.approx(1 / 300.0)
+    with pytest.raises(ValueError, match=r"w_hwio must be \[R, S, C, K\], got shape \(3, 16, 8\)"):
+        jn.quantize_conv_weight(w_hwio[0])
+    with pytest.raises(ValueError, match="s_enc must be finite and positive, got -1.0"):
+        jn.quantize_conv_weight(w_hwio, s_enc=-1.0)
+
+
 def test_quantize_conv_weight_layout():
     w_hwio = jax.random.normal(jax.random.key(7), (3, 5, 32, 12))
     q = jn.quantize_conv_weight(w_hwio)
@@ -141,6 +154,7 @@ def test_quantize_conv_weight_layout():
     ({"padding": "FULL"}, (1, 8, 8, 32), ValueError, r"padding must be.*'FULL'"),
     ({"padding": ((1, -1), (0, 0))}, (1, 8, 8, 32), ValueError, r"negative padding"),
     ({"padding": ((1, 1),)}, (1, 8, 8, 32), ValueError, r"explicit padding"),
+    ({"padding": 1}, (1, 8, 8, 32), TypeError, r"padding must be a string or \(\(lo, hi\), \(lo, hi\)\), got 1"),
     ({"window_strides": (0, 1)}, (1, 8, 8, 32), ValueError, r"window_strides.*\(0, 1\)"),
     ({"rhs_dilation": 2}, (1, 8, 8, 32), TypeError, r"rhs_dilation must be a pair"),
     ({"padding": "VALID"}, (1, 2, 8, 32), ValueError, r"empty output \(0x6\)"),

@@ -124,6 +124,24 @@ def test_linen_dense_general_matches_reshaped_dense():
     assert jax.tree.map(jnp.shape, init) == jax.tree.map(jnp.shape, q)
 
 
+def test_linen_dense_general_options():
+    """use_bias, dtype, act_quant / act_s_enc, reduce_dtype and bias_init on DenseGeneral, as on
+    Dense: the output is matmul's on the quantized x, without bias, in bfloat16."""
+    x = jax.random.normal(jax.random.key(2), (3, 2, 32))
+    layer = nvlinen.DenseGeneral((4, 8), axis=(1, 2), use_bias=False, dtype=jnp.bfloat16,
+                                 act_quant=True, act_s_enc=300.0, reduce_dtype=jnp.bfloat16)
+    params = layer.init(jax.random.key(0), x)
+    assert "bias" not in params["params"]
+    w = params["params"]["kernel"]
+    x_in = jn.quantize(x.reshape(3, 64).astype(jnp.bfloat16), s_enc=300.0)
+    want = jn.matmul(x_in, w, out_dtype=jnp.bfloat16).reshape(3, 4, 8)
+    got = layer.apply(params, x)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(got, want)
+    biased = nvlinen.DenseGeneral((4, 8), axis=(1, 2), bias_init=nn.initializers.constant(0.5))
+    assert np.all(np.asarray(biased.init(jax.random.key(0), x)["params"]["bias"]) == 0.5)
+
+
 @pytest.mark.parametrize("qat", [True, False], ids=["qat", "inference"])
 def test_linen_layers_initialize_like_flax(qat):
     # Flax's DenseGeneral calls kernel_init on the flattened [prod(in), prod(out)] kernel, so its
@@ -240,6 +258,27 @@ def test_conv_qat_gradients_reach_the_master_filter(conv_weights):
     assert grads["kernel"][...].shape == (3, 3, 32, 16)
     assert float(jnp.linalg.norm(grads["kernel"][...])) > 0
     np.testing.assert_array_equal(convert.quantize_model(layer)(x), layer(x))
+
+
+@pytest.mark.parametrize("s_enc", [None, 1500.0])
+def test_conv_w4a4_quantizes_activations(conv_weights, s_enc):
+    """act_quant on the conv layers: nnx, linen, QAT (forward) and quantize_model's act_s_enc."""
+    kernel, bias, x = conv_weights
+    ref = _conv_reference(jn.quantize(x, s_enc=s_enc), kernel, bias)
+    assert not np.array_equal(ref, _conv_reference(x, kernel, bias))
+    layer = nvnnx.Conv.from_float(kernel, bias, act_quant=True, act_s_enc=s_enc)
+    np.testing.assert_array_equal(layer(x), ref)
+    params = convert.quantize_params({"params": {"kernel": kernel, "bias": bias}})
+    np.testing.assert_array_equal(
+        nvlinen.Conv(16, (3, 3), act_quant=True, act_s_enc=s_enc).apply(params, x), ref)
+    qat = nvnnx.Conv(32, 16, (3, 3), qat=True, act_quant=True, act_s_enc=s_enc, rngs=nnx.Rngs(0))
+    qat.kernel[...], qat.bias[...] = kernel, bias
+    np.testing.assert_array_equal(qat(x), ref)
+    model = nnx.Conv(32, 16, (3, 3), rngs=nnx.Rngs(0))
+    model.kernel[...], model.bias[...] = kernel, bias
+    converted = convert.quantize_model(model, act_quant=True, act_s_enc=s_enc)
+    assert converted.act_quant and converted.act_s_enc == s_enc
+    np.testing.assert_array_equal(converted(x), ref)
 
 
 def test_conv_sharding_names_follow_the_nvfp4_layout(conv_weights):
@@ -897,6 +936,20 @@ def test_none_strides_and_dilation_are_one_as_in_flax():
     assert converted(x).shape == float_conv(x).shape == (1, 6, 6, 32)
     with pytest.raises(ValueError, match="kernel_size=None"):
         nvnnx.Conv(16, 32, None, rngs=nnx.Rngs(0))
+
+
+def test_from_float_and_layer_arguments_are_checked(weights, conv_weights):
+    kernel, bias, _ = weights
+    with pytest.raises(ValueError, match=r"Linear.from_float: kernel must be \[in, out\], got shape \(2, 64, 48\)"):
+        nvnnx.Linear.from_float(jnp.stack([kernel, kernel]), bias)
+    with pytest.raises(ValueError, match=r"Conv.from_float: kernel must be .*got shape \(64, 48\)"):
+        nvnnx.Conv.from_float(kernel, bias)
+    with pytest.raises(ValueError, match=r"kernel sharding names \('a', 'b', 'c'\) must name the kernel's axes"):
+        nvnnx.Linear.from_float(kernel, bias, kernel_metadata={"sharding_names": ("a", "b", "c")})
+    with pytest.raises(ValueError, match="features must not be empty"):
+        nvlinen.DenseGeneral(()).init(jax.random.key(0), jnp.ones((2, IN)))
+    with pytest.raises(ValueError, match="input must have rank >= 1, got a scalar"):
+        nvlinen.Dense(OUT).init(jax.random.key(0), jnp.float32(1.0))
 
 
 def test_bad_features_are_rejected(weights):

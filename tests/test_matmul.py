@@ -342,6 +342,11 @@ class TestValidation:
         with pytest.raises(TypeError, match="matmul: bias must be a float array, got an NVFP4Array"):
             jn.matmul(jnp.zeros((2, 64)), self.w, bias=jn.quantize(jnp.ones((2, 32))))
 
+    def test_nvfp4_x_with_a_scale_per_batch(self):
+        xq = jax.vmap(jn.quantize)(jnp.ones((2, 16, 64)))  # s_dec of shape (2,)
+        with pytest.raises(ValueError, match=r"matmul: an NVFP4 x needs a scalar s_dec, got shape \(2,\)"):
+            jn.matmul(xq, self.w)
+
     @pytest.mark.parametrize("s_enc", [0.0, -1.0, float("inf")])
     def test_out_s_enc_finite_positive(self, s_enc):
         with pytest.raises(ValueError, match=f"out_s_enc must be finite and positive, got {s_enc}"):

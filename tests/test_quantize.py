@@ -461,6 +461,30 @@ def test_selftest_reports_a_check_that_raises_and_runs_the_rest(monkeypatch, cap
     assert "crashes" in capsys.readouterr().out
 
 
+def test_selftest_quiet_and_the_cli_exit_status_of_a_failed_check(monkeypatch, capsys):
+    """verbose=False prints nothing; `python -m jax_nvfp4 selftest` exits 1 when a check fails,
+    so scripts and CI can gate on it."""
+    from jax_nvfp4.__main__ import main
+
+    selftest_module = importlib.import_module("jax_nvfp4.selftest")
+    monkeypatch.setattr(selftest_module, "CHECKS", [])
+    monkeypatch.setattr(selftest_module, "_gpu", lambda: jax.devices("cpu")[0])
+    monkeypatch.setattr(selftest_module._extension, "kernel_available", lambda target: True)
+
+    def wrong(device):
+        raise AssertionError("codes differ")
+
+    selftest_module.register_check("wrong", "jax_nvfp4_wrong", wrong)
+    capsys.readouterr()
+    results = jax_nvfp4.selftest(verbose=False)
+    assert [(r.name, r.status, r.detail) for r in results] == [("wrong", "failed", "codes differ")]
+    assert capsys.readouterr().out == ""
+    assert main(["selftest"]) == 1
+    assert "wrong" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([])  # a subcommand is required
+
+
 def test_cli_demo_and_selftest(capsys):
     from jax_nvfp4.__main__ import main
 

@@ -490,7 +490,8 @@ def _bad(**overrides):
     w = weights(jax.random.key(14), 2, 32, 48)
     args = dict(x=jnp.ones((5, 48)), w=w, group_sizes=jnp.array([2, 3]))
     args.update(overrides)
-    kw = {k: args.pop(k) for k in ("bias", "activation", "out_dtype", "out_s_enc") if k in args}
+    kw = {k: args.pop(k) for k in ("bias", "activation", "out_dtype", "out_s_enc", "reduce_dtype")
+          if k in args}
     return lambda: jn.ragged_matmul(args["x"], args["w"], args["group_sizes"], **kw)
 
 
@@ -505,7 +506,15 @@ def _bad(**overrides):
     (dict(x=jnp.ones((5, 48), jnp.int32)), TypeError, "x"),
     (dict(group_sizes=jnp.array([2.0, 3.0])), TypeError, "group_sizes must be an integer.*float32"),
     (dict(group_sizes=jnp.array([5])), ValueError, r"group_sizes must have shape \(2,\).*\(1,\)"),
+    (dict(group_sizes=jn.quantize(jnp.ones((2, 16)))), TypeError,
+     "group_sizes must be an integer array, got an NVFP4Array.*it counts rows"),
     (dict(bias=jnp.ones((32,))), ValueError, r"bias must have shape \(2, 32\).*\(32,\)"),
+    (dict(bias=jn.quantize(jnp.ones((2, 32)))), TypeError,
+     "bias must be a float array, got an NVFP4Array.*biases stay float"),
+    (dict(bias=jnp.ones((2, 32), jnp.int32)), TypeError,
+     "ragged_matmul: bias must be float32, bfloat16 or float16, got int32"),
+    (dict(reduce_dtype=jnp.float16), TypeError,
+     "ragged_matmul: reduce_dtype must be float32 or bfloat16, got float16"),
     (dict(activation="swish"), ValueError, "swish"),
     (dict(out_dtype=jnp.int8), TypeError, "out_dtype"),
     (dict(out_s_enc=1.0, out_dtype=jnp.float32), ValueError,

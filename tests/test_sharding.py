@@ -543,6 +543,16 @@ def test_nvfp4_sharding_rejects_partial_tiles(mesh):
         nvfp4_sharding(mesh, P(ALL, None), (128, 512))
     with pytest.raises(ValueError, match=r"dim 1 of shape \(128, 96\).*64-element scale tiles"):
         nvfp4_sharding(mesh, P(None, ALL), (128, 96))
+    # a leading (stack) dim splits into equal parts, one layer or expert a shard at least
+    odd = mesh.size + 1
+    with pytest.raises(ValueError, match=rf"dim 0 of shape \({odd}, 128, 64\).*into equal parts"):
+        nvfp4_sharding(mesh, P(ALL, None, None), (odd, 128, 64))
+
+
+def test_nvfp4_sharding_rejects_a_spec_longer_than_the_shape(mesh):
+    with pytest.raises(ValueError, match=r"spec P\(None, None, None\) has more entries "
+                                         r"than shape \(128, 64\) has dims"):
+        nvfp4_sharding(mesh, P(None, None, None), (128, 64))
 
 
 # ------------------------------------------------------------------------------ example
@@ -1058,6 +1068,36 @@ def test_ragged_matmul_nvfp4_output(mesh, ragged_operands, pattern):
     y = np.asarray(call(out_dtype=jnp.float32)(*args))
     assert same_bytes(got, jax.jit(nv.quantize)(y, s_enc=s_enc))
     assert "all-gather" not in hlo(call(out_s_enc=s_enc), *args)
+
+
+@multidevice
+def test_ragged_row_parallel_sums_in_bfloat16_when_asked(mesh, ragged_operands):
+    """reduce_dtype=bfloat16 on a K split of the grouped matmul: the partial products summed in
+    bfloat16 (rounding them, 2^-9), then each row's bias once; the default keeps float32."""
+    if mesh.shape["x"] < 2:
+        pytest.skip("needs a K split")
+    x, w, bias = ragged_operands
+    sizes = jnp.asarray(RAGGED_SIZES)
+
+    def f(a, b, c, s, reduce_dtype):
+        return nv.ragged_matmul(a, b, s, bias=c, activation="swiglu", out_dtype=jnp.float32,
+                                reduce_dtype=reduce_dtype)
+
+    g = jax.jit(f, static_argnums=4)
+    ref = np.asarray(g(x, w, bias, sizes, None))
+    x_spec, w_spec = RAGGED_PATTERNS["row"]
+    args = (put(x, mesh, x_spec), shard_nvfp4(w, mesh, w_spec), put(bias, mesh, P(*w_spec[:2])), sizes)
+    errors = {}
+    for reduce_dtype in (None, jnp.bfloat16):
+        got = np.asarray(g(*args, reduce_dtype))
+        errors[reduce_dtype] = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+        assert not got[35:].any()  # rows past the groups stay zero
+        text = hlo(g, *args, reduce_dtype)
+        assert "all-gather" not in text
+        if jax.devices()[0].platform == "gpu":
+            assert _all_reduce_dtypes(text) == {"bf16" if reduce_dtype else "f32"}
+    assert errors[None] < 1e-6
+    assert 1e-4 < errors[jnp.bfloat16] < 1e-2
 
 
 @multidevice

@@ -938,13 +938,15 @@ def test_none_strides_and_dilation_are_one_as_in_flax():
         nvnnx.Conv(16, 32, None, rngs=nnx.Rngs(0))
 
 
-def test_from_float_and_layer_arguments_are_checked(weights, conv_weights):
+def test_from_float_and_layer_arguments_are_checked(weights):
     kernel, bias, _ = weights
-    with pytest.raises(ValueError, match=r"Linear.from_float: kernel must be \[in, out\], got shape \(2, 64, 48\)"):
+    with pytest.raises(ValueError, match=r"Linear.from_float: kernel must be \[in, out\], "
+                                         r"got shape \(2, 64, 48\)"):
         nvnnx.Linear.from_float(jnp.stack([kernel, kernel]), bias)
     with pytest.raises(ValueError, match=r"Conv.from_float: kernel must be .*got shape \(64, 48\)"):
         nvnnx.Conv.from_float(kernel, bias)
-    with pytest.raises(ValueError, match=r"kernel sharding names \('a', 'b', 'c'\) must name the kernel's axes"):
+    with pytest.raises(ValueError, match=r"kernel sharding names \('a', 'b', 'c'\) must name "
+                                         r"the kernel's axes"):
         nvnnx.Linear.from_float(kernel, bias, kernel_metadata={"sharding_names": ("a", "b", "c")})
     with pytest.raises(ValueError, match="features must not be empty"):
         nvlinen.DenseGeneral(()).init(jax.random.key(0), jnp.ones((2, IN)))

@@ -441,13 +441,22 @@ def test_selftest_reports_every_registered_check(monkeypatch, capsys):
         assert "only the pure-JAX reference path exists" in capsys.readouterr().out
 
 
-def test_selftest_reports_a_check_that_raises_and_runs_the_rest(monkeypatch, capsys):
-    """A kernel that errors out (an XlaRuntimeError, say) is a failed check in the report, not an
-    exception that hides every other check's result."""
+@pytest.fixture
+def selftest_with_only_new_checks(monkeypatch):
+    """The selftest module with no checks registered, run as if on a GPU with every kernel built
+    (the CPU device stands in): the checks a test registers run and are reported."""
     selftest_module = importlib.import_module("jax_nvfp4.selftest")
     monkeypatch.setattr(selftest_module, "CHECKS", [])
     monkeypatch.setattr(selftest_module, "_gpu", lambda: jax.devices("cpu")[0])
     monkeypatch.setattr(selftest_module._extension, "kernel_available", lambda target: True)
+    return selftest_module
+
+
+def test_selftest_reports_a_check_that_raises_and_runs_the_rest(selftest_with_only_new_checks,
+                                                                 capsys):
+    """A kernel that errors out (an XlaRuntimeError, say) is a failed check in the report, not an
+    exception that hides every other check's result."""
+    selftest_module = selftest_with_only_new_checks
 
     def crashes(device):
         raise RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access")
@@ -461,15 +470,13 @@ def test_selftest_reports_a_check_that_raises_and_runs_the_rest(monkeypatch, cap
     assert "crashes" in capsys.readouterr().out
 
 
-def test_selftest_quiet_and_the_cli_exit_status_of_a_failed_check(monkeypatch, capsys):
+def test_selftest_quiet_and_the_cli_exit_status_of_a_failed_check(selftest_with_only_new_checks,
+                                                                   capsys):
     """verbose=False prints nothing; `python -m jax_nvfp4 selftest` exits 1 when a check fails,
     so scripts and CI can gate on it."""
     from jax_nvfp4.__main__ import main
 
-    selftest_module = importlib.import_module("jax_nvfp4.selftest")
-    monkeypatch.setattr(selftest_module, "CHECKS", [])
-    monkeypatch.setattr(selftest_module, "_gpu", lambda: jax.devices("cpu")[0])
-    monkeypatch.setattr(selftest_module._extension, "kernel_available", lambda target: True)
+    selftest_module = selftest_with_only_new_checks
 
     def wrong(device):
         raise AssertionError("codes differ")

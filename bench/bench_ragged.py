@@ -10,8 +10,10 @@ experts' gate/up (64 x 2816 x 2048, top 6). Ours is timed on the path it picks (
 each path forced (JAX_NVFP4_RAGGED_PATH; --paths picks them, --layers the layers): the decode
 kernel (8-row tiles), the fused_ws kernel (64-, 128- and 256-row tiles on wgmma) and XLA's path,
 which is the dequantize + ragged_dot peer (the weights' e2m1 x e4m3 values in bf16, then
-lax.ragged_dot). A path the GPU or shape refuses (the sm_90a kernels on sm_100a) reads nan. bf16 lax.ragged_dot holds its weights as [G, K, N]. Calls rotate through weight copies larger than the L2; times are medians of LoopTimer
-readings taken round-robin (jax_nvfp4/timing.py), us per call. The roofline of a shape is the
+lax.ragged_dot). A path the GPU or shape refuses (the sm_90a kernels on sm_100a) reads nan.
+bf16 lax.ragged_dot holds its weights as [G, K, N]. Calls rotate through weight copies larger
+than the L2; times are medians of LoopTimer readings taken round-robin (jax_nvfp4/timing.py), us
+per call. The roofline of a shape is the
 longer of two times: the NVFP4 bytes of the experts that hold rows (4.5 bits an element) over the
 HBM read + write rate, and its 2 M N K flops over the MMA ceiling (a bf16 jnp.dot of 8192 x 4096
 by 4096 x 14336); both measured in the same run. Results: DIR/ragged_<device>.md.

@@ -149,12 +149,13 @@ def interleaved_times(timers: dict, rounds: int = 7) -> dict:
     returns seconds per call), timed round-robin: every round runs each timer once, in turn.
     Timed one after the other instead, candidates see different GPU clocks (the clock falls as
     the GPU heats under back-to-back GEMMs), which biased same-run comparisons by up to 15%
-    (bench/results/prefill_gemm_h200_2026-11-21.md). A LoopTimer's reading starts with WARM_S of
-    its own loop untimed, so the timer read before it does not bias it (LoopTimer.__call__).
+    (bench/results/prefill_gemm_h200_2026-11-21.md).
 
-    Each reading also follows IDLE_S of an idle GPU. Without it, whichever GEMM was read right
-    after bench_matmul's dequantize + dot peers read 5-10% slow on an H200 at its power cap,
-    with 0.15, 0.5 or 1 s of warm-up alike; 0.1 s idle before each reading removed it
+    So that the timer read before one does not bias it, a LoopTimer's reading starts with WARM_S
+    of its own loop untimed (LoopTimer.__call__), and each reading here follows IDLE_S of an idle
+    GPU. The warm-up alone did not do: whichever GEMM was read right after bench_matmul's
+    dequantize + dot peers read 5-10% slow on an H200 at its power cap, with 0.15, 0.5 or 1 s of
+    it alike; 0.1 s idle before each reading removed that
     (bench/results/matmul_h200_2026-11-30_v29.md)."""
     samples = {name: [] for name in timers}
     for _ in range(rounds):
